@@ -1,0 +1,158 @@
+"""podium's own settings: the top-level ``podium:`` section of a recipe (or ``--launcher FILE``).
+
+```yaml
+podium:
+  cluster: slurm            # slurm | local (submitit's local executor, no Slurm needed)
+  run_dir: ./podium-runs/NAME
+  slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
+           gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
+           requeue, signal, signal_lead_s, python}
+  ray:    {port_range, temp_dir_root, interface, object_store_memory_mb}
+  server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s}
+  teachers:
+    ALIAS: {slurm: {...}, ray: {...}, server: {...}}   # merged over the above for that teacher
+```
+
+Every model forbids unknown keys, so a typo is an error that names its key path and lists the valid
+keys. Defaults suit a typical GPU cluster (GPUs requested per node, exclusive nodes, requeue on
+preemption with USR2 two minutes ahead).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from podium.config.errors import ConfigError, did_you_mean
+from podium.config.recipe import merge_with_override
+
+SECTION = "podium"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _port_range(value: Any) -> tuple[int, int]:
+    lo, hi = value
+    if not (1024 <= lo <= hi <= 65535):
+        raise ValueError(f"expected [low, high] with 1024 <= low <= high <= 65535, got [{lo}, {hi}]")
+    return (lo, hi)
+
+
+class SlurmSettings(_Strict):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "04:00:00"
+    constraint: str | None = None
+    exclusive: bool = True
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    mem: str | None = None  # e.g. "0" (all of the node) or "200G"
+    # Request GPUs: `gpus_per_node` of the plan becomes --gpus-per-node (or --gres=gpu:N). On a
+    # cluster without GPUs (the test cluster) set false: workers are then CPU slots.
+    gpus: bool = True
+    gpu_request: Literal["gpus_per_node", "gres"] = "gpus_per_node"
+    extra_sbatch: dict[str, str | int | bool] = Field(default_factory=dict)
+    setup: list[str] = Field(default_factory=list)  # shell lines run before the job entry
+    container_image: str | None = None  # pyxis --container-image
+    container_mounts: list[str] = Field(default_factory=list)  # pyxis --container-mounts
+    requeue: bool = True
+    signal: Literal["USR1", "USR2", "TERM"] = "USR2"
+    signal_lead_s: int = Field(default=120, ge=0)  # how long before the end the signal comes
+    python: str | None = None  # interpreter on the compute nodes; default: the one running podium
+
+
+class RaySettings(_Strict):
+    # Each job takes a block of ports from this range, checked free on its nodes.
+    port_range: tuple[int, int] = (30000, 39999)
+    temp_dir_root: str = "/tmp"  # per-job temp dirs are created below it
+    interface: str | None = None  # network interface whose address Ray uses; default: hostname
+    object_store_memory_mb: int | None = Field(default=None, gt=0)
+
+    @field_validator("port_range")
+    @classmethod
+    def _check_ports(cls, value: tuple[int, int]) -> tuple[int, int]:
+        return _port_range(value)
+
+
+class ServerSettings(_Strict):
+    port_range: tuple[int, int] = (18500, 18999)
+    interface: str | None = None  # bind address's interface; default: the node's hostname address
+    max_body_mb: int = Field(default=512, gt=0)
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    stale_after_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("port_range")
+    @classmethod
+    def _check_ports(cls, value: tuple[int, int]) -> tuple[int, int]:
+        return _port_range(value)
+
+    @model_validator(mode="after")
+    def _stale_after_heartbeat(self) -> "ServerSettings":
+        if self.stale_after_s <= self.heartbeat_s:
+            raise ValueError(
+                f"stale_after_s ({self.stale_after_s}) must exceed heartbeat_s ({self.heartbeat_s})"
+            )
+        return self
+
+
+class TeacherLauncherOverrides(_Strict):
+    slurm: dict[str, Any] = Field(default_factory=dict)
+    ray: dict[str, Any] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict)
+
+
+class LauncherSettings(_Strict):
+    cluster: Literal["slurm", "local"] = "slurm"
+    run_dir: str | None = None
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    teachers: dict[str, TeacherLauncherOverrides] = Field(default_factory=dict)
+
+    def for_teacher(self, overrides: Mapping[str, Any], where: str) -> "LauncherSettings":
+        """These settings with one teacher's overrides merged in (validated again)."""
+        base = self.model_dump(mode="python", exclude={"teachers"})
+        return parse_launcher(merge_with_override(base, dict(overrides)), where)
+
+    def effective(self) -> dict[str, Any]:
+        """JSON-ready settings for one teacher (what the spec carries)."""
+        return self.model_dump(mode="json", exclude={"teachers"})
+
+
+def parse_launcher(raw: Mapping[str, Any] | None, where: str = SECTION) -> LauncherSettings:
+    """Validate a ``podium:`` section; errors name the full key path and list the valid keys."""
+    try:
+        return LauncherSettings.model_validate(dict(raw or {}))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, where)) from None
+
+
+def _describe(exc: ValidationError, where: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        path = ".".join([where, *loc])
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(loc[:-1])
+            lines.append(
+                f"{path}: unknown key{did_you_mean(loc[-1], valid)}; valid keys: {', '.join(valid)}"
+            )
+        else:
+            lines.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _valid_keys(loc: list[str]) -> list[str]:
+    model: type[BaseModel] = LauncherSettings
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:  # inside `teachers.<alias>`: the alias itself
+            model = TeacherLauncherOverrides
+            continue
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+    return sorted(model.model_fields)

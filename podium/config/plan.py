@@ -1,0 +1,366 @@
+"""The plan: a recipe's MOPD teacher mapping turned into deduplicated ``TeacherSpec``s.
+
+NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known flaws fixed:
+
+- each alias's settings are ``{**default_teacher_cfg, **teacher_overrides[alias]}``; keys that are
+  not teacher settings fold into ``megatron_cfg_overrides`` (explicit entries there win), and
+  parallel sizes given inside ``megatron_cfg_overrides`` are the ones placement uses;
+- aliases whose normalised checkpoint is the same become one teacher; if they ask for different
+  effective settings that is an error naming both aliases and the keys (NeMo RL silently keeps one);
+- with ``deduplicate_shared_teacher_checkpoints: false`` each alias gets, and is routed to, its own
+  teacher (NeMo RL routes them all to the last one);
+- an agent name routes to its alias, else to ``default_teacher_alias``, else it is an error
+  (always an error under ``strict_agent_name_match``).
+
+Everything here is pure: a recipe in, a ``Plan`` out, nothing written and nothing imported that a
+login node would wait for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from omegaconf import DictConfig
+
+from podium.config.checkpoints import detect_format, normalise_checkpoint
+from podium.config.errors import ConfigError, did_you_mean
+from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
+from podium.config.recipe import load_recipe, merge_with_override, resolve_section
+from podium.config.spec import PRECISIONS, TeacherSpec
+
+log = logging.getLogger(__name__)
+
+OPD = "on_policy_distillation"
+MAPPING = f"{OPD}.teacher_model_by_agent_name"
+DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
+OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
+
+PARALLEL_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+SIZE_KEYS = ("num_nodes", "gpus_per_node", *PARALLEL_KEYS, "micro_batch_size")
+TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
+_PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16"}
+_SHORT = {"tensor_model_parallel_size": "TP", "pipeline_model_parallel_size": "PP",
+          "context_parallel_size": "CP", "expert_model_parallel_size": "EP",
+          "expert_tensor_parallel_size": "ETP"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_path: str
+    teachers: tuple[TeacherSpec, ...]
+    routes: Mapping[str, str]  # alias -> teacher key
+    default_alias: str | None
+    strict: bool
+    launcher: LauncherSettings
+    nodes_without_dedup: int
+    warnings: tuple[str, ...] = field(default=())
+
+    def teacher(self, key_or_name: str) -> TeacherSpec:
+        for spec in self.teachers:
+            if key_or_name in (spec.key, spec.name):
+                return spec
+        names = ", ".join(s.name for s in self.teachers)
+        raise ConfigError(f"no teacher {key_or_name!r} in the plan; teachers: {names}")
+
+    def route(self, agent_name: str) -> TeacherSpec:
+        return self.teacher(route_agent(self.routes, self.default_alias, self.strict, agent_name))
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {
+            "teachers": len(self.teachers),
+            "aliases": len(self.routes),
+            "nodes": sum(t.num_nodes for t in self.teachers),
+            "nodes_without_dedup": self.nodes_without_dedup,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe_path,
+            "teachers": [t.to_dict() for t in self.teachers],
+            "routes": dict(self.routes),
+            "default_alias": self.default_alias,
+            "strict_agent_name_match": self.strict,
+            "totals": self.totals,
+            "warnings": list(self.warnings),
+        }
+
+
+def route_agent(
+    routes: Mapping[str, str], default_alias: str | None, strict: bool, agent_name: str
+) -> str:
+    """The teacher key serving ``agent_name``: its alias, else the default alias, else an error."""
+    if agent_name in routes:
+        return routes[agent_name]
+    if strict:
+        raise LookupError(
+            f"agent {agent_name!r} maps to no teacher and strict_agent_name_match is set"
+            f"{did_you_mean(agent_name, routes)}"
+        )
+    if default_alias is not None:
+        return routes[default_alias]
+    raise LookupError(
+        f"agent {agent_name!r} maps to no teacher and the recipe sets no default_teacher_alias"
+        f"{did_you_mean(agent_name, routes)}"
+    )
+
+
+def load_plan(
+    recipe: str | Path, overrides: Sequence[str] = (), launcher_file: str | Path | None = None
+) -> Plan:
+    """Load a recipe (with overrides and an optional launcher file) and plan its teachers."""
+    cfg = load_recipe(recipe, overrides)
+    launcher_raw = resolve_section(cfg, SECTION, required=False) or {}
+    if launcher_file is not None:
+        extra = load_recipe(launcher_file)
+        extra_raw = resolve_section(extra, SECTION, required=False)
+        if extra_raw is None:  # a launcher file may also hold the section's keys directly
+            extra_raw = {k: resolve_section(extra, str(k)) for k in extra.keys()}
+        launcher_raw = merge_with_override(launcher_raw, extra_raw)
+    return build_plan(cfg, Path(recipe), parse_launcher(launcher_raw))
+
+
+def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -> Plan:
+    base_dir = recipe_path.expanduser().resolve().parent
+    mapping = resolve_section(cfg, MAPPING)
+    if not isinstance(mapping, dict) or not mapping:
+        raise ConfigError(f"{MAPPING}: must be a non-empty mapping of agent alias -> checkpoint")
+    for alias, ckpt in mapping.items():
+        if not isinstance(ckpt, str) or not ckpt.strip():
+            raise ConfigError(f"{MAPPING}.{alias}: expected a checkpoint path or hub id, got {ckpt!r}")
+
+    default_alias = resolve_section(cfg, f"{OPD}.default_teacher_alias", required=False)
+    if default_alias is not None and default_alias not in mapping:
+        raise ConfigError(
+            f"{OPD}.default_teacher_alias: {default_alias!r} is not an alias of {MAPPING}"
+            f"{did_you_mean(str(default_alias), mapping)}"
+        )
+    strict = bool(resolve_section(cfg, f"{OPD}.strict_agent_name_match", required=False) or False)
+    dedup = resolve_section(cfg, f"{OPD}.deduplicate_shared_teacher_checkpoints", required=False)
+    dedup = True if dedup is None else bool(dedup)
+
+    defaults = resolve_section(cfg, DEFAULT_CFG, required=False) or {}
+    overrides = resolve_section(cfg, OVERRIDES, required=False) or {}
+    _check_mapping(defaults, DEFAULT_CFG)
+    _check_mapping(overrides, OVERRIDES)
+    for alias in overrides:
+        if alias not in mapping:
+            raise ConfigError(
+                f"{OVERRIDES}.{alias}: not an alias of {MAPPING}{did_you_mean(alias, mapping)}"
+            )
+    for alias in launcher.teachers:
+        if alias not in mapping:
+            raise ConfigError(
+                f"{SECTION}.teachers.{alias}: not an alias of {MAPPING}{did_you_mean(alias, mapping)}"
+            )
+    cluster_gpus = resolve_section(cfg, "cluster.gpus_per_node", required=False)
+
+    # Effective settings per alias, in recipe order.
+    resolved: dict[str, _AliasSettings] = {}
+    for alias, ckpt in mapping.items():
+        ref = normalise_checkpoint(ckpt, base_dir)
+        settings = _alias_settings(alias, defaults, overrides.get(alias), cluster_gpus)
+        launcher_over = launcher.teachers[alias].model_dump() if alias in launcher.teachers else {}
+        settings.launcher_overrides = {k: v for k, v in launcher_over.items() if v}
+        settings.model_name = ref.name
+        settings.is_local = ref.is_local
+        resolved[alias] = settings
+
+    groups: dict[str, list[str]] = {}
+    for alias, settings in resolved.items():
+        group_id = settings.model_name if dedup else f"{settings.model_name}\0{alias}"
+        groups.setdefault(group_id, []).append(alias)
+
+    teachers: list[TeacherSpec] = []
+    routes: dict[str, str] = {}
+    for aliases in groups.values():
+        first = resolved[aliases[0]]
+        for other in aliases[1:]:
+            diff = first.differing_keys(resolved[other])
+            if diff:
+                raise ConfigError(
+                    f"aliases {aliases[0]!r} and {other!r} share checkpoint {first.model_name} but "
+                    f"ask for different settings: {', '.join(diff)} "
+                    f"(give them the same settings, or different checkpoints)"
+                )
+        spec = first.to_spec(tuple(aliases), launcher, unique=None if dedup else aliases[0])
+        teachers.append(spec)
+        for alias in aliases:
+            routes[alias] = spec.key
+
+    warnings = tuple(w for spec in teachers for w in checkpoint_problems(spec))
+    return Plan(
+        recipe_path=str(recipe_path),
+        teachers=tuple(teachers),
+        routes=routes,
+        default_alias=default_alias,
+        strict=strict,
+        launcher=launcher,
+        nodes_without_dedup=sum(s.values["num_nodes"] for s in resolved.values()),
+        warnings=warnings,
+    )
+
+
+def checkpoint_problems(spec: TeacherSpec) -> list[str]:
+    """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
+    if not Path(spec.model_name).is_absolute():
+        return []
+    path = Path(spec.model_name)
+    if not path.exists():
+        return [f"teacher {spec.name!r}: checkpoint {path} does not exist"]
+    if detect_format(path) is None:
+        return [
+            f"teacher {spec.name!r}: checkpoint {path} is neither an HF directory (config.json + "
+            f"*.safetensors) nor a Megatron torch_dist checkpoint"
+        ]
+    return []
+
+
+def require_checkpoints(plan: Plan) -> None:
+    """Raise when any local checkpoint is missing or unrecognised (before anything is submitted)."""
+    if plan.warnings:
+        raise ConfigError("\n".join(plan.warnings))
+
+
+@dataclass
+class _AliasSettings:
+    alias: str
+    values: dict[str, Any]
+    origins: dict[str, str]  # key -> the recipe key path it came from
+    megatron_cfg_overrides: dict[str, Any]
+    model_name: str = ""
+    is_local: bool = False
+    launcher_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def comparable(self) -> dict[str, Any]:
+        return {
+            **self.values,
+            "megatron_cfg_overrides": self.megatron_cfg_overrides,
+            "launcher": self.launcher_overrides,
+        }
+
+    def differing_keys(self, other: "_AliasSettings") -> list[str]:
+        mine, theirs = self.comparable(), other.comparable()
+        out = []
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) == theirs.get(key):
+                continue
+            if isinstance(mine.get(key), dict) and isinstance(theirs.get(key), dict):
+                sub = sorted(
+                    k for k in set(mine[key]) | set(theirs[key]) if mine[key].get(k) != theirs[key].get(k)
+                )
+                out.extend(f"{key}.{k} ({mine[key].get(k)!r} vs {theirs[key].get(k)!r})" for k in sub)
+            else:
+                out.append(f"{key} ({mine.get(key)!r} vs {theirs.get(key)!r})")
+        return out
+
+    def to_spec(
+        self, aliases: tuple[str, ...], launcher: LauncherSettings, unique: str | None
+    ) -> TeacherSpec:
+        effective = launcher.for_teacher(self.launcher_overrides, f"{SECTION}.teachers.{self.alias}")
+        identity = {
+            "model_name": self.model_name,
+            **self.values,
+            "megatron_cfg_overrides": self.megatron_cfg_overrides,
+            "launcher_overrides": self.launcher_overrides,
+            "alias": unique,  # set only without dedup, so each alias's teacher is distinct
+        }
+        blob = json.dumps(identity, sort_keys=True, default=str).encode()
+        key = hashlib.sha256(blob).hexdigest()[:12]
+        return TeacherSpec(
+            key=key,
+            name=aliases[0],
+            aliases=aliases,
+            model_name=self.model_name,
+            megatron_cfg_overrides=dict(self.megatron_cfg_overrides),
+            launcher=effective.effective(),
+            **self.values,
+        )
+
+
+def _check_mapping(value: Any, where: str) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+
+
+def _alias_settings(
+    alias: str, defaults: dict[str, Any], override: Any, cluster_gpus: Any
+) -> _AliasSettings:
+    over_path = f"{OVERRIDES}.{alias}"
+    if override is not None:
+        _check_mapping(override, over_path)
+    merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for source, where in ((defaults, DEFAULT_CFG), (override or {}, over_path)):
+        for key, value in source.items():
+            merged[key] = value
+            origins[key] = f"{where}.{key}"
+
+    # Explicit megatron_cfg_overrides win over keys folded into them.
+    explicit = merged.pop("megatron_cfg_overrides", None) or {}
+    mcfg_path = origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
+    _check_mapping(explicit, mcfg_path)
+    folded = {k: v for k, v in merged.items() if k not in TEACHER_KEYS}
+    megatron = {**folded, **explicit}
+    for key in explicit:
+        origins[key] = f"{mcfg_path}.{key}"
+
+    values: dict[str, Any] = {
+        "num_nodes": 1,
+        "gpus_per_node": cluster_gpus if cluster_gpus is not None else 8,
+        **{k: 1 for k in PARALLEL_KEYS},
+        "precision": "bf16",
+        "micro_batch_size": 1,
+    }
+    origins.setdefault("gpus_per_node", "cluster.gpus_per_node")
+    values.update({k: v for k, v in merged.items() if k in TEACHER_KEYS})
+    # Parallel sizes inside megatron_cfg_overrides are what Megatron will use: place by them too.
+    for key in PARALLEL_KEYS:
+        if key in megatron:
+            values[key] = megatron.pop(key)
+
+    for key in SIZE_KEYS:
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where = origins.get(key, f"{DEFAULT_CFG}.{key}")
+            raise ConfigError(f"{where}: must be a positive integer, got {value!r}")
+    precision = _PRECISION_ALIASES.get(str(values["precision"]), values["precision"])
+    if precision not in PRECISIONS:
+        where = origins.get("precision", f"{DEFAULT_CFG}.precision")
+        raise ConfigError(f"{where}: must be one of {', '.join(PRECISIONS)}, got {values['precision']!r}")
+    values["precision"] = precision
+
+    _check_layout(alias, values, origins)
+    return _AliasSettings(alias, values, origins, megatron)
+
+
+def _check_layout(alias: str, v: dict[str, Any], origins: dict[str, str]) -> None:
+    world = v["num_nodes"] * v["gpus_per_node"]
+    tp, pp, cp = (v[k] for k in PARALLEL_KEYS[:3])
+    where = ", ".join(
+        origins.get(k, k) for k in ("num_nodes", "gpus_per_node", *PARALLEL_KEYS[:3]) if k in origins
+    )
+    if world % (tp * pp * cp):
+        raise ConfigError(
+            f"teacher {alias!r}: {v['num_nodes']} nodes × {v['gpus_per_node']} GPUs = {world} GPUs "
+            f"is not divisible by TP{tp} × PP{pp} × CP{cp} = {tp * pp * cp} (from {where})"
+        )
+    ep, etp = v["expert_model_parallel_size"], v["expert_tensor_parallel_size"]
+    per_stage = world // pp
+    if per_stage % (ep * etp):
+        ep_where = origins.get("expert_model_parallel_size", "expert_model_parallel_size")
+        raise ConfigError(
+            f"teacher {alias!r}: expert parallelism does not fit: {world} GPUs / PP{pp} = {per_stage} "
+            f"per stage is not divisible by EP{ep} × ETP{etp} = {ep * etp} (from {ep_where})"
+        )
