@@ -194,6 +194,7 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
                     f"ask for different settings: {', '.join(diff)} "
                     f"(give them the same settings, or different checkpoints)"
                 )
+        first.launcher_overrides = _merge_launcher_overrides(aliases, resolved)
         spec = first.to_spec(tuple(aliases), launcher, unique=None if dedup else aliases[0])
         teachers.append(spec)
         for alias in aliases:
@@ -244,11 +245,7 @@ class _AliasSettings:
     launcher_overrides: dict[str, Any] = field(default_factory=dict)
 
     def comparable(self) -> dict[str, Any]:
-        return {
-            **self.values,
-            "megatron_cfg_overrides": self.megatron_cfg_overrides,
-            "launcher": self.launcher_overrides,
-        }
+        return {**self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
 
     def differing_keys(self, other: "_AliasSettings") -> list[str]:
         mine, theirs = self.comparable(), other.comparable()
@@ -287,6 +284,29 @@ class _AliasSettings:
             launcher=effective.effective(),
             **self.values,
         )
+
+
+def _merge_launcher_overrides(
+    aliases: Sequence[str], resolved: Mapping[str, _AliasSettings]
+) -> dict[str, Any]:
+    """`podium.teachers.<alias>` applies to that alias's teacher: merge what its aliases ask for,
+    refusing two aliases that set one setting to different values."""
+    merged: dict[str, dict[str, Any]] = {}
+    setter: dict[tuple[str, str], str] = {}
+    for alias in aliases:
+        for section, values in resolved[alias].launcher_overrides.items():
+            for key, value in values.items():
+                current = merged.setdefault(section, {})
+                if key in current and current[key] != value:
+                    first = setter[(section, key)]
+                    raise ConfigError(
+                        f"{SECTION}.teachers.{first}.{section}.{key} ({current[key]!r}) and "
+                        f"{SECTION}.teachers.{alias}.{section}.{key} ({value!r}) disagree, but "
+                        f"aliases {first!r} and {alias!r} share one teacher"
+                    )
+                current[key] = value
+                setter[(section, key)] = alias
+    return merged
 
 
 def _check_mapping(value: Any, where: str) -> None:

@@ -1,0 +1,156 @@
+"""Every recipe error `podium plan` must refuse: exit code 2, the key path (or file) named, nothing
+written. Runs the real CLI through typer's runner on small recipe files."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from podium.cli import app
+
+OPD = "on_policy_distillation"
+NCT = f"{OPD}.non_colocated_teachers"
+
+BASE = """\
+on_policy_distillation:
+  teacher_model_by_agent_name:
+    math: /ckpt/math
+    code: /ckpt/math
+    chat: /ckpt/chat
+  default_teacher_alias: chat
+  non_colocated_teachers:
+    default_teacher_cfg:
+      tensor_model_parallel_size: 2
+      pipeline_model_parallel_size: 1
+      context_parallel_size: 1
+      num_nodes: 1
+      gpus_per_node: 8
+      precision: bf16
+      micro_batch_size: 1
+"""
+
+
+def run_plan(tmp_path: Path, text: str, *args: str):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(textwrap.dedent(text))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(app, ["plan", str(recipe), *args])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "plan must write nothing"
+    return result
+
+
+def with_extra(extra: str) -> str:
+    return BASE + textwrap.dedent(extra)
+
+
+CASES = {
+    "empty mapping": (
+        BASE.replace("    math: /ckpt/math\n    code: /ckpt/math\n    chat: /ckpt/chat\n", "    {}\n")
+        .replace("  default_teacher_alias: chat\n", ""),
+        [],
+        f"{OPD}.teacher_model_by_agent_name: must be a non-empty mapping",
+    ),
+    "default alias not a key": (BASE, [f"{OPD}.default_teacher_alias=chta"],
+                                f"{OPD}.default_teacher_alias: 'chta' is not an alias"),
+    "zero nodes": (BASE, [f"{NCT}.default_teacher_cfg.num_nodes=0"],
+                   f"{NCT}.default_teacher_cfg.num_nodes: must be a positive integer, got 0"),
+    "fractional size in an override": (
+        BASE.replace("      micro_batch_size: 1\n",
+                     "      micro_batch_size: 1\n    teacher_overrides:\n      chat:\n        num_nodes: 1.5\n"),
+        [],
+        f"{NCT}.teacher_overrides.chat.num_nodes: must be a positive integer, got 1.5",
+    ),
+    "string size": (BASE, [f"{NCT}.default_teacher_cfg.tensor_model_parallel_size=two"],
+                    f"{NCT}.default_teacher_cfg.tensor_model_parallel_size: must be a positive integer"),
+    "layout does not divide": (
+        BASE, [f"{NCT}.default_teacher_cfg.pipeline_model_parallel_size=3"],
+        "1 nodes × 8 GPUs = 8 GPUs is not divisible by TP2 × PP3 × CP1 = 6",
+    ),
+    "expert parallel does not fit": (
+        BASE, [f"+{NCT}.default_teacher_cfg.expert_model_parallel_size=16"],
+        "per stage is not divisible by EP16 × ETP1 = 16",
+    ),
+    "bad precision": (BASE, [f"{NCT}.default_teacher_cfg.precision=fp8"],
+                      f"{NCT}.default_teacher_cfg.precision: must be one of bf16, fp16, fp32, got 'fp8'"),
+    "unknown podium key": (with_extra("""\
+        podium:
+          slurm:
+            partiton: batch
+        """), [], "podium.slurm.partiton: unknown key (did you mean 'partition'?)"),
+    "unknown per-teacher podium key": (with_extra("""\
+        podium:
+          teachers:
+            chat:
+              server: {port_rnage: [1, 2]}
+        """), [], "podium.teachers.chat.server.port_rnage: unknown key"),
+    "podium teacher alias unknown": (with_extra("""\
+        podium:
+          teachers:
+            chta: {}
+        """), [], "podium.teachers.chta: not an alias"),
+    "teacher_overrides alias unknown": (
+        BASE.replace("      micro_batch_size: 1\n",
+                     "      micro_batch_size: 1\n    teacher_overrides:\n      maths: {num_nodes: 2}\n"),
+        [], f"{NCT}.teacher_overrides.maths: not an alias",
+    ),
+    "yaml syntax error": (BASE + "podium: [unclosed\n", [], "recipe.yaml, line "),
+    "unresolvable interpolation": (
+        BASE.replace("math: /ckpt/math", "math: ${_teachers.nope}"), [],
+        f"{OPD}.teacher_model_by_agent_name.math: cannot resolve '${{_teachers.nope}}'",
+    ),
+    "shared checkpoint, different settings": (
+        BASE.replace("      micro_batch_size: 1\n",
+                     "      micro_batch_size: 1\n    teacher_overrides:\n      code: {precision: fp32}\n"),
+        [], "aliases 'math' and 'code' share checkpoint /ckpt/math but ask for different settings: "
+            "precision ('bf16' vs 'fp32')",
+    ),
+    "override of a missing key": (BASE, [f"{OPD}.no_such_key=1"],
+                                  f"key '{OPD}.no_such_key' is not in the recipe; use +"),
+    "add of an existing key": (BASE, [f"+{OPD}.default_teacher_alias=math"], "already exists"),
+    "delete of a missing key": (BASE, [f"~{OPD}.nope"], f"key '{OPD}.nope' does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_recipe_exits_2_naming_the_key(tmp_path: Path, case: str) -> None:
+    text, overrides, expected = CASES[case]
+    result = run_plan(tmp_path, text, *overrides)
+    assert result.exit_code == 2, result.output
+    assert expected in result.output, result.output
+
+
+def test_missing_defaults_file_is_named(tmp_path: Path) -> None:
+    result = run_plan(tmp_path, "defaults: base/parent.yaml\n" + BASE)
+    assert result.exit_code == 2
+    assert "'defaults' names 'base/parent.yaml'" in result.output
+    assert str(tmp_path / "base/parent.yaml") in result.output
+
+
+def test_missing_recipe_file_is_named(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'nope.yaml'}: recipe file not found" in result.output
+
+
+def test_missing_checkpoint_is_a_warning_in_plan(tmp_path: Path) -> None:
+    result = run_plan(tmp_path, BASE)
+    assert result.exit_code == 0, result.output
+    assert "checkpoint /ckpt/math does not exist" in result.output
+
+
+def test_missing_or_unrecognised_checkpoint_is_an_error_before_submit(tmp_path: Path) -> None:
+    from podium.config.errors import ConfigError
+    from podium.config.plan import load_plan, require_checkpoints
+
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "weights.bin").write_bytes(b"x")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(BASE.replace("/ckpt/chat", "./junk"))
+    plan = load_plan(recipe)
+    with pytest.raises(ConfigError) as err:
+        require_checkpoints(plan)
+    assert "checkpoint /ckpt/math does not exist" in str(err.value)
+    assert f"checkpoint {tmp_path / 'junk'} is neither an HF directory" in str(err.value)

@@ -1,0 +1,232 @@
+"""Loading real NeMo RL recipes unchanged, and the plan's dedup, routing and keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from podium.cli import app
+from podium.config.errors import ConfigError
+from podium.config.plan import load_plan
+from podium.config.recipe import load_recipe, resolve_section
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "nemo-rl-configs" / "examples"
+ULTRA = SHARED / "nemo_gym" / "nemotron-3-ultra" / "mopd.yaml"
+QWEN3 = SHARED / "configs" / "recipes" / "llm" / "mopd-qwen3-1.7b-3n8g-megatron-pack.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _no_hf_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a login node: the Qwen3 recipe's data paths use ${oc.env:HF_HOME}.
+    monkeypatch.delenv("HF_HOME", raising=False)
+
+
+def test_shared_recipes_exist() -> None:
+    assert ULTRA.is_file() and QWEN3.is_file(), f"expected NeMo RL recipes under {SHARED}"
+
+
+def test_qwen3_recipe_inherits_through_defaults() -> None:
+    cfg = load_recipe(QWEN3)
+    # From grpo_math_1B.yaml (the parent), merged under the child's own values.
+    assert cfg.policy.megatron_cfg.tensor_model_parallel_size == 2  # child wins
+    assert "grpo" in cfg and cfg.grpo.num_prompts_per_step == 8
+    assert cfg.policy.max_grad_norm == 1.0  # only in the parent
+    plan = load_plan(QWEN3)
+    (teacher,) = plan.teachers
+    assert teacher.model_name == "Qwen/Qwen3-1.7B"  # a hub id stays as written
+    assert (teacher.num_nodes, teacher.gpus_per_node, teacher.tensor_model_parallel_size) == (1, 8, 2)
+    assert teacher.data_parallel_size == 4
+
+
+def test_unread_unresolvable_parts_do_not_matter_but_read_ones_are_named() -> None:
+    cfg = load_recipe(QWEN3)
+    with pytest.raises(ConfigError, match=r"data\.train\.data_path: cannot resolve .*HF_HOME"):
+        resolve_section(cfg, "data")
+
+
+def test_ultra_recipe_dedups_26_aliases_to_one_teacher() -> None:
+    plan = load_plan(ULTRA)
+    assert plan.totals == {"teachers": 1, "aliases": 26, "nodes": 4, "nodes_without_dedup": 104}
+    (teacher,) = plan.teachers
+    assert teacher.expert_model_parallel_size == 16 and teacher.context_parallel_size == 2
+    assert teacher.megatron_cfg_overrides == {
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_flex_dispatcher_backend": "deepep",
+    }
+
+
+def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers() -> None:
+    plan = load_plan(ULTRA, ["_teachers.reasoning=/ckpt/r", "_teachers.swe=/ckpt/s"])
+    assert plan.totals["teachers"] == 3 and plan.totals["nodes"] == 12
+    by_ckpt = {t.model_name: t for t in plan.teachers}
+    assert set(by_ckpt) == {"/ckpt/r", "/ckpt/s", "/path/to/general_teacher"}
+    assert len(by_ckpt["/ckpt/r"].aliases) == 5 and len(by_ckpt["/ckpt/s"].aliases) == 9
+    assert plan.route("mcqa_simple_agent").model_name == "/ckpt/r"
+    # Unmapped agents go to the default alias (lc_judge_simple_agent -> general).
+    assert plan.route("some_new_agent").model_name == "/path/to/general_teacher"
+
+
+def test_cli_plan_json_matches_contract() -> None:
+    result = CliRunner().invoke(app, ["plan", str(ULTRA), "_teachers.swe=/ckpt/s", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["totals"] == {"teachers": 2, "aliases": 26, "nodes": 8, "nodes_without_dedup": 104}
+    row = data["teachers"][0]
+    for key in ("key", "name", "aliases", "model_name", "num_nodes", "gpus_per_node",
+                "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                "expert_model_parallel_size", "precision", "micro_batch_size", "megatron_cfg_overrides"):
+        assert key in row
+    assert set(data["routes"].values()) == {t["key"] for t in data["teachers"]}
+    assert data["default_alias"] == "lc_judge_simple_agent"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+MINI = """\
+on_policy_distillation:
+  teacher_model_by_agent_name: {a: ./ckpt/one, b: ./ckpt/one/, c: ./other}
+  default_teacher_alias: a
+  non_colocated_teachers:
+    default_teacher_cfg: {num_nodes: 1, gpus_per_node: 4, tensor_model_parallel_size: 2}
+"""
+
+
+def test_defaults_list_recursion_and_override_marker(tmp_path: Path) -> None:
+    write(tmp_path, "base/grand.yaml", "x: {a: 1, b: 2}\ny: {keep: 1, drop: 2}\nn: 1\n")
+    write(tmp_path, "base/parent.yaml", "defaults: grand.yaml\nx: {b: 3}\nn: 2\n")
+    write(tmp_path, "other.yaml", "z: ${mul:${n}, 3}\n")
+    child = write(tmp_path, "child.yaml", """\
+        defaults: [base/parent.yaml, other.yaml]
+        y: {_override_: true, only: 9}
+        w: ${add:1,2,3}
+        d: ${div:7,2}
+        m: ${max:4,9}
+        """)
+    cfg = load_recipe(child)
+    assert resolve_section(cfg, "x") == {"a": 1, "b": 3}  # merged through two levels
+    assert resolve_section(cfg, "y") == {"only": 9}  # replaced, not merged
+    assert resolve_section(cfg, "z") == 6 and resolve_section(cfg, "w") == 6
+    assert resolve_section(cfg, "d") == 3.5 and resolve_section(cfg, "m") == 9
+
+
+def test_overrides_set_add_delete(tmp_path: Path) -> None:
+    path = write(tmp_path, "r.yaml", "a: {b: 1, c: [1, 2]}\n")
+    cfg = load_recipe(path, ["a.b=7", "+a.new=[3, 4]", "~a.c", "++a.forced=null", "a.b=${a.new}"])
+    assert resolve_section(cfg, "a") == {"b": [3, 4], "new": [3, 4], "forced": None}
+
+
+def test_dedup_normalises_paths_and_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "ckpt" / "one").mkdir(parents=True)
+    (tmp_path / "other").symlink_to(tmp_path / "ckpt" / "one")
+    plan = load_plan(write(tmp_path, "r.yaml", MINI))
+    (teacher,) = plan.teachers  # ./ckpt/one, ./ckpt/one/ and a symlink to it are one checkpoint
+    assert teacher.aliases == ("a", "b", "c") and teacher.name == "a"
+    assert teacher.model_name == str((tmp_path / "ckpt" / "one").resolve())
+    assert plan.totals["nodes_without_dedup"] == 3
+
+
+def test_home_relative_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ckpt").mkdir()
+    plan = load_plan(write(tmp_path, "sub/r.yaml", MINI.replace("./ckpt/one/", "~/ckpt")))
+    assert plan.teacher("b").model_name == str(tmp_path / "ckpt")
+
+
+def test_without_dedup_each_alias_gets_and_is_routed_to_its_own_teacher(tmp_path: Path) -> None:
+    text = MINI.replace("default_teacher_alias: a", "default_teacher_alias: a\n  deduplicate_shared_teacher_checkpoints: false")
+    plan = load_plan(write(tmp_path, "r.yaml", text))
+    assert [t.aliases for t in plan.teachers] == [("a",), ("b",), ("c",)]
+    assert len({t.key for t in plan.teachers}) == 3
+    assert plan.route("b").aliases == ("b",) and plan.route("a").aliases == ("a",)
+
+
+def test_routing_default_and_strict(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, "r.yaml", MINI))
+    assert plan.route("unknown").name == "a"
+    strict = load_plan(write(tmp_path, "s.yaml", MINI.replace(
+        "default_teacher_alias: a", "default_teacher_alias: a\n  strict_agent_name_match: true")))
+    with pytest.raises(LookupError, match="'unknown' maps to no teacher and strict_agent_name_match"):
+        strict.route("unknown")
+    no_default = load_plan(write(tmp_path, "n.yaml", MINI.replace("  default_teacher_alias: a\n", "")))
+    with pytest.raises(LookupError, match="no default_teacher_alias"):
+        no_default.route("unknown")
+
+
+def test_unknown_keys_fold_into_megatron_overrides_and_parallel_sizes_apply(tmp_path: Path) -> None:
+    text = MINI.replace(
+        "tensor_model_parallel_size: 2}",
+        "tensor_model_parallel_size: 2, sequence_parallel: true, moe_x: 1,"
+        " megatron_cfg_overrides: {moe_x: 2, pipeline_model_parallel_size: 2}}",
+    )
+    spec = load_plan(write(tmp_path, "r.yaml", text)).teachers[0]
+    assert spec.megatron_cfg_overrides == {"sequence_parallel": True, "moe_x": 2}  # explicit wins
+    assert spec.pipeline_model_parallel_size == 2 and spec.data_parallel_size == 1
+
+
+def test_key_is_stable_and_changes_with_what_makes_a_teacher(tmp_path: Path) -> None:
+    path = write(tmp_path, "r.yaml", MINI)
+    key = load_plan(path).teachers[0].key
+    assert key == load_plan(path).teachers[0].key
+    changed = {
+        load_plan(path, [o]).teacher("a").key
+        for o in (
+            "on_policy_distillation.non_colocated_teachers.default_teacher_cfg.tensor_model_parallel_size=4",
+            "+on_policy_distillation.non_colocated_teachers.default_teacher_cfg.precision=fp32",
+            "+on_policy_distillation.non_colocated_teachers.default_teacher_cfg.foo=1",
+            "+podium.teachers.a.slurm.partition=big",
+        )
+    }
+    assert key not in changed and len(changed) == 4
+
+
+def test_launcher_file_merges_over_recipe_section(tmp_path: Path) -> None:
+    recipe = write(tmp_path, "r.yaml", MINI + "podium: {slurm: {partition: a, qos: q}}\n")
+    launcher = write(tmp_path, "l.yaml", "podium:\n  slurm: {partition: b}\n  teachers: {c: {slurm: {time: '1:00:00'}}}\n")
+    plan = load_plan(recipe, [], launcher)
+    slurm = plan.teacher("a").launcher["slurm"]
+    assert (slurm["partition"], slurm["qos"], slurm["time"]) == ("b", "q", "04:00:00")
+    assert plan.teacher("c").launcher["slurm"]["time"] == "1:00:00"  # only teacher c's
+    bare = write(tmp_path, "bare.yaml", "cluster: local\n")
+    assert load_plan(recipe, [], bare).launcher.cluster == "local"
+
+
+def test_launcher_overrides_of_any_alias_apply_to_its_teacher(tmp_path: Path) -> None:
+    text = MINI + "podium: {teachers: {b: {slurm: {partition: x}}, a: {ray: {interface: ib0}}}}\n"
+    spec = load_plan(write(tmp_path, "r.yaml", text)).teacher("a")
+    assert spec.aliases == ("a", "b")
+    assert spec.launcher["slurm"]["partition"] == "x" and spec.launcher["ray"]["interface"] == "ib0"
+
+
+def test_launcher_overrides_that_differ_within_a_teacher_are_an_error(tmp_path: Path) -> None:
+    text = MINI + "podium: {teachers: {a: {slurm: {partition: x}}, b: {slurm: {partition: y}}}}\n"
+    with pytest.raises(ConfigError, match=r"podium.teachers.a.slurm.partition \('x'\) and "
+                       r"podium.teachers.b.slurm.partition \('y'\) disagree"):
+        load_plan(write(tmp_path, "r.yaml", text))
+
+
+def test_login_node_commands_import_nothing_heavy() -> None:
+    code = (
+        "import sys, runpy; sys.argv = ['podium', 'plan', %r, '--json'];"
+        "from podium.cli import app\n"
+        "try: app()\n"
+        "except SystemExit: pass\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'megatron', 'transformers')]\n"
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))" % str(ULTRA)
+    )
+    for argv_code in (code, code.replace("'plan', %r, '--json'" % str(ULTRA), "'--help'")):
+        out = subprocess.run([sys.executable, "-c", argv_code], capture_output=True, text=True,
+                             env={**os.environ, "COLUMNS": "120"})
+        assert "HEAVY=" in out.stderr, out.stderr
+        assert out.stderr.rsplit("HEAVY=", 1)[1].strip() == ""
