@@ -28,6 +28,7 @@ app = typer.Typer(
 EXIT_USER_ERROR = 2
 
 RecipeArg = typer.Argument(..., help="NeMo RL recipe (YAML) with an on_policy_distillation section.")
+EXAMPLE_RECIPE = Path(__file__).parent / "examples" / "mopd_example.yaml"
 OverridesArg = typer.Argument(
     None, help="Overrides as NeMo RL users type them: key=value, +key=value, ++key=value, ~key."
 )
@@ -43,7 +44,9 @@ def _fail(message: str) -> None:
 
 @app.command()
 def plan(
-    recipe: Path = RecipeArg,
+    recipe: Optional[Path] = typer.Argument(
+        None, help="NeMo RL recipe (YAML); without one, podium's embedded example recipe."
+    ),
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
@@ -51,6 +54,9 @@ def plan(
     """Show the unique teachers a recipe needs, their layout and the nodes they reserve."""
     from podium.config.plan import load_plan
 
+    if recipe is None:
+        recipe = EXAMPLE_RECIPE
+        typer.echo(f"no recipe given: planning the embedded example {recipe}", err=True)
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
     except ConfigError as exc:

@@ -230,3 +230,10 @@ def test_login_node_commands_import_nothing_heavy() -> None:
                              env={**os.environ, "COLUMNS": "120"})
         assert "HEAVY=" in out.stderr, out.stderr
         assert out.stderr.rsplit("HEAVY=", 1)[1].strip() == ""
+
+
+def test_embedded_example_plans_without_a_recipe_argument() -> None:
+    result = CliRunner().invoke(app, ["plan", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    assert data["totals"] == {"teachers": 3, "aliases": 6, "nodes": 4, "nodes_without_dedup": 9}
