@@ -20,6 +20,7 @@ preemption with USR2 two minutes ahead).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -39,6 +40,9 @@ def _port_range(value: Any) -> tuple[int, int]:
     if not (1024 <= lo <= hi <= 65535):
         raise ValueError(f"expected [low, high] with 1024 <= low <= high <= 65535, got [{lo}, {hi}]")
     return (lo, hi)
+
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
 
 class SlurmSettings(_Strict):
@@ -62,6 +66,13 @@ class SlurmSettings(_Strict):
     signal: Literal["USR1", "USR2", "TERM"] = "USR2"
     signal_lead_s: int = Field(default=120, ge=0)  # how long before the end the signal comes
     python: str | None = None  # interpreter on the compute nodes; default: the one running podium
+
+    @field_validator("time")
+    @classmethod
+    def _check_time(cls, value: str) -> str:
+        if not _SLURM_TIME.match(value.strip()):
+            raise ValueError("expected a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+        return value.strip()
 
 
 class RaySettings(_Strict):

@@ -86,6 +86,10 @@ CASES = {
             chat:
               server: {port_rnage: [1, 2]}
         """), [], "podium.teachers.chat.server.port_rnage: unknown key"),
+    "bad slurm time": (with_extra("""\
+        podium:
+          slurm: {time: 4h}
+        """), [], "podium.slurm.time: Value error, expected a Slurm time"),
     "podium teacher alias unknown": (with_extra("""\
         podium:
           teachers:
