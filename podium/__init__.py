@@ -5,4 +5,23 @@ commands (``podium --help``, ``plan``, ``status``, ``down``) answer at once. Hea
 imported lazily by the modules that need them.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from podium.client import PodiumClient
+
 __version__ = "0.1.0"
+
+
+def connect(path: str | PathLike[str], **kwargs: Any) -> PodiumClient:
+    """Connect a trainer to a run: ``podium.connect("<run_dir>/rendezvous.json")``.
+
+    Returns a ``podium.client.PodiumClient``; imported on first call so ``import podium`` stays light.
+    """
+    from podium.client import connect as _connect
+
+    return _connect(path, **kwargs)

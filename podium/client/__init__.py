@@ -1,1 +1,44 @@
-"""podium.client"""
+"""podium.client: what trainers import to reach podium's teachers.
+
+``podium.connect(path)`` (or :func:`connect` here) reads ``<run_dir>/rendezvous.json`` and returns a
+:class:`PodiumClient`:
+
+- ``get_logprobs(alias_or_agent_name, data, *, top_k=None, micro_batch_size=None)``
+- ``get_logprobs_by_agent(data, agent_names, ...)``: several teachers at once, rows in order
+- ``check_tokenizer(alias, tokenizer)``: vocab size + tokenizer fingerprint
+- ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade
+
+Modules: ``client`` (routing, multi-teacher), ``teacher`` (one teacher, restart following),
+``transport`` (keep-alive HTTP), ``facade``, ``tokenizer`` (the fingerprint), ``errors``.
+Importing this package pulls numpy but not torch; torch is imported when results are returned.
+"""
+
+from podium.client.client import PodiumClient, connect
+from podium.client.errors import (
+    PodiumClientError,
+    TeacherFailedError,
+    TeacherRequestError,
+    TeacherServerError,
+    TeacherUnavailableError,
+    TokenizerMismatchError,
+    TransportError,
+)
+from podium.client.facade import RemoteTeacherWorkerGroup
+from podium.client.teacher import ClientOptions, TeacherClient
+from podium.client.tokenizer import tokenizer_fingerprint
+
+__all__ = [
+    "ClientOptions",
+    "PodiumClient",
+    "PodiumClientError",
+    "RemoteTeacherWorkerGroup",
+    "TeacherClient",
+    "TeacherFailedError",
+    "TeacherRequestError",
+    "TeacherServerError",
+    "TeacherUnavailableError",
+    "TokenizerMismatchError",
+    "TransportError",
+    "connect",
+    "tokenizer_fingerprint",
+]

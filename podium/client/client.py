@@ -1,0 +1,215 @@
+"""What ``podium.connect(path)`` returns: every teacher of a run, routed by agent name.
+
+Owns :class:`PodiumClient`: it reads ``rendezvous.json`` and the run's token once, routes an alias
+or agent name to its teacher (default alias, strict flag), keeps one :class:`TeacherClient` per
+teacher, calls several teachers concurrently for a batch whose samples belong to different agents
+(MOPD) and reassembles the rows in their original order, checks tokenizers, and hands out the
+NeMo RL-shaped facade (:mod:`podium.client.facade`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from podium.client.errors import TokenizerMismatchError
+from podium.client.teacher import ClientOptions, TeacherClient, batch_arrays, check_tokenizer_against, convert_outputs
+from podium.client.tokenizer import tokenizer_fingerprint, tokenizer_size
+from podium.rendezvous.layout import RunLayout
+from podium.rendezvous.manifest import Rendezvous, read_rendezvous
+from podium.rendezvous.token import read_token
+
+if TYPE_CHECKING:
+    from podium.client.facade import RemoteTeacherWorkerGroup
+
+logger = logging.getLogger(__name__)
+
+
+class PodiumClient:
+    """All teachers of one run (thread-safe; use as a context manager or call :meth:`close`)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        token: Optional[str] = None,
+        options: Optional[ClientOptions] = None,
+        tokenizer: Any = None,
+        **option_overrides: Any,
+    ) -> None:
+        self.layout = RunLayout.from_rendezvous_path(path)
+        self.rendezvous: Rendezvous = read_rendezvous(self.layout.rendezvous_path)
+        self._token = token if token is not None else read_token(self.layout.auth_token_path)
+        base = options or ClientOptions()
+        self.options = ClientOptions(**{**base.__dict__, **option_overrides}) if option_overrides else base
+        self._fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+        self._tokenizer_size = tokenizer_size(tokenizer) if tokenizer is not None else None
+        self._teachers: dict[str, TeacherClient] = {}
+        self._lock = threading.Lock()
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def __repr__(self) -> str:
+        return f"PodiumClient(run={self.rendezvous.run_name!r}, teachers={sorted(self.rendezvous.teachers)})"
+
+    @property
+    def run_name(self) -> str:
+        return self.rendezvous.run_name
+
+    def resolve(self, alias_or_agent_name: str) -> str:
+        """The teacher key serving ``alias_or_agent_name`` (see ``Rendezvous.resolve``)."""
+        return self.rendezvous.resolve(alias_or_agent_name)
+
+    def teacher(self, alias_or_agent_name: str) -> TeacherClient:
+        """The client of the teacher serving ``alias_or_agent_name``."""
+        key = self.resolve(alias_or_agent_name)
+        with self._lock:
+            client = self._teachers.get(key)
+            if client is None:
+                entry = self.rendezvous.entry(key)
+                client = TeacherClient(
+                    key=key,
+                    name=entry.name,
+                    record_path=self.layout.resolve(entry.endpoint),
+                    token=self._token,
+                    options=self.options,
+                    expected_fingerprint=self._fingerprint,
+                    expected_tokenizer_size=self._tokenizer_size,
+                )
+                self._teachers[key] = client
+            return client
+
+    def wait_ready(self, timeout_s: Optional[float] = None) -> dict[str, Any]:
+        """Block until every teacher of the run is ready; return their records by key."""
+        return {key: self.teacher(key).wait_ready(timeout_s) for key in self.rendezvous.teachers}
+
+    # ------------------------------------------------------------------ logprobs
+
+    def get_logprobs(
+        self,
+        alias_or_agent_name: str,
+        data: Mapping[str, Any],
+        *,
+        top_k: Optional[int] = None,
+        micro_batch_size: Optional[int] = None,
+    ) -> dict[str, Any]:
+        """Logprobs of ``data`` from the teacher of ``alias_or_agent_name``, like the in-process group."""
+        return self.teacher(alias_or_agent_name).get_logprobs(data, top_k=top_k, micro_batch_size=micro_batch_size)
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(2, len(self.rendezvous.teachers)), thread_name_prefix="podium-client"
+                )
+            return self._pool
+
+    def get_logprobs_by_agent(
+        self,
+        data: Mapping[str, Any],
+        agent_names: Sequence[str],
+        *,
+        top_k: Optional[int] = None,
+        micro_batch_size: Optional[int] = None,
+    ) -> dict[str, Any]:
+        """Logprobs of a batch whose row ``b`` belongs to ``agent_names[b]``.
+
+        Rows are grouped by teacher, the teachers are called concurrently, and the answers are put
+        back in the original row order.
+        """
+        ids, lengths = batch_arrays(data)
+        if len(agent_names) != ids.shape[0]:
+            raise ValueError(f"{len(agent_names)} agent names for a batch of {ids.shape[0]} rows")
+        groups: dict[str, list[int]] = {}
+        for row, agent in enumerate(agent_names):
+            groups.setdefault(self.resolve(agent), []).append(row)
+        if len(groups) == 1:
+            (key,) = groups
+            result = self.teacher(key).get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size)
+            return convert_outputs(result, self.options.return_type)
+        pool = self._executor()
+        futures = {
+            key: pool.submit(
+                self.teacher(key).get_logprobs_arrays,
+                ids[rows], lengths[rows], top_k=top_k, micro_batch_size=micro_batch_size,
+            )
+            for key, rows in groups.items()
+        }
+        merged: dict[str, np.ndarray] = {}
+        for key, future in futures.items():
+            rows = np.asarray(groups[key])
+            for name, part in future.result().items():
+                if name not in merged:
+                    merged[name] = np.zeros((ids.shape[0], *part.shape[1:]), dtype=part.dtype)
+                merged[name][rows] = part
+        return convert_outputs(merged, self.options.return_type)
+
+    # ------------------------------------------------------------------ tokenizer safety
+
+    def check_tokenizer(
+        self,
+        alias_or_agent_name: str,
+        tokenizer: Any = None,
+        *,
+        fingerprint: Optional[str] = None,
+        vocab_size: Optional[int] = None,
+    ) -> dict[str, Any]:
+        """Raise :class:`TokenizerMismatchError` unless ``tokenizer`` (or ``fingerprint``) is the teacher's.
+
+        ``vocab_size`` (the trainer model's vocabulary, padding included) must equal the teacher's
+        when given. Returns the teacher's podium metadata.
+        """
+        if tokenizer is None and fingerprint is None and vocab_size is None:
+            raise ValueError("check_tokenizer needs a tokenizer, a fingerprint or a vocab size")
+        client = self.teacher(alias_or_agent_name)
+        meta = client.metadata()
+        info = meta.get("podium", {})
+        gen = info.get("generation") or {}
+        fp = fingerprint if fingerprint is not None else (tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)
+        size = tokenizer_size(tokenizer) if tokenizer is not None else None
+        check_tokenizer_against(client.label, f"{gen.get('job_id')}:{gen.get('restart')}", info, fp, size, vocab_size)
+        if fp is not None and info.get("tokenizer_fingerprint") is None:
+            raise TokenizerMismatchError(
+                f"teacher {client.label} publishes no tokenizer fingerprint (no tokenizer next to its "
+                "checkpoint); cannot confirm the trainer's tokenizer"
+            )
+        return info
+
+    # ------------------------------------------------------------------ facade and lifetime
+
+    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> "RemoteTeacherWorkerGroup":
+        """A NeMo RL ``TeacherWorkerGroup``-shaped object for one teacher."""
+        from podium.client.facade import RemoteTeacherWorkerGroup
+
+        return RemoteTeacherWorkerGroup(self, alias_or_agent_name, top_k=top_k)
+
+    def close(self) -> None:
+        """Close connections and threads (the teachers keep running)."""
+        with self._lock:
+            teachers, self._teachers = list(self._teachers.values()), {}
+            pool, self._pool = self._pool, None
+        for client in teachers:
+            client.close()
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def __enter__(self) -> "PodiumClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(path: str | Path, **kwargs: Any) -> PodiumClient:
+    """Connect to a run: ``path`` is ``<run_dir>/rendezvous.json`` (or the run dir).
+
+    Keyword arguments: ``token`` (default: read ``<run_dir>/auth_token``), ``options`` (a
+    :class:`ClientOptions`) or any of its fields directly (``ready_timeout_s=...``), and
+    ``tokenizer`` (a HF tokenizer every teacher is checked against when first reached).
+    """
+    return PodiumClient(path, **kwargs)
+

@@ -1,0 +1,152 @@
+"""HTTP/1.1 keep-alive transport from a trainer to one teacher URL (stdlib ``http.client``).
+
+Owns connections: one persistent connection per thread (so concurrent callers never interleave on a
+socket), the bearer token on every request, body chunks sent without joining them (tensor bytes go
+to the socket straight from numpy's memory), and the response read into one writable buffer that
+numpy views without copying. A failed exchange closes its connection and raises
+:class:`TransportError`; a request that failed on a connection the server had silently closed
+(idle keep-alive) is sent once more on a fresh one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence, Union
+from urllib.parse import urlsplit
+
+from podium.client.errors import TransportError
+
+logger = logging.getLogger(__name__)
+
+Buffer = Union[bytes, bytearray, memoryview]
+_JOIN_BELOW = 64 * 1024  # small bodies go out in one send
+
+
+@dataclass
+class HTTPResponse:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytearray
+
+    def header(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        return self.headers.get(name, default)
+
+
+class HTTPTransport:
+    """Keep-alive requests to one base URL (``http://host:port``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str],
+        *,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: Optional[float] = 3600.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or not parts.port:
+            raise ValueError(f"teacher URL {url!r} must be http://host:port")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port
+        self._auth = f"Bearer {token}" if token else None
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout_s)
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {self.url}: {exc}") from exc
+        conn.sock.settimeout(self.read_timeout_s)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn, False
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+            with self._lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Sequence[Buffer]] = None,
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> HTTPResponse:
+        """One exchange; :class:`TransportError` when the connection fails."""
+        for attempt in (0, 1):
+            conn, reused = self._connection()
+            try:
+                return self._exchange(conn, method, path, body, headers)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                self._drop()
+                if reused and attempt == 0:
+                    logger.debug("%s: kept-alive connection closed by the server (%s); reconnecting", self.url, exc)
+                    continue
+                raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _exchange(
+        self,
+        conn: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        body: Optional[Sequence[Buffer]],
+        headers: Optional[Mapping[str, str]],
+    ) -> HTTPResponse:
+        all_headers = dict(headers or {})
+        if self._auth:
+            all_headers["Authorization"] = self._auth
+        payload: Optional[object] = None
+        if body is not None:
+            total = sum(memoryview(c).nbytes for c in body)
+            all_headers["Content-Length"] = str(total)
+            payload = b"".join(body) if total < _JOIN_BELOW or len(body) == 1 else list(body)
+        conn.request(method, path, body=payload, headers=all_headers)
+        resp = conn.getresponse()
+        length = resp.getheader("Content-Length")
+        if length is not None:
+            buf = bytearray(int(length))
+            view = memoryview(buf)
+            got = 0
+            while got < len(buf):
+                n = resp.readinto(view[got:])
+                if not n:
+                    raise http.client.IncompleteRead(bytes(view[:got]), len(buf) - got)
+                got += n
+            resp.read()  # lets http.client mark the response complete (keeps the connection)
+        else:
+            buf = bytearray(resp.read())
+        if resp.will_close:
+            self._drop()
+        return HTTPResponse(resp.status, resp.headers, buf)
+
+    def close(self) -> None:
+        """Close every connection this transport opened (all threads)."""
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()

@@ -1,0 +1,134 @@
+"""``rendezvous.json``: the one file a trainer is given, and the routing it carries.
+
+Owns the file's schema (:class:`Rendezvous`), building it from the plan's ``TeacherSpec``s
+(:func:`build_rendezvous`), writing and reading it, and routing an agent name to a teacher key
+(:meth:`Rendezvous.resolve`): an alias maps to its teacher; an unmapped name goes to the default
+alias's teacher, or is an error under the strict flag (NeMo RL's ``default_teacher_alias`` and
+``strict_agent_name_match``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from podium.rendezvous.atomic import CORRUPT, FileReadError, atomic_write_json, ensure_dir, read_json
+from podium.rendezvous.layout import RENDEZVOUS_MODE, RunLayout
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+class RoutingError(LookupError):
+    """An agent name that routes to no teacher."""
+
+
+class TeacherEntry(BaseModel):
+    """One unique teacher as the rendezvous names it."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    name: str
+    aliases: tuple[str, ...]
+    endpoint: str  # path of the endpoint record, relative to the run dir
+    model_name: Optional[str] = None
+
+
+class Rendezvous(BaseModel):
+    """The content of ``<run_dir>/rendezvous.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    run_name: str
+    routing: dict[str, str]  # agent alias -> teacher key
+    default_alias: Optional[str] = None
+    strict: bool = False
+    teachers: dict[str, TeacherEntry]  # teacher key -> entry
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Rendezvous":
+        unknown = sorted({k for k in self.routing.values() if k not in self.teachers})
+        if unknown:
+            raise ValueError(f"routing names teacher keys {unknown} that are not in 'teachers'")
+        if self.default_alias is not None and self.default_alias not in self.routing:
+            raise ValueError(
+                f"default_alias {self.default_alias!r} is not a routed alias (known: {sorted(self.routing)})"
+            )
+        return self
+
+    def resolve(self, agent_name: str) -> str:
+        """The teacher key serving ``agent_name`` (an alias or a trainer's agent name)."""
+        key = self.routing.get(agent_name)
+        if key is not None:
+            return key
+        if agent_name in self.teachers:  # a teacher key names itself
+            return agent_name
+        known = ", ".join(sorted(self.routing))
+        if self.strict:
+            raise RoutingError(
+                f"run {self.run_name!r}: agent {agent_name!r} has no teacher and strict agent-name "
+                f"matching is on (known aliases: {known})"
+            )
+        if self.default_alias is None:
+            raise RoutingError(
+                f"run {self.run_name!r}: agent {agent_name!r} has no teacher and no default alias is "
+                f"set (known aliases: {known})"
+            )
+        return self.routing[self.default_alias]
+
+    def entry(self, key: str) -> TeacherEntry:
+        try:
+            return self.teachers[key]
+        except KeyError:
+            raise RoutingError(f"run {self.run_name!r}: no teacher with key {key!r}") from None
+
+
+def build_rendezvous(
+    run_name: str,
+    teachers: Iterable[Any],
+    *,
+    layout: RunLayout,
+    default_alias: Optional[str] = None,
+    strict: bool = False,
+) -> Rendezvous:
+    """The rendezvous of a plan: ``teachers`` are ``TeacherSpec``s (or mappings with key, name, aliases)."""
+    routing: dict[str, str] = {}
+    entries: dict[str, TeacherEntry] = {}
+    for spec in teachers:
+        get = spec.get if isinstance(spec, Mapping) else lambda f, d=None: getattr(spec, f, d)
+        key, name, aliases = get("key"), get("name"), tuple(get("aliases") or ())
+        for alias in aliases:
+            if alias in routing and routing[alias] != key:
+                raise ValueError(f"alias {alias!r} routed to two teachers: {routing[alias]} and {key}")
+            routing[alias] = key
+        entries[key] = TeacherEntry(
+            name=name, aliases=aliases, endpoint=layout.endpoint_relpath(name, key), model_name=get("model_name")
+        )
+    return Rendezvous(run_name=run_name, routing=routing, default_alias=default_alias, strict=strict, teachers=entries)
+
+
+def write_rendezvous(layout: RunLayout, rendezvous: Rendezvous) -> Path:
+    """Write ``rendezvous.json`` atomically and create each teacher's folder."""
+    ensure_dir(layout.run_dir)
+    for entry in rendezvous.teachers.values():
+        ensure_dir(layout.resolve(entry.endpoint).parent)
+    atomic_write_json(layout.rendezvous_path, rendezvous.model_dump(mode="json"), mode=RENDEZVOUS_MODE)
+    return layout.rendezvous_path
+
+
+def read_rendezvous(path: str | Path) -> Rendezvous:
+    """The rendezvous at ``path`` (the file, or its run dir); :class:`FileReadError` otherwise."""
+    path = RunLayout.from_rendezvous_path(path).rendezvous_path
+    data = read_json(path)
+    try:
+        return Rendezvous.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise FileReadError(path, CORRUPT, f"not a rendezvous file ({problems})") from None

@@ -1,0 +1,348 @@
+"""The endpoint record: where one teacher is, how it is, and which generation says so.
+
+Owns the record's schema (:class:`EndpointRecord`), generations (:class:`Generation`: Slurm job id
++ restart count, totally ordered), the single writer a teacher's head process uses
+(:class:`RecordWriter`, with generation fencing), its heartbeat thread (:class:`Heartbeat`), and the
+tolerant reader (:func:`read_record`) trainers use. Staleness is a reader's judgement
+(:meth:`EndpointRecord.is_stale`), to be confirmed with a health probe before acting on it.
+
+Status values, in the order a healthy teacher passes through them::
+
+    pending -> starting -> loading -> ready -> draining -> stopped
+                                  \\-> failed (with a reason), from any state
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from podium.rendezvous.atomic import CORRUPT, FileReadError, atomic_write_json, read_json, try_read_json
+from podium.rendezvous.layout import ENDPOINT_MODE
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_STALE_AFTER_S = 30.0
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, order=True)
+class Generation:
+    """One incarnation of a teacher: Slurm job id, then restart count (``SLURM_RESTART_COUNT``).
+
+    Ordered by (job_id, restart): a requeued job keeps its id and counts up; a new submission gets a
+    larger job id. Off Slurm the launcher must supply a job id that grows with each submission.
+    """
+
+    job_id: int
+    restart: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.job_id) < 0 or int(self.restart) < 0:
+            raise ValueError(f"generation {self.job_id}:{self.restart}: must be non-negative")
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.restart}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Generation":
+        """Inverse of ``str()``: ``"12345:2"`` (``"12345"`` means restart 0)."""
+        job, _, restart = str(text).strip().partition(":")
+        try:
+            return cls(int(job), int(restart or 0))
+        except ValueError:
+            raise ValueError(f"not a generation: {text!r} (expected JOBID:RESTART)") from None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Generation":
+        """The generation of the current Slurm job (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``)."""
+        env = os.environ if environ is None else environ
+        job = env.get("SLURM_JOB_ID")
+        if not job:
+            raise ValueError("SLURM_JOB_ID is not set: not inside a Slurm job")
+        return cls(int(job), int(env.get("SLURM_RESTART_COUNT") or 0))
+
+
+class ModelInfo(BaseModel):
+    """What the teacher serves; also returned by ``GET /v2/models/<name>``."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    served_name: str
+    model_name: Optional[str] = None
+    checkpoint_path: Optional[str] = None
+    vocab_size: int
+    max_sequence_length: Optional[int] = None
+    sequence_length_multiple: int = 1
+    tokenizer_fingerprint: Optional[str] = None
+    tokenizer_vocab_size: Optional[int] = None
+
+
+class EndpointRecord(BaseModel):
+    """The content of ``teachers/<name>-<key8>/endpoint.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    teacher_key: str
+    teacher_name: str
+    aliases: tuple[str, ...] = ()
+    status: Status
+    reason: Optional[str] = None
+    url: Optional[str] = None
+    generation: Generation
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    model: Optional[ModelInfo] = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def age(self, now: Optional[float] = None) -> float:
+        """Seconds since the last heartbeat."""
+        return (time.time() if now is None else now) - self.heartbeat_at
+
+    def is_stale(self, stale_after_s: float = DEFAULT_STALE_AFTER_S, now: Optional[float] = None) -> bool:
+        """No heartbeat for ``stale_after_s``: the writer may be gone; confirm with a health probe."""
+        return self.age(now) > stale_after_s
+
+    def describe(self) -> str:
+        """One line for errors and logs."""
+        text = f"teacher {self.teacher_name!r} ({self.teacher_key}) generation {self.generation}: {self.status.value}"
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.url:
+            text += f" at {self.url}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        data["generation"] = {"job_id": self.generation.job_id, "restart": self.generation.restart}
+        return data
+
+
+def parse_record(data: Any, path: str | Path) -> EndpointRecord:
+    """Validate decoded JSON as a record; a bad shape is a :class:`FileReadError` (corrupt)."""
+    try:
+        return EndpointRecord.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise FileReadError(path, CORRUPT, f"not an endpoint record ({problems})") from None
+
+
+def read_record(path: str | Path) -> EndpointRecord:
+    """The record at ``path``, or :class:`FileReadError` naming the path and the problem."""
+    return parse_record(read_json(path), path)
+
+
+class StaleGenerationError(RuntimeError):
+    """This writer's generation is older than the record on disk: it must stop writing."""
+
+    def __init__(self, path: Path, mine: Generation, theirs: Generation) -> None:
+        self.path = path
+        self.mine = mine
+        self.theirs = theirs
+        super().__init__(
+            f"{path}: generation {mine} must not overwrite the record of newer generation {theirs}; "
+            "this process is stale and stops publishing"
+        )
+
+
+class RecordWriter:
+    """The one writer of one teacher's endpoint record (the teacher's head process).
+
+    Every write replaces the whole file atomically (mode 0600) and is fenced: it reads the record on
+    disk first and again after the temp file is durable, just before the rename, and refuses
+    (:class:`StaleGenerationError`, after which every later write refuses at once) when that record
+    belongs to a newer generation. An unreadable or corrupt record on disk is overwritten: writing
+    is how it heals.
+
+    Remaining race: a newer generation can replace the file in the instant between our final
+    re-read and our rename, and our rename then clobbers its record. We accept it because (1) Slurm
+    starts the next generation only after the previous job's processes were signalled, so two
+    live writers overlap only when an old process lingers; (2) the window is one rename, against a
+    heartbeat interval of seconds; (3) the newer writer rewrites its record on every heartbeat, so
+    the damage heals within one interval, and the old writer, re-reading before each write, sees the
+    newer generation then and stops for good; (4) readers confirm with a health probe and the
+    server reports its own generation, so a client is never misled for long. Closing the window
+    for real needs a lock or compare-and-swap, which shared filesystems do not offer reliably.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        teacher_key: str,
+        teacher_name: str,
+        generation: Generation,
+        aliases: tuple[str, ...] | list[str] = (),
+        host: Optional[str] = None,
+        pid: Optional[int] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.generation = generation
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._fenced: Optional[StaleGenerationError] = None
+        now = clock()
+        self._record = EndpointRecord(
+            teacher_key=teacher_key,
+            teacher_name=teacher_name,
+            aliases=tuple(aliases),
+            status=Status.PENDING,
+            generation=generation,
+            host=host or socket.gethostname(),
+            pid=os.getpid() if pid is None else pid,
+            started_at=now,
+            heartbeat_at=now,
+        )
+
+    @property
+    def record(self) -> EndpointRecord:
+        """The record as last written (or about to be first written)."""
+        return self._record
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced is not None
+
+    def _check_fence(self) -> None:
+        found = try_read_json(self.path)
+        if not found.ok:
+            if found.error is not None and found.error.kind != "missing":
+                logger.warning("overwriting unreadable endpoint record: %s", found.error)
+            return
+        data = found.data
+        gen = data.get("generation") if isinstance(data, dict) else None
+        if not isinstance(gen, dict):
+            logger.warning("%s: record without a generation, overwriting it", self.path)
+            return
+        try:
+            theirs = Generation(int(gen["job_id"]), int(gen.get("restart", 0)))
+        except (KeyError, TypeError, ValueError):
+            logger.warning("%s: record with a malformed generation %r, overwriting it", self.path, gen)
+            return
+        key = data.get("teacher_key")
+        if key is not None and key != self._record.teacher_key:
+            raise ValueError(
+                f"{self.path}: holds the record of teacher key {key!r}, not {self._record.teacher_key!r}"
+            )
+        if theirs > self.generation:
+            self._fenced = StaleGenerationError(self.path, self.generation, theirs)
+            raise self._fenced
+
+    def _write(self, record: EndpointRecord) -> EndpointRecord:
+        if self._fenced is not None:
+            raise self._fenced
+        self._check_fence()
+        atomic_write_json(self.path, record.to_json(), mode=ENDPOINT_MODE, before_replace=self._check_fence)
+        self._record = record
+        return record
+
+    def publish(
+        self,
+        status: Status | str,
+        *,
+        reason: Optional[str] = None,
+        url: Optional[str] = None,
+        model: Optional[ModelInfo | Mapping[str, Any]] = None,
+        **extra: Any,
+    ) -> EndpointRecord:
+        """Write a new status (and URL / model when given; earlier ones are kept otherwise)."""
+        status = Status(status)
+        if status is Status.FAILED and not reason:
+            raise ValueError("status 'failed' needs a reason")
+        with self._lock:
+            changes: dict[str, Any] = {"status": status, "reason": reason, "heartbeat_at": self._clock()}
+            if url is not None:
+                changes["url"] = url
+            if model is not None:
+                changes["model"] = model if isinstance(model, ModelInfo) else ModelInfo.model_validate(dict(model))
+            if extra:
+                changes["extra"] = {**self._record.extra, **extra}
+            record = self._record.model_copy(update=changes)
+            logger.info("publishing %s", record.describe())
+            return self._write(record)
+
+    def heartbeat(self) -> EndpointRecord:
+        """Rewrite the record with a fresh ``heartbeat_at``."""
+        with self._lock:
+            return self._write(self._record.model_copy(update={"heartbeat_at": self._clock()}))
+
+
+class Heartbeat:
+    """A daemon thread calling ``writer.heartbeat()`` every ``interval_s`` until stopped.
+
+    Any other error (a filesystem hiccup) is logged and retried at the next tick; being
+    fenced by a newer generation stops the thread and calls ``on_fenced`` once.
+    """
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        *,
+        on_fenced: Optional[Callable[[StaleGenerationError], None]] = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
+        self.writer = writer
+        self.interval_s = interval_s
+        self.on_fenced = on_fenced
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Heartbeat":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="podium-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.writer.heartbeat()
+            except StaleGenerationError as exc:
+                logger.error("heartbeat stopped: %s", exc)
+                if self.on_fenced is not None:
+                    self.on_fenced(exc)
+                return
+            except Exception as exc:  # a shared filesystem hiccups: keep beating
+                logger.warning("heartbeat of %s failed, retrying in %.1fs: %s", self.writer.path, self.interval_s, exc)

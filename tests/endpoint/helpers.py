@@ -1,0 +1,200 @@
+"""Helpers for the endpoint tests: stand-in groups, a run directory, teachers behind servers.
+
+- ``FakeGroup``: the worker-group interface in numpy (deterministic formula, instant), for the
+  protocol tests (bad requests, auth, draining, ordering) where the model does not matter.
+- ``HFGroup``: an in-process ``transformers`` model wrapped to the same interface.
+- ``make_run``: a run dir with ``rendezvous.json`` and a 0600 token.
+- ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
+  ``restart()`` brings it back under the next generation on another port.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from podium.rendezvous import (
+    Generation,
+    Heartbeat,
+    RecordWriter,
+    RunLayout,
+    Status,
+    build_rendezvous,
+    create_token,
+    write_rendezvous,
+)
+from podium.teacher.endpoint import EndpointConfig, ServerThread
+
+PORT_RANGE = (23000, 23999)
+
+
+def fake_logprobs(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The FakeGroup's answer: depends on the token and its predecessor, 0 at 0 and past the length."""
+    ids = np.asarray(ids, dtype=np.int64)
+    prev = np.zeros_like(ids)
+    prev[:, 1:] = ids[:, :-1]
+    out = -(((ids * 31 + prev * 7) % 97).astype(np.float32) / 10.0 + 0.125)
+    pos = np.arange(ids.shape[1])[None, :]
+    out[(pos == 0) | (pos >= np.asarray(lengths)[:, None])] = 0.0
+    return out.astype(np.float32)
+
+
+class FakeGroup:
+    """Numpy stand-in for ``TeacherWorkerGroup`` (records the order of calls)."""
+
+    def __init__(self, vocab_size: int = 128, max_sequence_length: Optional[int] = 4096, delay_s: float = 0.0,
+                 sequence_length_multiple: int = 1) -> None:
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.sequence_length_multiple = sequence_length_multiple
+        self.checkpoint_path = None
+        self.delay_s = delay_s
+        self.calls: list[Any] = []
+        self._busy = threading.Lock()
+
+    def validate(self, data: Any) -> None:
+        ids = data["input_ids"]
+        if ids.shape[0] == 0:
+            raise ValueError("empty batch")
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
+        assert self._busy.acquire(blocking=False), "two calls at once reached the group"
+        try:
+            ids = data["input_ids"].numpy()
+            lengths = data["input_lengths"].numpy()
+            self.calls.append(int(ids[0, 0]))
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            out = {"logprobs": torch.from_numpy(fake_logprobs(ids, lengths))}
+            if top_k:
+                b, s = ids.shape
+                idx = (np.arange(top_k)[None, None, :] + ids[:, :, None]) % self.vocab_size
+                out["topk_indices"] = torch.from_numpy(idx.astype(np.int64))
+                out["topk_logprobs"] = torch.from_numpy(-np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy())
+            return out
+        finally:
+            self._busy.release()
+
+    def shutdown(self) -> bool:
+        return True
+
+
+class HFGroup:
+    """A HF ``transformers`` model in this process, behind the worker-group interface."""
+
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.checkpoint_path = str(path)
+        config = AutoConfig.from_pretrained(path)
+        self.vocab_size = int(config.vocab_size)
+        self.max_sequence_length = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions"))
+        self.sequence_length_multiple = 1
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    def validate(self, data: Any) -> None:
+        ids = data["input_ids"]
+        if ids.numel() and int(ids.max()) >= self.vocab_size:
+            raise ValueError("ids outside the vocabulary")
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
+        ids = data["input_ids"].long()
+        lengths = data["input_lengths"].long()
+        seq = ids.shape[1]
+        mask = torch.arange(seq)[None, :] < lengths[:, None]
+        with torch.no_grad():
+            logsm = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask.long()).logits.float(), -1)
+        shifted = torch.zeros_like(logsm)
+        shifted[:, 1:] = logsm[:, :-1]
+        valid = mask.clone()
+        valid[:, 0] = False
+        shifted = shifted * valid[..., None]
+        out = {"logprobs": shifted.gather(-1, ids[..., None]).squeeze(-1).float()}
+        if top_k:
+            values, indices = torch.topk(shifted, top_k, dim=-1)
+            out["topk_logprobs"], out["topk_indices"] = values.float(), indices.long()
+        return out
+
+    def shutdown(self) -> bool:
+        return True
+
+
+@dataclass
+class TeacherDef:
+    key: str
+    name: str
+    aliases: tuple[str, ...]
+
+
+def make_run(tmp_path: Path, teachers: Sequence[TeacherDef], *, default_alias: Optional[str] = None,
+             strict: bool = False, run_name: str = "test-run") -> tuple[RunLayout, str]:
+    """A run dir with rendezvous.json and auth_token; returns (layout, token)."""
+    layout = RunLayout(tmp_path / "run")
+    rdv = build_rendezvous(run_name, [t.__dict__ for t in teachers], layout=layout,
+                           default_alias=default_alias, strict=strict)
+    write_rendezvous(layout, rdv)
+    token = create_token(layout.auth_token_path)
+    return layout, token
+
+
+@dataclass
+class Teacher:
+    """One group served in-process and published in the run dir like a teacher's head process."""
+
+    group: Any
+    layout: RunLayout
+    definition: TeacherDef
+    token: str
+    generation: Generation = field(default_factory=lambda: Generation(1000, 0))
+    port_range: tuple[int, int] = PORT_RANGE
+    heartbeat_s: float = 0.5
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    server: Optional[ServerThread] = None
+    writer: Optional[RecordWriter] = None
+    heartbeat: Optional[Heartbeat] = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return self.server.url
+
+    def start(self) -> "Teacher":
+        d = self.definition
+        self.writer = RecordWriter(self.layout.endpoint_path(d.name, d.key), teacher_key=d.key, teacher_name=d.name,
+                                   aliases=d.aliases, generation=self.generation)
+        self.writer.publish(Status.STARTING)
+        config = EndpointConfig(served_name=d.name, token=self.token, teacher_key=d.key, aliases=d.aliases,
+                                generation=self.generation, port_range=self.port_range, **self.config_overrides)
+        self.server = ServerThread(self.group, config)
+        url = self.server.start()
+        self.writer.publish(Status.READY, url=url, model=self.server.server.model_info())
+        self.heartbeat = Heartbeat(self.writer, self.heartbeat_s).start()
+        return self
+
+    def stop(self, status: Status = Status.STOPPED) -> None:
+        if self.writer is not None and not self.writer.fenced:
+            self.writer.publish(Status.DRAINING)
+        if self.server is not None:
+            self.server.stop(grace_s=10)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.writer is not None and not self.writer.fenced:
+            self.writer.publish(status)
+
+    def restart(self, *, port_range: Optional[tuple[int, int]] = None, gap_s: float = 0.0) -> "Teacher":
+        """Stop, then come back under the next generation (other port unless ``port_range`` says)."""
+        old_port = self.server.port if self.server else None
+        self.stop()
+        if gap_s:
+            time.sleep(gap_s)
+        g = self.generation
+        nxt = Teacher(self.group, self.layout, self.definition, self.token, Generation(g.job_id, g.restart + 1),
+                      port_range or ((old_port + 1, PORT_RANGE[1]) if old_port else self.port_range),
+                      self.heartbeat_s, self.config_overrides)
+        return nxt.start()

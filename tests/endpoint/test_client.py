@@ -1,0 +1,348 @@
+"""podium's client against in-process servers with stand-in groups: routing, restarts, errors.
+
+The model does not matter here (numpy stand-in groups with a known answer); the same client runs
+against the real Megatron group in ``test_real_teacher.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pytest
+import torch
+
+import podium
+from podium.client import (
+    TeacherFailedError,
+    TeacherRequestError,
+    TeacherUnavailableError,
+    TokenizerMismatchError,
+    tokenizer_fingerprint,
+)
+from podium.client.tokenizer import fingerprint_from_pretrained
+from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
+from podium.teacher.endpoint import serve
+
+from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
+
+MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
+CHAT = TeacherDef("b2b2b2b2b2b2", "chat", ("chat",))
+FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2}
+
+
+class ShiftedGroup(FakeGroup):
+    """A second teacher with another answer: the fake logprobs minus ``shift`` at valid positions."""
+
+    def __init__(self, shift: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.shift = shift
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k)
+        lp = out["logprobs"]
+        out["logprobs"] = torch.where(lp != 0, lp - self.shift, lp)
+        return out
+
+
+def shifted(ids: np.ndarray, lengths: np.ndarray, shift: float) -> np.ndarray:
+    lp = fake_logprobs(ids, lengths)
+    return np.where(lp != 0, lp - shift, lp).astype(np.float32)
+
+
+def batch(seed: int, rows: int = 4, seq: int = 16, vocab: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, seq + 1, rows)
+    ids = rng.integers(0, vocab, (rows, seq))
+    ids[np.arange(seq)[None, :] >= lengths[:, None]] = 0
+    return ids, lengths
+
+
+@pytest.fixture()
+def two_teachers(tmp_path: Path) -> Iterator[tuple[Path, Teacher, Teacher]]:
+    layout, token = make_run(tmp_path, [MATH, CHAT], default_alias="chat")
+    math = Teacher(ShiftedGroup(0.0, delay_s=0.3), layout, MATH, token).start()
+    chat = Teacher(ShiftedGroup(100.0, delay_s=0.3), layout, CHAT, token, generation=Generation(2000, 0)).start()
+    yield layout.rendezvous_path, math, chat
+    math.stop()
+    chat.stop()
+
+
+def test_routing_and_concurrent_multi_teacher_order(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
+    path, math, chat = two_teachers
+    with podium.connect(path, **FAST) as client:
+        assert client.resolve("code") == MATH.key and client.resolve("some_agent") == CHAT.key
+        ids, lengths = batch(1, rows=9)
+        agents = ["math", "chat", "code", "unlisted_agent", "math", "chat", "code", "math", "chat"]
+        expected = np.stack([shifted(ids[i:i + 1], lengths[i:i + 1], 100.0 if a in ("chat", "unlisted_agent") else 0.0)[0]
+                             for i, a in enumerate(agents)])
+        for _ in range(2):  # the first call also connects
+            t0 = time.perf_counter()
+            out = client.get_logprobs_by_agent({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)}, agents)
+            both = time.perf_counter() - t0
+        assert out["logprobs"].dtype == torch.float32 and out["logprobs"].shape == ids.shape
+        np.testing.assert_array_equal(out["logprobs"].numpy(), expected)
+        # the two 0.3 s teachers ran at the same time, not one after the other
+        t0 = time.perf_counter()
+        client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths})
+        one = time.perf_counter() - t0
+        assert both < 1.5 * one, (both, one)
+        topk = client.get_logprobs_by_agent({"input_ids": ids, "input_lengths": lengths}, agents, top_k=3)
+        assert topk["topk_indices"].shape == (9, 16, 3)
+        np.testing.assert_array_equal(topk["topk_indices"][:, :, 0].numpy(), ids % 128)
+        with pytest.raises(ValueError, match="2 agent names for a batch of 9"):
+            client.get_logprobs_by_agent({"input_ids": ids, "input_lengths": lengths}, ["math", "chat"])
+
+
+def test_strict_routing_refuses_unknown_agents(tmp_path: Path) -> None:
+    layout, _ = make_run(tmp_path, [MATH, CHAT], default_alias="chat", strict=True)
+    with podium.connect(layout.rendezvous_path) as client:
+        with pytest.raises(RoutingError, match="'unlisted' has no teacher and strict"):
+            client.get_logprobs("unlisted", {"input_ids": [[1]], "input_lengths": [1]})
+
+
+def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
+    path, _, _ = two_teachers
+    client = podium.connect(path)
+    group = client.teacher_group("code")
+    ids, lengths = batch(2)
+    out = group.get_logprobs({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)},
+                             micro_batch_size=2)
+    assert set(out) == {"reference_logprobs"}
+    np.testing.assert_array_equal(out["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
+    topk = client.teacher_group("math", top_k=2).get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    assert set(topk) == {"reference_logprobs", "reference_topk_logprobs", "reference_topk_indices"}
+    assert group.shutdown() is True
+    with pytest.raises(RuntimeError, match="shut down"):
+        group.get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    client.close()
+
+
+def test_refusal_is_raised_at_once_naming_teacher_and_generation(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
+    path, _, _ = two_teachers
+    with podium.connect(path, **FAST) as client:
+        t0 = time.perf_counter()
+        with pytest.raises(TeacherRequestError) as info:
+            client.get_logprobs("math", {"input_ids": [[1, 500]], "input_lengths": [2]})
+        assert time.perf_counter() - t0 < 5
+        text = str(info.value)
+        assert "'math' (a1a1a1a1a1a1)" in text and "generation 1000:0" in text and "HTTP 400" in text
+        assert "outside the vocabulary" in text
+
+
+def test_client_follows_a_restart_mid_loop(tmp_path: Path) -> None:
+    """Stop the server while a loop calls it; it comes back under a new generation on another
+    port; every call of the loop returns the right answer."""
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    first = Teacher(FakeGroup(delay_s=0.01), layout, MATH, token).start()
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    done: list[Generation] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                ids, lengths = batch(i)
+                out = client.get_logprobs("code", {"input_ids": ids, "input_lengths": lengths})
+                np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs(ids, lengths))
+                done.append(client.teacher("code").record.generation)
+                i += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    second: Optional[Teacher] = None
+    try:
+        _wait(lambda: len(done) >= 10 or errors)
+        second = first.restart(gap_s=0.5)  # stopped for 0.5 s, then generation 1000:1 on a higher port
+        assert second.server.port != first.server.port
+        n = len(done)
+        _wait(lambda: len(done) >= n + 10 or errors)
+    finally:
+        stop.set()
+        worker.join(60)
+        client.close()
+        if second is not None:
+            second.stop()
+    assert not errors, errors
+    assert Generation(1000, 0) in done and done[-1] == Generation(1000, 1)
+    assert read_record(layout.endpoint_path(MATH.name, MATH.key)).url == second.url
+
+
+def test_client_waits_for_a_teacher_that_is_not_up_yet(tmp_path: Path) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    teacher: dict[str, Teacher] = {}
+    later = threading.Timer(0.5, lambda: teacher.__setitem__("t", Teacher(FakeGroup(), layout, MATH, token).start()))
+    later.start()
+    try:
+        ids, lengths = batch(3)
+        out = client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths})
+        np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs(ids, lengths))
+    finally:
+        later.join()
+        client.close()
+        teacher["t"].stop()
+
+
+def test_timeout_says_which_teacher_generation_and_what_was_seen(tmp_path: Path) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    teacher = Teacher(FakeGroup(), layout, MATH, token).start()
+    client = podium.connect(layout.rendezvous_path, ready_timeout_s=0.6, poll_interval_s=0.05)
+    client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+    teacher.stop()  # record: stopped; nothing comes back
+    with pytest.raises(TeacherUnavailableError) as info:
+        client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+    text = str(info.value)
+    assert "teacher 'math' (a1a1a1a1a1a1) not ready after 1s" in text
+    assert "generation 1000:0 at http://127.0.0.1:" in text and "generation 1000:0 stopped" in text
+    # a record that says failed ends the wait at once, with its reason
+    writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name="math",
+                          generation=Generation(1000, 1))
+    writer.publish(Status.FAILED, reason="checkpoint not found: /ckpt/x")
+    with pytest.raises(TeacherFailedError, match="'math' .* generation 1000:1 failed: checkpoint not found"):
+        client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+    client.close()
+
+
+def test_corrupt_record_is_reported_and_heals(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    teacher = Teacher(FakeGroup(), layout, MATH, token, heartbeat_s=0.5).start()
+    record_path = layout.endpoint_path(MATH.name, MATH.key)
+    try:
+        teacher.heartbeat.stop()
+        full = record_path.read_bytes()
+        record_path.write_bytes(full[: len(full) // 3])
+        with pytest.raises(TeacherUnavailableError, match=r"record corrupt: not valid JSON"):
+            podium.connect(layout.rendezvous_path, ready_timeout_s=0.3, poll_interval_s=0.05).get_logprobs(
+                "math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        # the owner's next heartbeat rewrites the record whole; a waiting client then proceeds
+        from podium.rendezvous import Heartbeat
+
+        threading.Timer(0.4, teacher.writer.heartbeat).start()
+        client = podium.connect(layout.rendezvous_path, **FAST)
+        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2]], [2]))
+        client.close()
+        teacher.heartbeat = Heartbeat(teacher.writer, 0.5).start()
+    finally:
+        teacher.stop()
+
+
+def test_stale_record_is_confirmed_with_a_probe(tmp_path: Path) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    teacher = Teacher(FakeGroup(), layout, MATH, token).start()
+    try:
+        teacher.heartbeat.stop()
+        time.sleep(0.2)
+        record = read_record(layout.endpoint_path(MATH.name, MATH.key))
+        assert record.is_stale(0.1)
+        client = podium.connect(layout.rendezvous_path, stale_after_s=0.1, **FAST)
+        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})  # the probe says it is alive
+        assert out["logprobs"].shape == (1, 2)
+        client.close()
+    finally:
+        teacher.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def make(words: list[str]) -> Any:
+        vocab = {w: i for i, w in enumerate(words)}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+    teacher_tok = make(["[UNK]"] + [f"w{i}" for i in range(60)])
+    other_tok = make(["[UNK]"] + [f"w{i}" for i in range(59)] + ["different"])
+    saved = tmp_path_factory.mktemp("tok")
+    teacher_tok.save_pretrained(str(saved))
+    return teacher_tok, other_tok, saved
+
+
+def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
+    teacher_tok, other_tok, saved = tokenizers
+    fp = tokenizer_fingerprint(teacher_tok)
+    assert fp.startswith("vocab-sha256:") and fp != tokenizer_fingerprint(other_tok)
+    assert fingerprint_from_pretrained(saved) == (fp, len(teacher_tok))  # same from files as in memory
+    assert fingerprint_from_pretrained(tmp_path) == (None, None)
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    teacher = Teacher(FakeGroup(vocab_size=64), layout, MATH, token,
+                      config_overrides={"tokenizer_fingerprint": fp, "tokenizer_vocab_size": len(teacher_tok)}).start()
+    try:
+        client = podium.connect(layout.rendezvous_path, **FAST)
+        info = client.check_tokenizer("code", teacher_tok, vocab_size=64)
+        assert info["tokenizer_fingerprint"] == fp
+        with pytest.raises(TokenizerMismatchError, match="'math' .*generation 1000:0: tokenizer fingerprint"):
+            client.check_tokenizer("code", other_tok)
+        with pytest.raises(TokenizerMismatchError, match="vocab size 64 != trainer's vocab size 65"):
+            client.check_tokenizer("code", teacher_tok, vocab_size=65)
+        client.close()
+        # given at connect, the tokenizer is checked when each teacher is first reached
+        with pytest.raises(TokenizerMismatchError, match="fingerprint"):
+            podium.connect(layout.rendezvous_path, tokenizer=other_tok, **FAST).get_logprobs(
+                "math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        ok = podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST)
+        assert ok.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})["logprobs"].shape == (1, 2)
+        ok.close()
+    finally:
+        teacher.stop()
+
+
+def test_serve_publishes_ready_then_stopped(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
+    """The launcher's entry: serve() publishes the record, heartbeats, drains and says stopped."""
+    teacher_tok, _, saved = tokenizers
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name=MATH.name,
+                          aliases=MATH.aliases, generation=Generation(77, 2))
+    writer.publish(Status.LOADING)
+    group = FakeGroup(vocab_size=64)
+    group.checkpoint_path = str(saved)  # serve() finds the tokenizer next to the checkpoint
+    stop = threading.Event()
+    urls: list[str] = []
+    thread = threading.Thread(target=serve, args=(group,), kwargs=dict(
+        token=token, record_writer=writer, stop_event=stop, heartbeat_interval_s=0.1, handle_signals=False,
+        on_ready=urls.append))
+    thread.start()
+    try:
+        _wait(lambda: urls)
+        record = read_record(writer.path)
+        assert record.status is Status.READY and record.url == urls[0] and record.generation == Generation(77, 2)
+        assert record.model.tokenizer_fingerprint == tokenizer_fingerprint(teacher_tok)
+        with podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST) as client:
+            out = client.get_logprobs("math", {"input_ids": [[1, 2, 3]], "input_lengths": [3]})
+            np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2, 3]], [3]))
+        beat = record.heartbeat_at
+        _wait(lambda: read_record(writer.path).heartbeat_at > beat)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert read_record(writer.path).status is Status.STOPPED
+
+
+def _wait(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def test_importing_the_client_stays_light() -> None:
+    """``import podium`` and ``import podium.client`` pull neither torch nor ray (trainer login nodes, CLIs)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, podium; assert callable(podium.connect); heavy = {'torch', 'ray', 'megatron', 'aiohttp'}; "
+            "assert not heavy & set(sys.modules), heavy & set(sys.modules); import podium.client; "
+            "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), {'torch', 'ray', 'megatron'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

@@ -1,0 +1,92 @@
+"""The Open Inference Protocol codec, both ways, JSON and binary, and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from podium.teacher import oip
+
+
+def _roundtrip_request(binary: bool) -> oip.InferRequest:
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4)
+    lengths = np.array([4, 2, 1], dtype=np.int32)
+    chunks, header_len = oip.encode_request(
+        [("input_ids", ids), ("input_lengths", lengths)],
+        outputs=["logprobs"], binary_inputs=binary, binary_outputs=binary, parameters={"top_k": 3}, request_id="r1",
+    )
+    body = oip.join(chunks)
+    assert (header_len is not None) == binary
+    req = oip.decode_request(body, header_len)
+    np.testing.assert_array_equal(req.inputs["input_ids"].array, ids)
+    np.testing.assert_array_equal(req.inputs["input_lengths"].array, lengths)
+    assert req.inputs["input_lengths"].datatype == "INT32"
+    assert req.id == "r1" and req.parameters["top_k"] == 3
+    assert req.wants_binary("logprobs") is binary
+    return req
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_request_roundtrip(binary: bool) -> None:
+    _roundtrip_request(binary)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_response_roundtrip(binary: bool) -> None:
+    logprobs = (np.random.default_rng(0).standard_normal((3, 5)) * 3).astype(np.float32)
+    idx = np.arange(30, dtype=np.int64).reshape(3, 5, 2)
+    chunks, header_len = oip.encode_response(
+        "m", [("logprobs", logprobs, binary), ("topk_indices", idx, False)], request_id="x", model_version="1"
+    )
+    resp = oip.decode_response(oip.join(chunks), header_len)
+    assert resp.id == "x" and resp.model_name == "m"
+    np.testing.assert_array_equal(resp.outputs["logprobs"], logprobs)  # float32 exact through JSON too
+    np.testing.assert_array_equal(resp.outputs["topk_indices"], idx)
+
+
+def test_json_nested_data_and_binary_output_default() -> None:
+    body = json.dumps({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, 4]]}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    req = oip.decode_request(body)
+    assert req.inputs["a"].array.tolist() == [[1, 2], [3, 4]]
+    assert req.wants_binary("anything")
+
+
+@pytest.mark.parametrize(
+    "header, binary, header_len, message",
+    [
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1, 2, 3]}]}, b"", None, "needs 2 values"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1.5, 2]}]}, b"", None, "non-integer"),
+        ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [2**40]}]}, b"", None, "do not fit"),
+        ({"inputs": [{"name": "a", "datatype": "STRING", "shape": [1], "data": [1]}]}, b"", None, "unsupported datatype"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": "2", "data": [1]}]}, b"", None, "shape must be"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2]}]}, b"", None, "neither"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "parameters": {"binary_data_size": 8}}]},
+         b"\0" * 8, 0, "binary_data_size 8 != 16"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "parameters": {"binary_data_size": 16}}]},
+         b"\0" * 8, 0, "only 8 binary bytes"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "parameters": {"binary_data_size": 8}}]},
+         b"\0" * 12, 0, "add up to 8"),
+        ({"outputs": []}, b"", None, "no 'inputs'"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [[1, 2], [3]]}]}, b"", None, "regular"),
+    ],
+)
+def test_malformed_requests(header: dict, binary: bytes, header_len, message: str) -> None:
+    head = json.dumps(header).encode()
+    body = head + binary
+    with pytest.raises(oip.OIPError, match=message) as info:
+        oip.decode_request(body, len(head) if header_len is not None else None)
+    assert info.value.status == 400
+
+
+def test_header_length_and_json_errors() -> None:
+    with pytest.raises(oip.OIPError, match="not an integer"):
+        oip.parse_header_length("ten", 100)
+    with pytest.raises(oip.OIPError, match="outside the body"):
+        oip.parse_header_length("101", 100)
+    with pytest.raises(oip.OIPError, match="malformed JSON"):
+        oip.decode_request(b'{"inputs": [', None)
+    with pytest.raises(oip.OIPError, match="JSON object"):
+        oip.decode_request(b"[1, 2]", None)

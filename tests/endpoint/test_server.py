@@ -1,0 +1,327 @@
+"""The endpoint's protocol behaviour, with a numpy stand-in group (the model does not matter here).
+
+Bad requests, auth, draining, request ids, ordering, ports, health while busy. The same bad-request
+table runs against the real Megatron group in ``test_real_teacher.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pytest
+import requests
+
+from podium.teacher.endpoint import EndpointConfig, ServerThread, bind_socket
+
+from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
+
+MAX_BODY = 256 * 1024
+
+
+def infer_body(ids: Any, lengths: Any, *, id_type: str = "INT64", len_type: str = "INT64", **extra: Any) -> bytes:
+    ids, lengths = np.asarray(ids), np.asarray(lengths)
+    body = {"inputs": [
+        {"name": "input_ids", "datatype": id_type, "shape": list(ids.shape), "data": ids.ravel().tolist()},
+        {"name": "input_lengths", "datatype": len_type, "shape": list(lengths.shape), "data": lengths.ravel().tolist()},
+    ], **extra}
+    return json.dumps(body).encode()
+
+
+def binary_body(ids: np.ndarray, lengths: np.ndarray, *, sizes: Optional[tuple[int, int]] = None,
+                trailing: bytes = b"") -> tuple[bytes, int]:
+    a, b = ids.astype("<i8").tobytes(), lengths.astype("<i8").tobytes()
+    sa, sb = sizes or (len(a), len(b))
+    head = json.dumps({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": list(ids.shape), "parameters": {"binary_data_size": sa}},
+        {"name": "input_lengths", "datatype": "INT64", "shape": list(lengths.shape), "parameters": {"binary_data_size": sb}},
+    ], "outputs": [{"name": "logprobs", "parameters": {"binary_data": True}}]}).encode()
+    return head + a + b + trailing, len(head)
+
+
+GOOD_IDS = np.array([[5, 6, 7, 8], [9, 10, 0, 0]])
+GOOD_LENS = np.array([4, 2])
+
+
+def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str, str, dict, bytes, int, str]]:
+    """(case, method, path suffix, headers, body, status, message) for every kind of bad request."""
+    ok_ids, ok_lens = GOOD_IDS, GOOD_LENS
+    bin_ok, hl = binary_body(ok_ids, ok_lens)
+    bad_sizes, hl_bad = binary_body(ok_ids, ok_lens, sizes=(8, 16))
+    trailing, hl_tr = binary_body(ok_ids, ok_lens, trailing=b"\0" * 8)
+    hdr = "Inference-Header-Content-Length"
+    infer = "/infer"
+    return [
+        ("unknown model", "POST", "/v2/models/nope/infer", {}, infer_body(ok_ids, ok_lens), 404, "unknown model 'nope'"),
+        ("unknown version", "POST", "/versions/7/infer", {}, infer_body(ok_ids, ok_lens), 404, "no version '7'"),
+        ("wrong datatype", "POST", infer, {}, infer_body(ok_ids.astype(float), ok_lens, id_type="FP32"), 400,
+         "datatype FP32 not accepted"),
+        ("wrong length datatype", "POST", infer, {}, infer_body(ok_ids, ok_lens, len_type="FP64"), 400,
+         "'input_lengths': datatype FP64"),
+        ("shape mismatch", "POST", infer, {}, infer_body(ok_ids, [4, 2, 1]), 400, "shape mismatch"),
+        ("ids not 2-D", "POST", infer, {}, infer_body([1, 2, 3], [3]), 400, "must be [B, S]"),
+        ("data vs shape", "POST", infer, {}, json.dumps({"inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": [2, 4], "data": [1, 2, 3]},
+            {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [1, 1]}]}).encode(), 400,
+         "needs 8 values"),
+        ("length past S", "POST", infer, {}, infer_body(ok_ids, [5, 2]), 400, "input_lengths[0] = 5 not in 1..4"),
+        ("negative length", "POST", infer, {}, infer_body(ok_ids, [4, -1]), 400, "input_lengths[1] = -1"),
+        ("zero length", "POST", infer, {}, infer_body(ok_ids, [0, 2]), 400, "input_lengths[0] = 0 not in 1..4"),
+        ("length past max", "POST", infer, {}, infer_body(np.ones((1, max_len + 1), int), [max_len + 1]), 400,
+         f"exceeds the teacher's max_sequence_length {max_len}"),
+        ("id outside vocab", "POST", infer, {}, infer_body([[1, vocab, 2, 3]], [4]), 400,
+         f"input_ids[0, 1] = {vocab} not in 0..{vocab - 1}"),
+        ("negative id", "POST", infer, {}, infer_body([[1, 2, -3, 3]], [4]), 400, "input_ids[0, 2] = -3"),
+        ("empty batch", "POST", infer, {}, infer_body(np.zeros((0, 4), int), np.zeros((0,), int)), 400, "empty batch"),
+        ("missing input", "POST", infer, {}, json.dumps({"inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [1]}]}).encode(), 400,
+         "missing input 'input_lengths'"),
+        ("unknown input", "POST", infer, {}, json.dumps({"inputs": [
+            {"name": "foo", "datatype": "INT64", "shape": [1], "data": [1]}]}).encode(), 400, "unknown input(s) ['foo']"),
+        ("non-integer data", "POST", infer, {}, json.dumps({"inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1.5, 2]},
+            {"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}]}).encode(), 400, "non-integer"),
+        ("malformed JSON", "POST", infer, {}, b'{"inputs": [{"name": ', 400, "malformed JSON"),
+        ("not an object", "POST", infer, {}, b"[]", 400, "must be a JSON object"),
+        ("binary size vs shape", "POST", infer, {hdr: str(hl_bad)}, bad_sizes, 400, "binary_data_size 8 != 64"),
+        ("binary bytes left over", "POST", infer, {hdr: str(hl_tr)}, trailing, 400, "add up to 80 bytes but 88"),
+        ("header length past body", "POST", infer, {hdr: str(len(bin_ok) + 1)}, bin_ok, 400, "outside the body"),
+        ("header length not int", "POST", infer, {hdr: "abc"}, bin_ok, 400, "not an integer"),
+        ("binary without header", "POST", infer, {}, bin_ok, 400, "need the Inference-Header-Content-Length header"),
+        ("top_k zero", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"top_k": 0}), 400, "'top_k' = 0"),
+        ("top_k past vocab", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"top_k": vocab + 1}), 400,
+         f"out of range (1..{vocab})"),
+        ("top_k not int", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"top_k": "5"}), 400,
+         "must be an integer"),
+        ("micro batch zero", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"micro_batch_size": 0}), 400,
+         "'micro_batch_size' = 0"),
+        ("unknown output", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "logits"}]), 400,
+         "unknown output(s) ['logits']"),
+        ("top-k output without top_k", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_indices"}]),
+         400, "need the request parameter 'top_k'"),
+        ("body over the limit", "POST", infer, {}, b"{" + b" " * (max_body + 10) + b"}", 413,
+         f"larger than the limit of {max_body} bytes"),
+        ("GET on infer", "GET", infer, {}, b"", 405, "not allowed"),
+        ("unknown route", "GET", "/v2/nothing/here", {}, b"", 404, "no route"),
+    ]
+
+
+def send(session: requests.Session, url: str, model: str, token: str, case: tuple) -> requests.Response:
+    _name, method, path, headers, body, _status, _msg = case
+    if path.startswith("/v2"):
+        full = url + path
+    elif path.startswith("/versions"):
+        full = f"{url}/v2/models/{model}{path}"
+    else:
+        full = f"{url}/v2/models/{model}{path}"
+    return session.request(method, full, data=body or None,
+                           headers={"Authorization": f"Bearer {token}", **headers}, timeout=60)
+
+
+def check_bad_requests_then_good(url: str, model: str, token: str, vocab: int, max_len: int, max_body: int,
+                                 expected: Any) -> None:
+    """Each bad request gets its status and message; the good request right after it succeeds."""
+    session = requests.Session()
+    ids, lens = GOOD_IDS, GOOD_LENS
+    good, hl = binary_body(ids, lens)
+    for case in bad_requests(vocab, max_len, max_body):
+        resp = send(session, url, model, token, case)
+        assert resp.status_code == case[5], (case[0], resp.status_code, resp.text[:300])
+        assert resp.headers["Content-Type"].startswith("application/json"), case[0]
+        assert case[6] in resp.json()["error"], (case[0], resp.json())
+        ok = session.post(f"{url}/v2/models/{model}/infer", data=good, timeout=120,
+                          headers={"Authorization": f"Bearer {token}", "Inference-Header-Content-Length": str(hl)})
+        assert ok.status_code == 200, (case[0], ok.text[:300])
+        header_len = int(ok.headers["Inference-Header-Content-Length"])
+        out = np.frombuffer(ok.content[header_len:], dtype="<f4").reshape(ids.shape)
+        np.testing.assert_allclose(out, expected(ids, lens), atol=1e-5, err_msg=case[0])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Teacher]:
+    tmp = tmp_path_factory.mktemp("server")
+    definition = TeacherDef("feedc0ffee0123", "math", ("math", "code"))
+    layout, token = make_run(tmp, [definition], default_alias="math")
+    teacher = Teacher(FakeGroup(vocab_size=128, max_sequence_length=64), layout, definition, token,
+                      config_overrides={"max_body_bytes": MAX_BODY}).start()
+    yield teacher
+    teacher.stop()
+
+
+def test_every_bad_request_gets_its_4xx_and_the_server_keeps_serving(served: Teacher) -> None:
+    check_bad_requests_then_good(served.url, "math", served.token, 128, 64, MAX_BODY, fake_logprobs)
+
+
+def test_auth(served: Teacher) -> None:
+    url, token = served.url, served.token
+    assert requests.get(f"{url}/v2/health/live", timeout=10).status_code == 200  # no token needed
+    for path in ("/v2/health/ready", "/v2", "/v2/models/math", "/v2/models/math/ready"):
+        missing = requests.get(url + path, timeout=10)
+        assert missing.status_code == 401 and "missing Authorization" in missing.json()["error"], path
+        assert missing.headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = requests.get(url + path, headers={"Authorization": f"Bearer {token}x"}, timeout=10)
+        assert wrong.status_code == 401 and "invalid bearer token" in wrong.json()["error"], path
+        basic = requests.get(url + path, headers={"Authorization": f"Basic {token}"}, timeout=10)
+        assert basic.status_code == 401
+        assert requests.get(url + path, headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+    resp = requests.post(f"{url}/v2/models/math/infer", data=infer_body(GOOD_IDS, GOOD_LENS), timeout=10)
+    assert resp.status_code == 401
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(url.split("//", 1)[1])
+    with pytest.raises(InferenceServerException, match="invalid bearer token"):
+        client.get_model_metadata("math", headers={"Authorization": "Bearer nope"})
+
+
+def test_metadata_names_the_teacher(served: Teacher) -> None:
+    headers = {"Authorization": f"Bearer {served.token}"}
+    for name in ("math", "code", "feedc0ffee0123"):
+        meta = requests.get(f"{served.url}/v2/models/{name}", headers=headers, timeout=10).json()
+        assert meta["name"] == "math"
+        p = meta["podium"]
+        assert p["teacher_key"] == "feedc0ffee0123" and p["aliases"] == ["math", "code"]
+        assert p["generation"] == {"job_id": 1000, "restart": 0}
+        assert p["vocab_size"] == 128 and p["max_sequence_length"] == 64 and p["sequence_length_multiple"] == 1
+        assert "tokenizer_fingerprint" in p
+        assert {i["name"] for i in meta["inputs"]} == {"input_ids", "input_lengths"}
+        assert {o["name"] for o in meta["outputs"]} == {"logprobs", "topk_logprobs", "topk_indices"}
+
+
+def test_request_id_is_echoed(served: Teacher) -> None:
+    headers = {"Authorization": f"Bearer {served.token}"}
+    url = f"{served.url}/v2/models/math/infer"
+    resp = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS, id="req-42"), headers=headers, timeout=10)
+    assert resp.json()["id"] == "req-42" and resp.headers["X-Request-ID"] == "req-42"
+    resp = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers={**headers, "X-Request-ID": "hdr-7"}, timeout=10)
+    assert resp.headers["X-Request-ID"] == "hdr-7"
+    bad = requests.post(url, data=b"{", headers={**headers, "X-Request-ID": "bad-1"}, timeout=10)
+    assert bad.status_code == 400 and bad.headers["X-Request-ID"] == "bad-1"
+    assert resp.headers["X-Podium-Generation"] == "1000:0"
+    assert len(requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=10).headers["X-Request-ID"]) >= 16
+
+
+def test_padding_values_do_not_matter(served: Teacher) -> None:
+    """Ids past a row's length (any value, even outside the vocabulary) are ignored, answers are 0 there."""
+    headers = {"Authorization": f"Bearer {served.token}"}
+    ids = np.array([[5, 6, 7, 999], [9, 10, -100, -100]])
+    resp = requests.post(f"{served.url}/v2/models/math/infer", data=infer_body(ids, [3, 2]), headers=headers, timeout=10)
+    assert resp.status_code == 200, resp.text
+    out = np.asarray(resp.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(out, fake_logprobs(np.where(ids < 0, 0, ids) % 128, [3, 2]))
+
+
+def _server(group: FakeGroup, token: str = "t0ken", **kw: Any) -> ServerThread:
+    kw.setdefault("port_range", (23000, 23999))
+    server = ServerThread(group, EndpointConfig(served_name="m", token=token, **kw))
+    server.start()
+    return server
+
+
+def test_requests_run_one_at_a_time_in_order_and_none_is_dropped() -> None:
+    group = FakeGroup(vocab_size=128, delay_s=0.05)
+    server = _server(group)
+    try:
+        n = 12
+        results: dict[int, np.ndarray] = {}
+        errors: list[str] = []
+
+        def call(i: int) -> None:
+            ids = np.full((2, 8), 0) + np.arange(8)
+            ids[0, 0] = i  # tags the request; the group records ids[0, 0] per call
+            resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(ids, [8, 5]),
+                                 headers={"Authorization": "Bearer t0ken"}, timeout=60)
+            if resp.status_code != 200:
+                errors.append(resp.text)
+                return
+            out = np.asarray(resp.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 8)
+            np.testing.assert_array_equal(out, fake_logprobs(ids, [8, 5]))
+            results[i] = out
+
+        threads = []
+        for i in range(n):
+            t = threading.Thread(target=call, args=(i,))
+            t.start()
+            threads.append(t)
+            time.sleep(0.01)  # arrival order 0, 1, 2, ...
+        # health probes answer while the queue is busy
+        t0 = time.perf_counter()
+        assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+        assert requests.get(f"{server.url}/v2/health/ready", headers={"Authorization": "Bearer t0ken"}, timeout=5).status_code == 200
+        assert time.perf_counter() - t0 < 0.5
+        for t in threads:
+            t.join()
+        assert not errors
+        assert sorted(results) == list(range(n))
+        assert group.calls == list(range(n))  # FIFO, one at a time (FakeGroup asserts no overlap)
+    finally:
+        server.stop()
+
+
+def test_draining_answers_503_with_retry_after_and_finishes_queued_work() -> None:
+    group = FakeGroup(vocab_size=128, delay_s=0.4)
+    server = _server(group, retry_after_s=3)
+    headers = {"Authorization": "Bearer t0ken"}
+    try:
+        outcome: dict[str, int] = {}
+        queued = threading.Thread(target=lambda: outcome.__setitem__("status", requests.post(
+            f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=30).status_code))
+        queued.start()
+        time.sleep(0.15)  # the request is in the group now
+        server.drain()
+        time.sleep(0.05)
+        ready = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=5)
+        assert ready.status_code == 503 and "draining" in ready.json()["error"]
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=5)
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "3" and "draining" in resp.json()["error"]
+        assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+        queued.join()
+        assert outcome["status"] == 200  # accepted before draining: answered, not dropped
+    finally:
+        server.stop()
+
+
+def test_port_collision_takes_the_next_port() -> None:
+    busy = bind_socket("127.0.0.1", (23000, 23999))
+    port = busy.getsockname()[1]
+    try:
+        server = _server(FakeGroup(), port_range=(port, port + 20))
+        try:
+            assert server.port > port
+            assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+        finally:
+            server.stop()
+        with pytest.raises(OSError, match=f"no free port on 127.0.0.1 in {port}-{port}"):
+            _server(FakeGroup(), port_range=(port, port))
+    finally:
+        busy.close()
+
+
+def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
+    class Flaky(FakeGroup):
+        def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+            if int(data["input_ids"][0, 0]) == 13:
+                raise RuntimeError("worker 3 died")
+            if int(data["input_ids"][0, 0]) == 14:
+                raise ValueError("sequence too long for this layout")
+            return super().get_logprobs(data, micro_batch_size, top_k)
+
+    server = _server(Flaky())
+    headers = {"Authorization": "Bearer t0ken"}
+    try:
+        url = f"{server.url}/v2/models/m/infer"
+        resp = requests.post(url, data=infer_body([[13, 1]], [2]), headers=headers, timeout=10)
+        assert resp.status_code == 500 and "worker 3 died" in resp.json()["error"]
+        resp = requests.post(url, data=infer_body([[14, 1]], [2]), headers=headers, timeout=10)
+        assert resp.status_code == 400 and "rejected by the teacher: sequence too long" in resp.json()["error"]
+        assert requests.post(url, data=infer_body([[12, 1]], [2]), headers=headers, timeout=10).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_config_refuses_no_token() -> None:
+    with pytest.raises(ValueError, match="token is required"):
+        EndpointConfig(served_name="m", token="")
