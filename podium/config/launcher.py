@@ -76,8 +76,9 @@ class SlurmSettings(_Strict):
 
 
 class RaySettings(_Strict):
-    # Each job takes a block of ports from this range, checked free on its nodes.
-    port_range: tuple[int, int] = (30000, 39999)
+    # Each job takes a block of ports from this range, checked free on its nodes. Below Linux's
+    # ephemeral range (32768-60999), where outgoing connections would take ports from under Ray.
+    port_range: tuple[int, int] = (20000, 32767)
     temp_dir_root: str = "/tmp"  # per-job temp dirs are created below it
     interface: str | None = None  # network interface whose address Ray uses; default: hostname
     object_store_memory_mb: int | None = Field(default=None, gt=0)
@@ -94,6 +95,7 @@ class ServerSettings(_Strict):
     max_body_mb: int = Field(default=512, gt=0)
     heartbeat_s: float = Field(default=10.0, gt=0)
     stale_after_s: float = Field(default=60.0, gt=0)
+    drain_s: float = Field(default=10.0, ge=0)  # on preemption, queued requests get this long
 
     @field_validator("port_range")
     @classmethod
