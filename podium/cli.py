@@ -88,6 +88,179 @@ def convert(
     typer.echo(f"wrote {out}")
 
 
+RunDirArg = typer.Argument(..., help="The run directory (or its rendezvous.json).")
+
+
+def _run_dir(path: Path) -> Path:
+    return path.parent if path.name == "rendezvous.json" else path
+
+
+@app.command()
+def up(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    launcher: Optional[Path] = LauncherOpt,
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else ./podium-runs/<recipe>)."),
+    wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
+    replace: bool = typer.Option(False, "--replace", help="Stop teachers of this run dir that the recipe no longer has."),
+) -> None:
+    """Submit one job per unique teacher (idempotent: live jobs are reattached)."""
+    from podium.config.plan import load_plan
+    from podium.launcher import commands
+    from podium.launcher.run_dir import default_run_dir
+    from podium.launcher.submission import SubmitError
+
+    try:
+        the_plan = load_plan(recipe, overrides or [], launcher)
+        target = run_dir or default_run_dir(the_plan)
+        result = commands.up(the_plan, target, replace=replace)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    except SubmitError as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(1)
+    for name, action in result.actions.items():
+        typer.echo(f"{name}: {action} job {result.job_ids[name]}")
+    for orphan in result.orphans:
+        verb = "stopped" if replace else "left running (use --replace to stop it)"
+        typer.echo(f"{orphan}: no longer in the recipe, {verb}")
+    typer.echo(f"rendezvous: {result.run_dir / 'rendezvous.json'}")
+    if wait_ready:
+        _wait(result.run_dir, timeout)
+
+
+def _wait(run_dir: Path, timeout: float) -> None:
+    from podium.cli_render import WaitView
+    from podium.launcher import commands
+
+    view = WaitView()
+    try:
+        with view:
+            commands.wait(run_dir, timeout, on_update=view.update)
+    except commands.WaitFailed as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo("all teachers ready")
+
+
+@app.command()
+def wait(
+    run_dir: Path = RunDirArg,
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait."),
+) -> None:
+    """Wait until every teacher of the run is ready (what sbatch scripts call before training)."""
+    _wait(_run_dir(run_dir), timeout)
+
+
+@app.command()
+def status(
+    run_dir: Path = RunDirArg,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Per teacher: job, Slurm state, generation, endpoint, health; exit 0 only when all are ready."""
+    from podium.launcher import commands
+    from podium.launcher.slurm_state import SlurmQueryError
+    from podium.rendezvous.atomic import FileReadError
+
+    try:
+        rows = commands.status(_run_dir(run_dir))
+    except (FileReadError, SlurmQueryError) as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        from podium.cli_render import print_status
+
+        print_status(rows)
+    planned = [r for r in rows if r.in_plan]
+    raise typer.Exit(0 if planned and all(r.ready for r in planned) else 1)
+
+
+@app.command()
+def logs(
+    run_dir: Path = RunDirArg,
+    teacher: str = typer.Argument(..., help="Teacher name, key or folder name."),
+    node: Optional[int] = typer.Option(None, "--node", help="Node rank (default: all)."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing as the log grows."),
+) -> None:
+    """Print a teacher's job logs."""
+    import subprocess
+
+    from podium.launcher import commands
+
+    try:
+        paths = commands.log_paths(_run_dir(run_dir), teacher, node)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+        return
+    existing = [str(p) for p in paths if p.exists()]
+    if not existing:
+        typer.echo(f"no logs yet: {', '.join(str(p) for p in paths)}", err=True)
+        raise typer.Exit(1)
+    if follow:
+        raise typer.Exit(subprocess.call(["tail", "-n", "+1", "-F", *existing]))
+    for path in existing:
+        typer.echo(f"==> {path} <==")
+        typer.echo(Path(path).read_text(errors="replace"))
+
+
+@app.command()
+def down(
+    run_dir: Path = RunDirArg,
+    teachers: Optional[List[str]] = typer.Argument(None, help="Teachers to stop (default: all)."),
+) -> None:
+    """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
+    from podium.launcher import commands
+    from podium.launcher.slurm_state import SlurmQueryError
+
+    try:
+        names = commands.down(_run_dir(run_dir), teachers or [])
+    except SlurmQueryError as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"stopped: {', '.join(names) or 'nothing'}")
+
+
+@app.command()
+def render(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    launcher: Optional[Path] = LauncherOpt,
+    teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses."),
+    write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
+) -> None:
+    """Print the plain sbatch script of one teacher (runs the same job entry with srun)."""
+    from podium.config.plan import load_plan
+    from podium.launcher.render import render_teacher_script
+    from podium.launcher.run_dir import default_run_dir, prepare_run_dir
+
+    try:
+        the_plan = load_plan(recipe, overrides or [], launcher)
+        spec = the_plan.teacher(teacher)
+        target = (run_dir or default_run_dir(the_plan)).absolute()
+        if write:
+            prepare_run_dir(the_plan, target)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(render_teacher_script(spec, target), nl=False)
+
+
+@app.command()
+def demo(
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the demo's files in this folder."),
+    timeout: float = typer.Option(240.0, "--timeout", help="Seconds to wait for the teachers."),
+) -> None:
+    """Two tiny teachers, three aliases, served locally (no Slurm) and checked against transformers."""
+    from podium.launcher.demo import run_demo
+
+    raise typer.Exit(run_demo(keep, timeout))
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app()

@@ -1,4 +1,4 @@
-"""Rich rendering of what the CLI shows a person (plans now; status tables later)."""
+"""Rich rendering of what the CLI shows a person: plans, ``status`` tables, ``--wait`` progress."""
 
 from __future__ import annotations
 
@@ -47,3 +47,68 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         console.print(f"Unmapped agents go to {plan.default_alias!r}{strict}.")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.0f}s"
+
+
+def status_table(rows: list, title: str = "podium status") -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("teacher", "aliases", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
+                "heartbeat"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        health = {True: "[green]ok[/green]", False: "[red]down[/red]", None: "-"}[r.health]
+        status = r.status + (f" ({r.reason})" if r.reason and r.status in ("failed", "stopped", "draining") else "")
+        if r.superseded:
+            status += " [dim](earlier run; requeued)[/dim]"
+        name = r.name if r.in_plan else f"{r.name} [dim](not in recipe)[/dim]"
+        restarts = "-" if r.restarts is None else str(r.restarts)
+        table.add_row(name, ", ".join(r.aliases), r.job_id or "-", r.slurm_state, restarts, r.generation or "-",
+                      status, r.url or "-", health, _age(r.heartbeat_age_s))
+    return table
+
+
+def print_status(rows: list, console: Console | None = None) -> None:
+    (console or Console()).print(status_table(rows))
+
+
+class WaitView:
+    """Live progress of ``--wait``: a rich table on a terminal, plain lines (on change) otherwise."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._live = None
+        self._last: dict[str, str] = {}
+        self._since: dict[str, float] = {}
+
+    def __enter__(self) -> "WaitView":
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(Table(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, rows: list, elapsed: float) -> None:
+        for r in rows:
+            if self._last.get(r.name) != r.phase:
+                self._since[r.name] = elapsed
+                self._last[r.name] = r.phase
+                if self._live is None:
+                    gen = f", generation {r.generation}" if r.generation and not r.superseded else ""
+                    self.console.print(f"[{elapsed:6.1f}s] {r.name}: {r.phase}"
+                                       + (f" (job {r.job_id}{gen})" if r.job_id else ""), highlight=False)
+        if self._live is not None:
+            table = Table(title=f"waiting for teachers ({elapsed:.0f}s)", title_justify="left")
+            for col in ("teacher", "job", "generation", "phase", "since"):
+                table.add_column(col)
+            for r in rows:
+                table.add_row(r.name, r.job_id or "-", r.generation or "-", r.phase,
+                              f"{elapsed - self._since.get(r.name, 0):.0f}s")
+            self._live.update(table)

@@ -1,0 +1,315 @@
+"""The logic of ``podium up / status / wait / logs / down`` (the CLI only parses and prints).
+
+All state comes from the run directory (``job.json``, the endpoint records) and Slurm, so any
+``podium`` process on any login node can run these. Light imports only: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from podium.config.plan import Plan, require_checkpoints
+from podium.config.spec import TeacherSpec
+from podium.launcher.cleanup import run_processes, sweep_temp_dirs
+from podium.launcher.files import TeacherFiles
+from podium.launcher.run_dir import known_teachers, prepare_run_dir
+from podium.launcher.slurm_state import SlurmQueryError
+from podium.launcher.submission import JobRecord, ensure_submitted, job_states
+from podium.rendezvous.atomic import FileReadError, atomic_write_json
+from podium.rendezvous.manifest import read_rendezvous
+from podium.rendezvous.records import Status, read_record
+
+logger = logging.getLogger(__name__)
+
+DOWN_STRAGGLER_S = 15.0  # `down`: how long recorded processes of an ended job may take to go
+
+
+@dataclass
+class TeacherStatus:
+    """One row of ``podium status``."""
+
+    name: str
+    key: str
+    aliases: tuple[str, ...]
+    job_id: Optional[str] = None
+    cluster: str = ""
+    slurm_state: str = "NOT SUBMITTED"
+    job_kind: str = "none"  # pending | running | done | none
+    generation: Optional[str] = None  # of the endpoint record: "<job id>:<restart>"
+    restarts: Optional[int] = None  # Slurm's restart count of the job (while Slurm lists it)
+    status: str = "pending"  # endpoint record status, or pending when there is none yet
+    reason: Optional[str] = None
+    url: Optional[str] = None
+    health: Optional[bool] = None  # probed /v2/health/live
+    heartbeat_age_s: Optional[float] = None
+    submitted_at: Optional[float] = None
+    timings: dict[str, float] = field(default_factory=dict)
+    in_plan: bool = True
+
+    @property
+    def ready(self) -> bool:
+        return (self.status == "ready" and self.job_kind == "running" and self.health is not False
+                and not self.superseded)
+
+    @property
+    def record_restart(self) -> Optional[int]:
+        """The restart count of the generation the endpoint record belongs to."""
+        if self.generation is None:
+            return None
+        return int(self.generation.rpartition(":")[2] or 0)
+
+    @property
+    def superseded(self) -> bool:
+        """The record belongs to an earlier run of a job Slurm has requeued since (it comes back)."""
+        return (self.restarts is not None and self.record_restart is not None
+                and self.record_restart < self.restarts)
+
+    @property
+    def failed(self) -> bool:
+        if self.job_kind == "done":
+            return self.job_id is not None
+        if self.status == "failed":
+            return not (self.superseded and self.job_kind in ("pending", "running"))
+        return False
+
+    @property
+    def phase(self) -> str:
+        """What ``--wait`` shows: Slurm state until the job runs, then the endpoint status."""
+        requeued = f"requeued ×{self.restarts}, " if self.restarts else ""
+        if self.job_kind in ("pending", "none"):
+            return f"{requeued}{self.slurm_state.lower()}" if requeued else self.slurm_state.lower()
+        if self.job_kind == "done":
+            return f"{self.slurm_state.lower()} ({self.status})"
+        if self.superseded:
+            return f"{requeued}starting"
+        return self.status
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "aliases": list(self.aliases), "job_id": self.job_id,
+                "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
+                "restarts": self.restarts,
+                "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
+                "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
+                "timings": self.timings, "submitted_at": self.submitted_at}
+
+
+@dataclass
+class UpResult:
+    run_dir: Path
+    actions: dict[str, str]  # teacher name -> submitted | reattached | resubmitted
+    job_ids: dict[str, str]
+    orphans: list[str]  # teachers in the run dir that the plan no longer has
+
+
+def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
+    """Validate, write the run dir, submit each teacher once (reattach to live jobs)."""
+    require_checkpoints(plan)
+    layout = prepare_run_dir(plan, run_dir)
+    actions: dict[str, str] = {}
+    job_ids: dict[str, str] = {}
+    for spec in plan.teachers:
+        files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
+        if files.stop_request.exists():
+            files.stop_request.unlink()
+        record, action = ensure_submitted(spec, files)
+        actions[spec.name] = action
+        job_ids[spec.name] = record.job_id
+    planned = {s.key for s in plan.teachers}
+    orphans = [f"{s.name}-{s.key[:8]}" for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
+    if orphans and replace:
+        down(layout.run_dir, orphans, only_orphans=True)
+    return UpResult(layout.run_dir, actions, job_ids, orphans)
+
+
+def _probe(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/v2/health/live", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
+    """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct)."""
+    run_dir = run_dir.absolute()
+    rdv = read_rendezvous(run_dir)
+    in_plan = set(rdv.teachers)
+    teachers = known_teachers(run_dir)
+    records = {spec.key: JobRecord.read(files) or _record_from_endpoint(spec, files)
+               for spec, files in teachers}
+    states = job_states([r for r in records.values() if r is not None])
+    rows = []
+    for spec, files in teachers:
+        row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases),
+                            in_plan=spec.key in in_plan)
+        rec = records.get(spec.key)
+        if rec is not None:
+            row.job_id, row.cluster, row.submitted_at = rec.job_id, rec.cluster, rec.submitted_at
+            state = states.get(rec.job_id)
+            if state is None:
+                row.slurm_state, row.job_kind = "UNKNOWN", "done"
+            else:
+                row.slurm_state, row.job_kind, row.restarts = state.state, state.kind, state.restarts
+        try:
+            endpoint = read_record(files.endpoint)
+        except FileReadError as exc:
+            if exc.kind != "missing":
+                row.reason = str(exc)
+            endpoint = None
+        if endpoint is not None and (rec is None or str(endpoint.generation.job_id) == str(rec.job_id)):
+            row.status = endpoint.status.value
+            row.reason = endpoint.reason
+            row.url = endpoint.url
+            row.generation = str(endpoint.generation)
+            row.heartbeat_age_s = round(endpoint.age(), 1)
+            row.timings = dict(endpoint.extra.get("timings", {}))
+            if probe and endpoint.url and endpoint.status is Status.READY:
+                row.health = _probe(endpoint.url)
+        rows.append(row)
+    rows.sort(key=lambda r: (not r.in_plan, r.name))
+    return rows
+
+
+def _record_from_endpoint(spec: TeacherSpec, files: TeacherFiles) -> Optional[JobRecord]:
+    """A teacher started with plain sbatch has no ``job.json``: its endpoint record names the job."""
+    try:
+        endpoint = read_record(files.endpoint)
+    except FileReadError:
+        return None
+    cluster = spec.launcher.get("cluster", "slurm")
+    return JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=str(endpoint.generation.job_id),
+                     cluster=cluster, submitted_at=endpoint.started_at, folder=str(files.submitit),
+                     submitted_by="sbatch")
+
+
+class WaitFailed(RuntimeError):
+    pass
+
+
+def wait(run_dir: Path, timeout_s: float = 600.0,
+         on_update: Optional[Callable[[list[TeacherStatus], float], None]] = None,
+         poll_s: float = 0.5) -> list[TeacherStatus]:
+    """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise."""
+    t0 = time.monotonic()
+    while True:
+        rows = [r for r in status(run_dir) if r.in_plan]
+        elapsed = time.monotonic() - t0
+        if on_update is not None:
+            on_update(rows, elapsed)
+        failed = [r for r in rows if r.failed]
+        if failed:
+            raise WaitFailed("; ".join(
+                f"teacher {r.name!r} (job {r.job_id}): {r.slurm_state} / {r.status}"
+                + (f": {r.reason}" if r.reason else "") + f" — see `podium logs {run_dir} {r.name}`"
+                for r in failed))
+        if rows and all(r.ready for r in rows):
+            return rows
+        if elapsed > timeout_s:
+            waiting = ", ".join(f"{r.name}={r.phase}" for r in rows if not r.ready)
+            raise WaitFailed(f"not ready after {timeout_s:.0f}s: {waiting}")
+        time.sleep(poll_s)
+
+
+def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False,
+         wait_s: float = 60.0) -> list[str]:
+    """Cancel the teachers' jobs (all, or those named), mark records stopped; safe to repeat."""
+    import subprocess
+
+    run_dir = run_dir.absolute()
+    selected = []
+    for spec, files in known_teachers(run_dir):
+        label = f"{spec.name}-{spec.key[:8]}"
+        if teachers and not ({spec.name, spec.key, label} & set(teachers)):
+            continue
+        # A teacher started with plain sbatch has no job.json: its endpoint record names the job.
+        selected.append((spec, files, JobRecord.read(files) or _record_from_endpoint(spec, files)))
+    slurm_ids = [rec.job_id for _, _, rec in selected if rec is not None and rec.cluster == "slurm"]
+    for spec, files, rec in selected:
+        atomic_write_json(files.stop_request, {"time": time.time(), "pid": os.getpid()})
+        if rec is not None and rec.cluster == "local":
+            _stop_local(files, rec)
+    if slurm_ids:
+        proc = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True)
+        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+            raise SlurmQueryError(f"scancel {' '.join(slurm_ids)}: {proc.stderr.strip()}")
+    deadline = time.monotonic() + wait_s
+    records = [rec for _, _, rec in selected if rec is not None]
+    while records and time.monotonic() < deadline:
+        states = job_states(records)
+        if all(not states[r.job_id].alive for r in records if r.job_id in states):
+            break
+        time.sleep(0.5)
+    names = []
+    for spec, files, rec in selected:
+        _mark_stopped(files)
+        # The job has ended; its tasks' processes end with it (stragglers get a few seconds).
+        straggle_deadline = min(deadline, time.monotonic() + DOWN_STRAGGLER_S)
+        while run_processes(files) and time.monotonic() < straggle_deadline:
+            time.sleep(0.2)
+        for path in sweep_temp_dirs(files):
+            logger.info("teacher %r: removed %s", spec.name, path)
+        names.append(spec.name)
+    return names
+
+
+def _stop_local(files: TeacherFiles, rec: JobRecord) -> None:
+    from podium.rendezvous.atomic import try_read_json
+
+    for node in sorted(files.folder.glob(f"nodes/{rec.job_id}-*/0.json")):
+        found = try_read_json(node)
+        pid = found.data.get("pid") if found.ok else None
+        if pid:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 30
+    from podium.launcher.submission import local_job_alive
+
+    while local_job_alive(rec.job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if local_job_alive(rec.job_id):
+        os.kill(int(rec.job_id), signal.SIGTERM)
+
+
+def _mark_stopped(files: TeacherFiles) -> None:
+    """Record ``stopped`` where the job could not (cancelled before serving, or killed)."""
+    try:
+        record = read_record(files.endpoint)
+    except FileReadError:
+        return
+    if record.status in (Status.STOPPED, Status.FAILED):
+        return
+    data = record.to_json()
+    data.update(status="stopped", reason="podium down", heartbeat_at=time.time())
+    from podium.rendezvous.layout import ENDPOINT_MODE
+
+    atomic_write_json(files.endpoint, data, mode=ENDPOINT_MODE)
+
+
+def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[Path]:
+    """The submitit logs of a teacher's current job (one node, or all)."""
+    for spec, files in known_teachers(run_dir.absolute()):
+        if teacher in (spec.name, spec.key, f"{spec.name}-{spec.key[:8]}"):
+            rec = JobRecord.read(files)
+            if rec is None:
+                raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
+            if rec.cluster == "local":
+                base = files.submitit / rec.job_id
+                return sorted(p for p in base.glob(f"{rec.job_id}_*_log.*")
+                              if node is None or p.name.startswith(f"{rec.job_id}_{node}_"))
+            ranks = [node] if node is not None else range(spec.num_nodes)
+            out = []
+            for rank in ranks:
+                out += [files.task_log(rec.job_id, rank), files.task_err(rec.job_id, rank)]
+            return out
+    names = ", ".join(s.name for s, _ in known_teachers(run_dir.absolute()))
+    raise FileNotFoundError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")

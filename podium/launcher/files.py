@@ -1,0 +1,95 @@
+"""The launcher's files inside one teacher's folder (``<run_dir>/teachers/<name>-<key8>/``).
+
+``podium.rendezvous.layout`` names the run directory and the endpoint record; this module names
+what the launcher adds next to it. Every file is replaced whole (atomic write), written by one
+process only.
+
+===================================  ==============  ==============================================
+path (in the teacher's folder)       written by      holds
+===================================  ==============  ==============================================
+``spec.json``                        ``up``          the ``TeacherSpec`` (what every node reads)
+``job.json``                         ``up``          job record: job id, cluster, submitted_at,
+                                                     submitit folder, previous job ids
+``submit.claim``                     ``up``          O_EXCL claim while one ``up`` submits (pid,
+                                                     host, time); removed when ``job.json`` is
+                                                     written; stale after ``CLAIM_STALE_S``
+``submitit/``                        submitit        ``%j_submission.sh``, ``%j_%t_log.out/err``
+``nodes/<job>-<restart>/head.json``  node rank 0     Ray head address of that generation
+``nodes/<job>-<restart>/<rank>.json`` node <rank>    that node's state: host, ip, pid, ports, log,
+                                                     ``failed`` + error when its start failed
+``stop.request``                     ``down``        asks the driver to stop (``cluster: local``)
+===================================  ==============  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from podium.rendezvous.layout import ENDPOINT_FILE, RunLayout
+
+SPEC_FILE = "spec.json"
+JOB_FILE = "job.json"
+CLAIM_FILE = "submit.claim"
+SUBMITIT_DIR = "submitit"
+NODES_DIR = "nodes"
+HEAD_FILE = "head.json"
+STOP_FILE = "stop.request"
+PLAN_FILE = "plan.json"  # in the run dir: the resolved plan
+RECIPE_FILE = "recipe.yaml"  # in the run dir: the resolved recipe (as loaded, overrides applied)
+CLAIM_STALE_S = 120.0
+
+
+@dataclass(frozen=True)
+class TeacherFiles:
+    """Paths of one teacher's folder (pure: creates nothing)."""
+
+    folder: Path
+
+    @classmethod
+    def of(cls, run_dir: str | Path, name: str, key: str) -> "TeacherFiles":
+        return cls(RunLayout(Path(run_dir)).teacher_dir(name, key))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.parent.parent
+
+    @property
+    def spec(self) -> Path:
+        return self.folder / SPEC_FILE
+
+    @property
+    def job(self) -> Path:
+        return self.folder / JOB_FILE
+
+    @property
+    def claim(self) -> Path:
+        return self.folder / CLAIM_FILE
+
+    @property
+    def submitit(self) -> Path:
+        return self.folder / SUBMITIT_DIR
+
+    @property
+    def endpoint(self) -> Path:
+        return self.folder / ENDPOINT_FILE
+
+    @property
+    def stop_request(self) -> Path:
+        return self.folder / STOP_FILE
+
+    def generation_dir(self, job_id: int | str, restart: int) -> Path:
+        return self.folder / NODES_DIR / f"{job_id}-{restart}"
+
+    def head(self, job_id: int | str, restart: int) -> Path:
+        return self.generation_dir(job_id, restart) / HEAD_FILE
+
+    def node(self, job_id: int | str, restart: int, rank: int) -> Path:
+        return self.generation_dir(job_id, restart) / f"{rank}.json"
+
+    def task_log(self, job_id: str, rank: int) -> Path:
+        """submitit's log of one node task (``%j_%t_log.out``)."""
+        return self.submitit / f"{job_id}_{rank}_log.out"
+
+    def task_err(self, job_id: str, rank: int) -> Path:
+        return self.submitit / f"{job_id}_{rank}_log.err"

@@ -1,0 +1,251 @@
+"""Ray on one node of a teacher job: address, explicit ports, per-job temp dir, start and stop by PID.
+
+Nodes may be shared with other jobs and other Ray clusters (on the test cluster every emulated node
+shares one port space), so every port Ray opens is chosen here and checked free by binding it.
+
+Port block of one node (``BLOCK_SIZE`` consecutive ports taken from ``ray.port_range``):
+
+======  ===========================  =========================================================
+offset  port                         who binds it
+======  ===========================  =========================================================
+0       GCS (``--port``)             head only (reserved on workers too, keeps blocks uniform)
+1       node manager                 raylet
+2       object manager               raylet
+3       metrics export               raylet / agent
+4       dashboard agent gRPC         dashboard agent
+5       dashboard agent listen       dashboard agent (node address and 127.0.0.1)
+6       runtime env agent            runtime env agent
+7       Ray client server            head only
+8       dashboard                    head only (dashboard disabled; the port is given anyway)
+9       torch rendezvous             the teacher group's ``MASTER_PORT`` (TCPStore, all
+                                     addresses), handed to the group as its only choice
+10..    worker ports                 one per Ray worker process (``BLOCK_SIZE - 10`` of them)
+======  ===========================  =========================================================
+
+A ``ray.port_range`` below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, often
+32768-60999) keeps outgoing connections from taking a port of a block between the check and the
+bind.
+
+The search starts at a block derived from (job id, restart) plus the node's rank, so two nodes of
+one job on one machine start at different blocks and two jobs rarely meet; a block any of whose
+ports does not bind is skipped.
+
+``ray start --block`` runs as a child process in a session of its own, with the stop signals
+(SIGTERM, SIGINT, USR1, USR2) blocked: Slurm signals every process of a job step, and a raylet
+that dies of the preemption signal or of a cancel's SIGTERM takes the head's driver (and so the
+drain, the record and the cleanup) down with it (see :mod:`podium.launcher.procs`). The node task
+ends its Ray when it is done, by session (every Ray process of the node is a member of the session
+whose id is the recorded ``ray start`` PID): SIGKILL to each member, in well under a second, so a
+teardown fits in Slurm's ``KillWait``. The head's driver disconnects (``ray.shutdown``) before
+that. Nothing here runs ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+from podium.launcher.procs import ProcRef, kill_session, stop_signals_blocked
+
+logger = logging.getLogger(__name__)
+
+BLOCK_SIZE = 48
+NAMED_PORTS = ("gcs", "node_manager", "object_manager", "metrics_export", "dashboard_agent_grpc",
+               "dashboard_agent_listen", "runtime_env_agent", "ray_client_server", "dashboard", "torch_master")
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+}
+
+
+class RayStartError(RuntimeError):
+    """Ray could not start on this node (no free ports, `ray start` died, GCS never answered)."""
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    base: int
+
+    def __getattr__(self, name: str) -> int:
+        if name in NAMED_PORTS:
+            return self.base + NAMED_PORTS.index(name)
+        raise AttributeError(name)
+
+    @property
+    def min_worker(self) -> int:
+        return self.base + len(NAMED_PORTS)
+
+    @property
+    def max_worker(self) -> int:
+        return self.base + BLOCK_SIZE - 1
+
+    def to_dict(self) -> dict[str, int]:
+        out = {name: self.base + i for i, name in enumerate(NAMED_PORTS)}
+        out.update(min_worker=self.min_worker, max_worker=self.max_worker)
+        return out
+
+
+def node_ip(interface: Optional[str] = None, hostname: Optional[str] = None) -> str:
+    """This node's address: the configured interface's IPv4, else ``getent hosts $(hostname)``."""
+    if interface:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", interface],
+                             capture_output=True, text=True)
+        for line in out.stdout.splitlines():
+            fields = line.split()
+            if "inet" in fields:
+                return fields[fields.index("inet") + 1].split("/")[0]
+        raise RayStartError(f"interface {interface!r} has no IPv4 address on {socket.gethostname()}"
+                            f" ({out.stderr.strip() or 'ip printed nothing'})")
+    host = hostname or socket.gethostname()
+    out = subprocess.run(["getent", "hosts", host], capture_output=True, text=True)
+    if out.returncode == 0 and out.stdout.split():
+        return out.stdout.split()[0]
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise RayStartError(f"cannot resolve this node's hostname {host!r}: {exc}") from None
+
+
+def port_free(port: int) -> bool:
+    """True when ``port`` binds on all addresses (TCP), i.e. nothing on this node holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_ports(port_range: tuple[int, int], job_id: int | str, restart: int, rank: int) -> RayPorts:
+    """The first block whose every port binds, searching from the job's and rank's start block."""
+    lo, hi = port_range
+    blocks = (hi - lo + 1) // BLOCK_SIZE
+    if blocks < 1:
+        raise RayStartError(
+            f"ray.port_range {lo}-{hi} holds {hi - lo + 1} ports < one node's block of {BLOCK_SIZE}"
+        )
+    digest = hashlib.sha256(f"{job_id}:{restart}".encode()).digest()
+    start = (int.from_bytes(digest[:4], "big") + rank) % blocks
+    for step in range(blocks):
+        base = lo + ((start + step) % blocks) * BLOCK_SIZE
+        if all(port_free(p) for p in range(base, base + BLOCK_SIZE)):
+            return RayPorts(base)
+    raise RayStartError(f"no free block of {BLOCK_SIZE} ports in ray.port_range {lo}-{hi} "
+                        f"({blocks} blocks tried) on {socket.gethostname()}")
+
+
+def temp_dir(root: str, job_id: int | str, restart: int, rank: int) -> Path:
+    """Per-job, per-node Ray temp dir (short: Ray's socket paths must stay under 108 bytes)."""
+    return Path(root) / f"podium-{job_id}-{restart}-{rank}"
+
+
+def ray_executable() -> list[str]:
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return [str(candidate)]
+    found = shutil.which("ray")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
+def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus: int,
+                  num_gpus: int = 0, head_address: Optional[str] = None,
+                  object_store_memory_mb: Optional[int] = None) -> list[str]:
+    cmd = [*ray_executable(), "start", "--block", "--disable-usage-stats",
+           f"--node-ip-address={ip}", f"--temp-dir={temp}",
+           f"--node-manager-port={ports.node_manager}", f"--object-manager-port={ports.object_manager}",
+           f"--metrics-export-port={ports.metrics_export}",
+           f"--dashboard-agent-grpc-port={ports.dashboard_agent_grpc}",
+           f"--dashboard-agent-listen-port={ports.dashboard_agent_listen}",
+           f"--runtime-env-agent-port={ports.runtime_env_agent}",
+           f"--min-worker-port={ports.min_worker}", f"--max-worker-port={ports.max_worker}",
+           f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"]
+    if object_store_memory_mb:
+        cmd.append(f"--object-store-memory={object_store_memory_mb * 1024 * 1024}")
+    if head:
+        cmd += ["--head", f"--port={ports.gcs}", f"--ray-client-server-port={ports.ray_client_server}",
+                "--include-dashboard=false", f"--dashboard-port={ports.dashboard}"]
+    else:
+        if not head_address:
+            raise ValueError("a Ray worker node needs the head's address")
+        cmd.append(f"--address={head_address}")
+    return cmd
+
+
+def ray_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(RAY_ENV)
+    return env
+
+
+class RayNodeProcess:
+    """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
+
+    def __init__(self, cmd: list[str], log_path: Path) -> None:
+        self.cmd = cmd
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        logger.info("starting Ray: %s (log %s)", " ".join(cmd), log_path)
+        with stop_signals_blocked():  # inherited by every Ray process of this node
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ray_env(),
+                                         start_new_session=True)
+        self.ref = ProcRef.of(self.proc.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def describe_exit(self) -> str:
+        tail = ""
+        try:
+            tail = self.log_path.read_text(errors="replace")[-1500:]
+        except OSError:
+            pass
+        return f"`ray start` (pid {self.pid}) exited with {self.proc.returncode}; log {self.log_path}:\n{tail}"
+
+    def stop(self, timeout_s: float = 10.0) -> list[int]:
+        """End every Ray process of this node (SIGKILL by session); returns PIDs that survived.
+
+        Only the session this task started: its ``ray start`` and whatever Ray started under it.
+        """
+        t0 = time.monotonic()
+        survivors = kill_session(self.ref, timeout_s, not_reaped=[self.pid])
+        try:
+            self.proc.wait(max(1.0, timeout_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            survivors = sorted({*survivors, self.pid})
+        if not self._log.closed:
+            self._log.close()
+        logger.info("Ray (session %d) ended in %.2fs%s", self.pid, time.monotonic() - t0,
+                    f"; still alive: {survivors}" if survivors else "")
+        return survivors
+
+
+def wait_port(host: str, port: int, timeout_s: float, alive: Optional[RayNodeProcess] = None) -> float:
+    """Seconds until ``host:port`` accepts a TCP connection; RayStartError on timeout or death."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        if alive is not None and not alive.alive():
+            raise RayStartError(alive.describe_exit())
+        if time.monotonic() - t0 > timeout_s:
+            raise RayStartError(f"{host}:{port} did not answer within {timeout_s:.0f}s")
+        time.sleep(0.05)

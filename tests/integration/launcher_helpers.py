@@ -1,0 +1,99 @@
+"""Helpers shared by the launcher's tests on the real Slurm test cluster.
+
+- :func:`group_factory`: the teacher group the jobs build (the real Megatron group when
+  ``podium.teacher.group`` imports, else the transformers stand-in);
+- :func:`write_recipe`: a small MOPD recipe (aliases -> checkpoint and node count) for the cluster;
+- :func:`podium`: run the ``podium`` CLI as a user would (a subprocess), failing with its output;
+- :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+
+# Below the kernel's ephemeral range (32768-60999 here): an outgoing connection never takes a port
+# of a node's block between podium's check and Ray's bind. Not 20000-23999 (other test fixtures).
+RAY_PORTS = "[24000, 32767]"
+TOL = 2e-3
+
+
+def group_factory() -> str:
+    if os.environ.get("PODIUM_GROUP_FACTORY"):
+        return os.environ["PODIUM_GROUP_FACTORY"]
+    if importlib.util.find_spec("podium.teacher.group") is not None:
+        return "podium.teacher.group:TeacherWorkerGroup"
+    return "podium.launcher.reference_group:HFReferenceGroup"
+
+
+def _flow(mapping: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in mapping.items()) + "}"
+
+
+def write_recipe(path: Path, aliases: dict[str, tuple[Path, int]],
+                 slurm: Optional[Mapping[str, Any]] = None,
+                 server: Optional[Mapping[str, Any]] = None) -> Path:
+    """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server`` entries override the defaults."""
+    mapping = "\n".join(f"    {a}: {ck}" for a, (ck, _) in aliases.items())
+    overrides = "\n".join(f"      {a}: {{num_nodes: {n}}}" for a, (_, n) in aliases.items())
+    first = next(iter(aliases))
+    slurm_cfg = {"gpus": False, "exclusive": False, "time": "00:30:00", "partition": "low", **(slurm or {})}
+    server_cfg = {"heartbeat_s": 2, "stale_after_s": 10, **(server or {})}
+    path.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name:
+{mapping}
+  default_teacher_alias: {first}
+  non_colocated_teachers:
+    default_teacher_cfg: {{tensor_model_parallel_size: 1, num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+    teacher_overrides:
+{overrides}
+podium:
+  cluster: slurm
+  slurm: {_flow(slurm_cfg)}
+  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
+  server: {_flow(server_cfg)}
+""")
+    return path
+
+
+def podium(*args: str, env: dict | None = None, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PODIUM_GROUP_FACTORY": group_factory(), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"podium {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def job_ids(run_dir: Path) -> dict[str, str]:
+    return {json.loads(p.read_text())["teacher_name"]: json.loads(p.read_text())["job_id"]
+            for p in run_dir.glob("teachers/*/job.json")}
+
+
+def check_logprobs(run_dir: Path, expected: dict[str, Path]) -> None:
+    import podium.client as pc
+
+    data = random_batch(256, [6, 11, 3], seed=7)
+    with pc.connect(run_dir / "rendezvous.json") as client:
+        for alias, checkpoint in expected.items():
+            got = client.get_logprobs(alias, data)
+            value = np.asarray(got["logprobs"] if isinstance(got, dict) else got)
+            ref = hf_oracle_logprobs(checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+            err = float(np.abs(value - ref).max())
+            assert err < TOL, f"alias {alias}: max |error| {err} vs the HF oracle"
+
+
+def ray_processes_of(jobs: list[str]) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    marks = [f"podium-{j}-" for j in jobs]
+    return [line for line in out.splitlines() if any(m in line for m in marks)]

@@ -1,0 +1,162 @@
+"""``podium up / status / wait / down`` end to end on the real Slurm test cluster.
+
+One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
+slots) is brought up once per module and shared; tests that need their own run (two concurrent
+``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher) bring up small ones.
+The group is the real Megatron one when ``podium.teacher.group`` exists, else the launcher's
+transformers stand-in (``PODIUM_GROUP_FACTORY``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from launcher_helpers import check_logprobs, group_factory, job_ids, podium, ray_processes_of, write_recipe
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_llama_checkpoint: Path, tiny_qwen2_checkpoint: Path) -> dict[str, Path]:
+    return {"llama": tiny_llama_checkpoint, "qwen2": tiny_qwen2_checkpoint}
+
+
+@pytest.fixture(scope="module")
+def two_teachers(slurm_cluster, checkpoints, tmp_path_factory) -> Iterator[tuple[Path, Path]]:
+    root = tmp_path_factory.mktemp("launcher")
+    recipe = write_recipe(root / "recipe.yaml", {"math": (checkpoints["llama"], 2),
+                                                 "code": (checkpoints["llama"], 2),
+                                                 "chat": (checkpoints["qwen2"], 1)})
+    run_dir = root / "run"
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "180")
+        yield recipe, run_dir
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
+def test_up_wait_ready_and_logprobs_per_alias(two_teachers, checkpoints) -> None:
+    _, run_dir = two_teachers
+    check_logprobs(run_dir, {"math": checkpoints["llama"], "code": checkpoints["llama"],
+                             "chat": checkpoints["qwen2"]})
+
+
+def test_status_shows_both(two_teachers) -> None:
+    _, run_dir = two_teachers
+    proc = podium("status", str(run_dir), "--json")
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert set(rows) == {"math", "chat"}
+    assert rows["math"]["aliases"] == ["math", "code"]
+    for row in rows.values():
+        assert row["ready"] and row["slurm_state"] == "RUNNING" and row["health"] is True
+        assert row["generation"] == f"{row['job_id']}:0"
+    assert len({r["url"] for r in rows.values()}) == 2
+
+
+def test_second_up_reattaches(two_teachers) -> None:
+    recipe, run_dir = two_teachers
+    before = job_ids(run_dir)
+    proc = podium("up", str(recipe), "--run-dir", str(run_dir))
+    assert proc.stdout.count("reattached") == 2, proc.stdout
+    assert job_ids(run_dir) == before
+
+
+def test_concurrent_up_submit_once_and_two_runs_side_by_side(two_teachers, checkpoints, tmp_path) -> None:
+    """Two `up` at once on a new run dir submit once; that second run shares the nodes with the
+    module's run (no port or temp-dir collision), and taking it down leaves the first serving."""
+    _, run_a = two_teachers
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"solo": (checkpoints["qwen2"], 1)})
+    run_b = tmp_path / "run"
+    results: list[subprocess.CompletedProcess] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        podium("up", str(recipe), "--run-dir", str(run_b), "--wait", "--timeout", "180"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        outs = "".join(r.stdout for r in results)
+        assert outs.count("submitted job") == 1 and outs.count("reattached job") == 1, outs
+        assert len(job_ids(run_b)) == 1
+        check_logprobs(run_b, {"solo": checkpoints["qwen2"]})
+        check_logprobs(run_a, {"math": checkpoints["llama"], "chat": checkpoints["qwen2"]})
+    finally:
+        podium("down", str(run_b))
+    check_logprobs(run_a, {"math": checkpoints["llama"], "chat": checkpoints["qwen2"]})
+
+
+def test_node_failing_at_start_fails_fast_naming_it(slurm_cluster, checkpoints, tmp_path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"wide": (checkpoints["llama"], 2)})
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "120",
+                  env={"PODIUM_FAIL_NODE_RANK": "1"}, check=False)
+    elapsed = time.monotonic() - t0
+    try:
+        assert proc.returncode != 0
+        assert "rank 1" in proc.stderr and "fault injected" in proc.stderr, proc.stderr[-3000:]
+        assert any(f"node {n} (rank 1)" in proc.stderr for n in slurm_cluster.nodes), proc.stderr[-3000:]
+        assert elapsed < 90, f"failure took {elapsed:.0f}s"
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
+def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoints, tmp_path) -> None:
+    """sbatch/trainer.sbatch submits its teacher from inside a job; sbatch/teacher_plain.sh starts one
+    from a rendered script; the toy trainer step reaches both."""
+    repo = Path(__file__).resolve().parents[2]
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"inner": (checkpoints["qwen2"], 1)})
+    run_dir = tmp_path / "run"
+    plain_recipe = write_recipe(tmp_path / "plain.yaml", {"plain": (checkpoints["llama"], 1)})
+    plain_run = tmp_path / "plain-run"
+    env = {**os.environ, "PODIUM_GROUP_FACTORY": group_factory(), "PODIUM": f"{sys.executable} -m podium.cli"}
+    plain = subprocess.run(["bash", str(repo / "sbatch" / "teacher_plain.sh"), str(plain_recipe), "plain",
+                            str(plain_run)], capture_output=True, text=True, env=env, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    plain_job = plain.stdout.strip().splitlines()[-1]
+    out = tmp_path / "trainer.out"
+    sub = subprocess.run(["sbatch", "--parsable", f"--output={out}",
+                          f"--export=ALL,RECIPE={recipe},RUN_DIR={run_dir},PODIUM_WAIT_S=180",
+                          str(repo / "sbatch" / "trainer.sbatch")],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert sub.returncode == 0, sub.stderr
+    trainer_job = sub.stdout.strip()
+    try:
+        slurm_cluster.wait_for_state(trainer_job, "COMPLETED", timeout_s=200)
+        text = out.read_text()
+        assert '"toy_trainer"' in text and "inner" in text, text[-3000:]
+        inner_job = job_ids(run_dir)["inner"]
+        assert inner_job != trainer_job
+        slurm_cluster.wait_for_state(inner_job, "CANCELLED", timeout_s=60)  # the trainer took it down
+        podium("wait", str(plain_run), "--timeout", "120")
+        check_logprobs(plain_run, {"plain": checkpoints["llama"]})
+    finally:
+        podium("down", str(plain_run), check=False)
+        subprocess.run(["scancel", plain_job, trainer_job], check=False)
+    slurm_cluster.wait_for_state(plain_job, "CANCELLED", timeout_s=60)
+
+
+def test_down_ends_both(two_teachers, slurm_cluster) -> None:
+    """Last in the module: `down` cancels both jobs and leaves no Ray process of them (repeatable)."""
+    _, run_dir = two_teachers
+    jobs = list(job_ids(run_dir).values())
+    podium("down", str(run_dir))
+    for job in jobs:
+        slurm_cluster.wait_for_state(job, "CANCELLED", timeout_s=60)
+    deadline = time.monotonic() + 20
+    while ray_processes_of(jobs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes_of(jobs)
+    proc = podium("status", str(run_dir), "--json", check=False)
+    assert proc.returncode == 1
+    assert all(r["status"] in ("stopped", "draining") for r in json.loads(proc.stdout))
+    assert "stopped" in podium("down", str(run_dir)).stdout  # safe to repeat

@@ -1,0 +1,73 @@
+"""``ensure_submitted``: reattach to live jobs, submit once under concurrency, resubmit ended ones."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from podium.config.spec import TeacherSpec
+from podium.launcher import submission
+from podium.launcher.files import TeacherFiles
+from podium.launcher.slurm_state import JobState
+
+SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
+                   num_nodes=1, gpus_per_node=1, launcher={"cluster": "slurm", "slurm": {}})
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    jobs: dict[str, str] = {}
+    calls: list[str] = []
+
+    def submit(spec, files):
+        time.sleep(0.2)  # a slow sbatch widens the race window
+        job_id = str(100 + len(calls))
+        calls.append(job_id)
+        jobs[job_id] = "RUNNING"
+        return job_id
+
+    monkeypatch.setattr(submission, "submit", submit)
+    monkeypatch.setattr(submission, "query_states",
+                        lambda ids: {i: JobState(i, jobs[i]) for i in ids if i in jobs})
+    return jobs, calls
+
+
+def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
+    jobs, calls = fake_slurm
+    files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
+    files.folder.mkdir(parents=True)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(submission.ensure_submitted(SPEC, files)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["100"]
+    assert sorted(a for _, a in results) == ["reattached"] * 3 + ["submitted"]
+    assert not files.claim.exists()
+
+
+def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
+    jobs, calls = fake_slurm
+    files = TeacherFiles(tmp_path / "t")
+    files.folder.mkdir(parents=True)
+    record, action = submission.ensure_submitted(SPEC, files)
+    assert action == "submitted"
+    assert submission.ensure_submitted(SPEC, files)[1] == "reattached"
+    jobs[record.job_id] = "CANCELLED"
+    record2, action2 = submission.ensure_submitted(SPEC, files)
+    assert action2 == "resubmitted" and record2.previous_job_ids == [record.job_id]
+
+
+def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
+    files = TeacherFiles(tmp_path / "t")
+    files.folder.mkdir(parents=True)
+    files.claim.write_text('{"pid": 999999999, "host": "elsewhere", "time": 0}')
+    old = time.time() - 3600  # a claim's age is its file's age
+    os.utime(files.claim, (old, old))
+    assert submission.ensure_submitted(SPEC, files, timeout_s=10)[1] == "submitted"
