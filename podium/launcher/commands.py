@@ -25,7 +25,8 @@ from podium.launcher.slurm_state import SlurmQueryError
 from podium.launcher.submission import JobRecord, ensure_submitted, job_states
 from podium.rendezvous.atomic import FileReadError, atomic_write_json
 from podium.rendezvous.manifest import read_rendezvous
-from podium.rendezvous.records import Status, read_record
+from podium.rendezvous.layout import ENDPOINT_MODE
+from podium.rendezvous.records import StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +282,11 @@ def _stop_local(files: TeacherFiles, rec: JobRecord) -> None:
 
 
 def _mark_stopped(files: TeacherFiles) -> None:
-    """Record ``stopped`` where the job could not (cancelled before serving, or killed)."""
+    """Record ``stopped`` where the job could not (cancelled before serving, or killed).
+
+    ``down`` is then a second writer of the record, so it is fenced like the head process: the
+    record is replaced only if it still belongs to the generation read here, checked again just
+    before the rename; a newer generation's record is left as it is."""
     try:
         record = read_record(files.endpoint)
     except FileReadError:
@@ -290,9 +295,16 @@ def _mark_stopped(files: TeacherFiles) -> None:
         return
     data = record.to_json()
     data.update(status="stopped", reason="podium down", heartbeat_at=time.time())
-    from podium.rendezvous.layout import ENDPOINT_MODE
 
-    atomic_write_json(files.endpoint, data, mode=ENDPOINT_MODE)
+    def same_generation() -> None:
+        current = read_record(files.endpoint)
+        if current.generation != record.generation:
+            raise StaleGenerationError(files.endpoint, record.generation, current.generation)
+
+    try:
+        atomic_write_json(files.endpoint, data, mode=ENDPOINT_MODE, before_replace=same_generation)
+    except (StaleGenerationError, FileReadError) as exc:
+        logger.info("left %s alone: %s", files.endpoint, exc)
 
 
 def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[Path]:
