@@ -13,7 +13,6 @@ a bare ``ray start --head`` then one ``ray start --address`` on two emulated nod
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -73,8 +72,6 @@ def podium_run(root: Path) -> dict:
     recipe = write_recipe(root / "recipe.yaml", {"math": (llama, 2), "code": (llama, 2), "chat": (qwen, 1)})
     run_dir = root / "run"
     env = {**os.environ}
-    if not env.get("PODIUM_GROUP_FACTORY") and importlib.util.find_spec("podium.teacher.group") is None:
-        env["PODIUM_GROUP_FACTORY"] = "podium.launcher.reference_group:HFReferenceGroup"
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--run-dir", str(run_dir),
                     "--wait", "--timeout", "300"], check=True, capture_output=True, env=env)
@@ -93,7 +90,7 @@ def podium_run(root: Path) -> dict:
         }
     subprocess.run([sys.executable, "-m", "podium.cli", "down", str(run_dir)], capture_output=True, env=env)
     return {"up_to_all_ready_s": round(total, 2), "teachers": teachers,
-            "group": env.get("PODIUM_GROUP_FACTORY", "podium.teacher.group:TeacherWorkerGroup")}
+            "group": "podium.teacher.group:TeacherWorkerGroup"}
 
 
 def main() -> None:

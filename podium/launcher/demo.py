@@ -10,14 +10,12 @@ everything down. Returns the process exit code (0 when every alias matched).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +71,18 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
     return out
 
 
-def _group_factory() -> str:
-    if os.environ.get("PODIUM_GROUP_FACTORY"):
-        return os.environ["PODIUM_GROUP_FACTORY"]
-    if importlib.util.find_spec("podium.teacher.group") is not None:
-        return "podium.teacher.group:TeacherWorkerGroup"
-    return "podium.launcher.reference_group:HFReferenceGroup"
+def hf_logprobs(model: Any, input_ids: Any, input_lengths: Any) -> Any:
+    """The in-process transformers forward the demo checks against (NeMo RL's convention)."""
+    import torch
+
+    ids = torch.as_tensor(input_ids).long()
+    lengths = torch.as_tensor(input_lengths).long()
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+    out = torch.zeros(ids.shape, dtype=torch.float32)
+    out[:, 1:] = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return out * mask
 
 
 def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
@@ -92,14 +96,12 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
     from podium.client import connect
     from podium.config.plan import load_plan
     from podium.launcher import commands
-    from podium.launcher.reference_group import _forward
 
     console = Console()
     t0 = time.monotonic()
     root = Path(keep).absolute() if keep else Path(tempfile.mkdtemp(prefix="podium-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    os.environ["PODIUM_GROUP_FACTORY"] = _group_factory()
-    console.print(f"podium demo in {root} (teacher group: {os.environ['PODIUM_GROUP_FACTORY']})")
+    console.print(f"podium demo in {root}")
     checkpoints = make_checkpoints(root / "checkpoints")
     run_dir = root / "run"
     recipe = root / "recipe.yaml"
@@ -128,7 +130,7 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
                 got = client.get_logprobs(alias, {"input_ids": ids, "input_lengths": lengths})
                 latency = time.perf_counter() - start
                 model = AutoModelForCausalLM.from_pretrained(spec.model_name, torch_dtype=torch.float32).eval()
-                expected = _forward(model, ids, lengths, None)["logprobs"]
+                expected = hf_logprobs(model, ids, lengths)
                 value = got["logprobs"] if isinstance(got, dict) else got
                 err = float(np.abs(np.asarray(value, dtype=np.float32) - expected.numpy()).max())
                 ok &= err < TOLERANCE

@@ -1,7 +1,5 @@
 """Helpers shared by the launcher's tests on the real Slurm test cluster.
 
-- :func:`group_factory`: the teacher group the jobs build (the real Megatron group when
-  ``podium.teacher.group`` imports, else the transformers stand-in);
 - :func:`write_recipe`: a small MOPD recipe (aliases -> checkpoint and node count) for the cluster;
 - :func:`podium`: run the ``podium`` CLI as a user would (a subprocess), failing with its output;
 - :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`.
@@ -9,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,14 +22,6 @@ from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 # of a node's block between podium's check and Ray's bind. Not 20000-23999 (other test fixtures).
 RAY_PORTS = "[24000, 32767]"
 TOL = 2e-3
-
-
-def group_factory() -> str:
-    if os.environ.get("PODIUM_GROUP_FACTORY"):
-        return os.environ["PODIUM_GROUP_FACTORY"]
-    if importlib.util.find_spec("podium.teacher.group") is not None:
-        return "podium.teacher.group:TeacherWorkerGroup"
-    return "podium.launcher.reference_group:HFReferenceGroup"
 
 
 def _flow(mapping: Mapping[str, Any]) -> str:
@@ -67,7 +56,7 @@ podium:
 
 
 def podium(*args: str, env: dict | None = None, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PODIUM_GROUP_FACTORY": group_factory(), **(env or {})}
+    full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
     if check and proc.returncode != 0:

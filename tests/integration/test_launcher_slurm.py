@@ -3,8 +3,7 @@
 One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
 slots) is brought up once per module and shared; tests that need their own run (two concurrent
 ``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher) bring up small ones.
-The group is the real Megatron one when ``podium.teacher.group`` exists, else the launcher's
-transformers stand-in (``PODIUM_GROUP_FACTORY``).
+The jobs build the real Megatron teacher group; the oracle is transformers in the test process.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from launcher_helpers import check_logprobs, group_factory, job_ids, podium, ray_processes_of, write_recipe
+from launcher_helpers import check_logprobs, job_ids, podium, ray_processes_of, write_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -118,7 +117,7 @@ def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoin
     run_dir = tmp_path / "run"
     plain_recipe = write_recipe(tmp_path / "plain.yaml", {"plain": (checkpoints["llama"], 1)})
     plain_run = tmp_path / "plain-run"
-    env = {**os.environ, "PODIUM_GROUP_FACTORY": group_factory(), "PODIUM": f"{sys.executable} -m podium.cli"}
+    env = {**os.environ, "PODIUM": f"{sys.executable} -m podium.cli"}
     plain = subprocess.run(["bash", str(repo / "sbatch" / "teacher_plain.sh"), str(plain_recipe), "plain",
                             str(plain_run)], capture_output=True, text=True, env=env, timeout=60)
     assert plain.returncode == 0, plain.stderr

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
-from launcher_helpers import TOL, group_factory, job_ids, podium, write_recipe
+from launcher_helpers import TOL, job_ids, podium, write_recipe
 from podium.launcher import commands
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
@@ -241,7 +241,7 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
         watcher.wait_for(f"{job}:0", "stopped", 60)
         waiter = subprocess.Popen([sys.executable, "-m", "podium.cli", "wait", str(run_dir), "--timeout",
                                    str(COMEBACK_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PODIUM_GROUP_FACTORY": group_factory()})
+                                  env=dict(os.environ))
         rows_seen: list[commands.TeacherStatus] = []
 
         def back_ready() -> bool:
