@@ -1,0 +1,198 @@
+"""``podium convert``: write a Megatron ``torch_dist`` checkpoint from an HF directory.
+
+This module owns :func:`convert_hf_to_torch_dist`. It starts ``TP × PP`` local processes (spawn),
+each builds its model stage and reads only its slices of the HF safetensors (the same map as a
+direct HF load, so no process holds the whole model unless TP = PP = 1), and all of them save
+together with ``dist_checkpointing``. The result is written into a temp directory next to the
+destination and renamed into place only when complete, so a concurrent reader sees either nothing
+or the whole checkpoint, and two concurrent converters cannot interleave their files.
+
+The output directory holds the ``torch_dist`` files plus the HF ``config.json`` (the architecture,
+needed to load it), the generation config and tokenizer files when present, and
+``podium_convert.json`` (source, layout, precision, podium version). A ``torch_dist`` checkpoint
+loads at any TP/PP layout (resharding).
+
+Like every entry point that saves with ``dist_checkpointing``, the calling program must guard its
+main code with ``if __name__ == "__main__":`` (spawned processes re-import ``__main__``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+PROVENANCE = "podium_convert.json"
+_COPIED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+_HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _default_precision(config: Mapping[str, Any]) -> str:
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    return _HF_DTYPES.get(dtype, "bf16")
+
+
+def _convert_rank(
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    src: str,
+    out_dir: str,
+    parallel: dict[str, int],
+    precision: str,
+    overrides: dict[str, Any],
+) -> None:
+    """One spawned rank: parallel state, model stage from HF slices, collective save."""
+    import torch
+
+    from podium.teacher.checkpoint_loader import build_and_load
+    from podium.teacher.cuda_shims import apply_cuda_shims
+    from podium.teacher.torch_dist import save_torch_dist
+    from podium.teacher.worker import destroy_parallel, init_parallel
+
+    apply_cuda_shims()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    init_parallel(rank, world_size, rendezvous, parallel)
+    try:
+        loaded = build_and_load(src, parallel, precision, overrides, where="convert megatron_cfg_overrides")
+        if loaded.checkpoint.kind != "hf":
+            raise ValueError(f"checkpoint {src}: convert reads HF directories, this is {loaded.checkpoint.kind}")
+        save_torch_dist(loaded.model, out_dir)
+    finally:
+        destroy_parallel()
+
+
+def convert_hf_to_torch_dist(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    precision: str | None = None,
+    megatron_cfg_overrides: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Convert the HF checkpoint ``src`` into a ``torch_dist`` checkpoint at ``dst``; return ``dst``.
+
+    ``tp``/``pp``: tensor/pipeline-parallel sizes of the writing layout, i.e. ``tp × pp`` local
+    processes share the work (the saved checkpoint loads at any layout). ``precision``: ``fp32``/``bf16``/``fp16`` of the saved tensors
+    (default: the HF config's dtype, else bf16). ``dst`` must not exist unless ``overwrite``; the
+    result appears there atomically (temp dir + rename).
+    """
+    import torch.multiprocessing as mp
+
+    from podium.teacher.checkpoint_loader import describe_checkpoint, resolve_checkpoint
+    from podium.teacher.megatron_model import PRECISION_DTYPES
+
+    resolved = resolve_checkpoint(src)
+    if resolved.kind != "hf":
+        raise ValueError(f"checkpoint {src}: not an HF directory (it is {resolved.kind}); nothing to convert")
+    desc = describe_checkpoint(resolved)  # unknown architectures fail here, before any process starts
+    precision = precision or _default_precision(desc.hf_config)
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"precision {precision!r} is not one of {sorted(PRECISION_DTYPES)}")
+    if int(tp) < 1 or int(pp) < 1:
+        raise ValueError(f"convert: tp ({tp}) and pp ({pp}) must be ≥ 1")
+    from podium.teacher.megatron_model import check_model_layout
+
+    check_model_layout(desc, {"tensor_model_parallel_size": int(tp), "pipeline_model_parallel_size": int(pp)},
+                       where=f"convert {src}: ")
+    dst = Path(dst).expanduser().absolute()
+    if dst.exists() and not overwrite:
+        raise ValueError(f"convert: destination {dst} exists (pass overwrite=True to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    parallel = {
+        "tensor_model_parallel_size": int(tp),
+        "pipeline_model_parallel_size": int(pp),
+    }
+    world = parallel["tensor_model_parallel_size"] * parallel["pipeline_model_parallel_size"]
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    rendezvous_dir = tempfile.mkdtemp(prefix="podium-convert-")
+    started = time.perf_counter()
+    try:
+        mp.start_processes(
+            _convert_rank,
+            args=(world, f"file://{rendezvous_dir}/store", str(resolved.path), str(tmp), parallel, precision,
+                  dict(megatron_cfg_overrides or {})),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
+        for name in _COPIED_FILES:
+            if (resolved.path / name).is_file():
+                shutil.copy2(resolved.path / name, tmp / name)
+        from podium import __version__
+
+        provenance = {
+            "source": str(resolved.path),
+            "architecture": desc.architecture,
+            "vocab_size": desc.vocab_size,
+            "precision": precision,
+            "saved_layout": parallel,
+            "podium_version": __version__,
+            "created_unix": time.time(),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        _fsync_dir(tmp)
+        _publish(tmp, dst, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(rendezvous_dir, ignore_errors=True)
+    logger.info("converted %s -> %s (%s, saved at TP%d PP%d) in %.1fs", src, dst, precision,
+                parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"],
+                time.perf_counter() - started)
+    return dst
+
+
+def _fsync_dir(path: Path) -> None:
+    for file in path.iterdir():
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:
+    """Rename ``tmp`` to ``dst`` (replacing an old ``dst`` only when ``overwrite``)."""
+    old = None
+    if dst.exists():
+        if not overwrite:
+            raise ValueError(f"convert: destination {dst} appeared while converting (another convert?)")
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(dst, old)
+    try:
+        os.rename(tmp, dst)
+    except OSError as exc:
+        if old is not None:
+            os.rename(old, dst)
+        raise ValueError(f"convert: could not move the result into {dst}: {exc}") from exc
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,379 @@
+"""One rank of a teacher: the Ray actor that holds one Megatron model stage and computes logprobs.
+
+This module owns what runs inside each worker process:
+
+- process setup: torch threads (Ray sets ``OMP_NUM_THREADS=1`` for ``num_cpus=1`` actors, so the
+  count is set explicitly), the CPU shims when CUDA is absent, the device (Ray gives each GPU
+  worker one visible GPU);
+- :func:`init_parallel`: ``torch.distributed`` (NCCL on GPU, gloo on CPU) from worker 0's
+  address/port, ``parallel_state`` with TP/PP/CP/EP/ETP, the inference RNG tracker;
+- :class:`TeacherWorker`: the actor body (the group wraps it with ``ray.remote``). ``setup`` builds and
+  loads the model stage (see ``checkpoint_loader``) and installs the :class:`LogprobHead`;
+  ``get_logprobs`` runs this rank's data-parallel shard in micro-batches through the forward-only
+  stage loop and, on the replica's output rank (last PP stage, TP rank 0, CP rank 0), returns the
+  NeMo RL-convention tensors; other ranks return ``None``.
+
+All ranks of one data-parallel replica are given the same shard; the group routes shards and
+collects outputs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import random
+import resource
+import socket
+import time
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEED = 1234
+
+
+def pick_free_port(host: str, port_range: tuple[int, int] | None = None) -> int:
+    """A TCP port free on ``host`` by bind test (from ``port_range`` if given, else the OS's choice)."""
+    if port_range is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    lo, hi = port_range
+    candidates = list(range(lo, hi + 1))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def init_parallel(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    parallel: Mapping[str, int],
+    *,
+    backend: str | None = None,
+    seed: int = DEFAULT_SEED,
+    timeout_s: float = 600.0,
+) -> None:
+    """``torch.distributed`` + Megatron ``parallel_state`` + RNG tracker for this rank.
+
+    ``init_method`` is ``tcp://ADDR:PORT`` (worker 0's address) or ``file://PATH`` (one machine).
+    """
+    import datetime
+    from urllib.parse import urlparse
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    parsed = urlparse(init_method)
+    local_only = parsed.scheme == "file" or is_loopback(parsed.hostname or "")
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and local_only:
+        # All ranks on one machine (tests, convert): keep gloo on lo. On a real cluster
+        # GLOO_SOCKET_IFNAME is left to the site (pass it in the group's env_vars).
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=int(parallel.get("tensor_model_parallel_size", 1)),
+        pipeline_model_parallel_size=int(parallel.get("pipeline_model_parallel_size", 1)),
+        context_parallel_size=int(parallel.get("context_parallel_size", 1)),
+        expert_model_parallel_size=int(parallel.get("expert_model_parallel_size", 1)),
+        expert_tensor_parallel_size=int(parallel.get("expert_tensor_parallel_size", 1)),
+    )
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
+
+
+def destroy_parallel() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def quiet_library_warnings() -> None:
+    """Silence megatron/torch-checkpoint notices that every worker would repeat (no TE/Apex, deprecations)."""
+    import warnings
+
+    for module in (r"megatron\..*", r"torch\.distributed\.checkpoint\..*"):
+        warnings.filterwarnings("ignore", category=UserWarning, module=module)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
+
+
+def default_torch_threads(workers_per_node: int) -> int:
+    """This node's usable CPUs shared by its workers (Ray's OMP_NUM_THREADS=1 would leave one)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, workers_per_node))
+
+
+def peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def current_rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:  # pragma: no cover
+        return peak_rss_bytes()
+
+
+class TeacherWorker:
+    """One rank of a teacher worker group (a Ray actor body; plain class for in-process use)."""
+
+    def __init__(self, rank: int, world_size: int, torch_threads: int | None = None, workers_per_node: int = 1) -> None:
+        import torch
+
+        self.rank = rank
+        self.world_size = world_size
+        quiet_library_warnings()
+        if torch_threads is None and not torch.cuda.is_available():
+            torch_threads = default_torch_threads(workers_per_node)
+        if torch_threads:
+            torch.set_num_threads(int(torch_threads))
+        self._ready = False
+        self._info: dict[str, Any] = {}
+
+    # -- rendezvous -----------------------------------------------------------------------------
+
+    def node_ip(self) -> str:
+        try:
+            import ray
+
+            return str(ray.util.get_node_ip_address())
+        except Exception:  # outside Ray
+            return socket.gethostbyname(socket.gethostname())
+
+    def pick_master_port(self, host: str, port_range: tuple[int, int] | None = None) -> int:
+        return pick_free_port(host, port_range)
+
+    # -- setup --------------------------------------------------------------------------------------
+
+    def setup(
+        self,
+        master_addr: str,
+        master_port: int,
+        checkpoint: str,
+        parallel: Mapping[str, int],
+        precision: str,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        hf_config: str | None = None,
+        seed: int = DEFAULT_SEED,
+        teacher_name: str = "teacher",
+        dist_timeout_s: float = 600.0,
+    ) -> dict[str, Any]:
+        """Initialise parallel state, build and load the model stage; return this rank's layout."""
+        import torch
+        from megatron.core import parallel_state
+
+        from podium.teacher.checkpoint_loader import build_and_load
+        from podium.teacher.cuda_shims import apply_cuda_shims
+        from podium.teacher.logprobs import LogprobHead
+
+        started = time.perf_counter()
+        shims = apply_cuda_shims()
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)  # Ray exposes exactly one GPU to each worker
+        init_parallel(
+            self.rank, self.world_size, f"tcp://{master_addr}:{master_port}", parallel,
+            seed=seed, timeout_s=dist_timeout_s,
+        )
+        loaded = build_and_load(
+            checkpoint, parallel, precision, overrides, hf_config=hf_config,
+            where=f"teacher {teacher_name!r} megatron_cfg_overrides",
+        )
+        self.loaded = loaded
+        self.model = loaded.model
+        self.desc = loaded.desc
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.is_first = parallel_state.is_pipeline_first_stage()
+        self.is_last = parallel_state.is_pipeline_last_stage()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.dtype = loaded.config.params_dtype
+        self.head = None
+        if self.is_last:
+            self.head = LogprobHead(
+                vocab_size=self.desc.vocab_size,
+                tp_group=parallel_state.get_tensor_model_parallel_group(),
+                tp_rank=self.tp_rank,
+                tp_size=self.tp_size,
+            )
+            self.head.install(self.model)
+        self.seq_multiple = 2 * self.cp_size if self.cp_size > 1 else 1
+        self._ready = True
+        self._info = {
+            "rank": self.rank,
+            "node_ip": self.node_ip(),
+            "pid": os.getpid(),
+            "tp_rank": self.tp_rank,
+            "pp_rank": self.pp_rank,
+            "cp_rank": self.cp_rank,
+            "dp_rank": self.dp_rank,
+            "dp_size": self.dp_size,
+            "is_output": bool(self.is_last and self.tp_rank == 0 and self.cp_rank == 0),
+            "checkpoint_kind": loaded.checkpoint.kind,
+            "checkpoint_path": str(loaded.checkpoint.path),
+            "architecture": self.desc.architecture,
+            "vocab_size": self.desc.vocab_size,
+            "padded_vocab_size": loaded.padded_vocab_size,
+            "max_position_embeddings": self.desc.max_position_embeddings,
+            "sequence_length_multiple": self.seq_multiple,
+            "load_seconds": loaded.load_seconds,
+            "setup_seconds": time.perf_counter() - started,
+            "load_stats": loaded.stats,
+            "cuda_shims": list(shims),
+            "torch_threads": torch.get_num_threads(),
+            "device": str(self.device),
+            "parameters_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
+        }
+        logger.info("rank %d ready: %s", self.rank, self._info)
+        return dict(self._info)
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    # -- compute ------------------------------------------------------------------------------------
+
+    def get_logprobs(
+        self,
+        input_ids: Any,
+        input_lengths: Any,
+        micro_batch_size: int,
+        top_k: int | None = None,
+    ) -> dict[str, Any] | None:
+        """Logprobs of this replica's shard ``input_ids [b, S]`` (NeMo RL convention) on the output rank."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        from podium.teacher.logprobs import (
+            StageInfo,
+            cp_split,
+            cp_unsplit,
+            forward_only_stage_loop,
+            next_token_labels,
+            plan_microbatches,
+            to_nemo_rl,
+        )
+
+        if not self._ready:
+            raise RuntimeError(f"worker {self.rank}: get_logprobs before setup")
+        started = time.perf_counter()
+        ids_all = torch.as_tensor(input_ids, dtype=torch.long)
+        lengths = torch.as_tensor(input_lengths, dtype=torch.long)
+        batch, width = ids_all.shape
+        plan = plan_microbatches(lengths.tolist(), micro_batch_size, self.seq_multiple)
+        microbatches = []
+        for mb in plan:
+            ids = torch.zeros(mb.end - mb.start, mb.seq_len, dtype=torch.long)
+            take = min(width, mb.seq_len)
+            ids[:, :take] = ids_all[mb.start : mb.end, :take]
+            # padding positions hold token 0: never out of the vocabulary, never looked at
+            ids[torch.arange(mb.seq_len)[None, :] >= lengths[mb.start : mb.end, None]] = 0
+            labels = next_token_labels(ids)
+            pos = torch.arange(mb.seq_len, dtype=torch.long)[None, :].expand_as(ids)
+            # the head computes only positions whose next token is in the sequence
+            wanted = torch.arange(mb.seq_len)[None, :] < (lengths[mb.start : mb.end, None] - 1)
+            tensors = {"input_ids": ids, "position_ids": pos, "labels": labels, "wanted": wanted}
+            tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device) for k, v in tensors.items()}
+            microbatches.append(tensors)
+        if self.head is not None:
+            self.head.top_k = top_k
+            self.head.pending_masks = [mb["wanted"] for mb in microbatches]
+        stage = StageInfo(
+            is_first=self.is_first,
+            is_last=self.is_last,
+            prev_rank=None if self.is_first else parallel_state.get_pipeline_model_parallel_prev_rank(),
+            next_rank=None if self.is_last else parallel_state.get_pipeline_model_parallel_next_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+            hidden_size=self.desc.hidden_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        outputs = forward_only_stage_loop(self.model, microbatches, stage)
+        if not self.is_last:
+            return None
+        token_lp = torch.zeros(batch, width, dtype=torch.float32)
+        top_vals = torch.zeros(batch, width, top_k, dtype=torch.float32) if top_k else None
+        top_idx = torch.zeros(batch, width, top_k, dtype=torch.long) if top_k else None
+        for mb, out in zip(plan, outputs):
+            pieces = {"logprobs": out["logprobs"]}
+            if top_k:
+                pieces["topk_values"] = out["topk_values"]
+                pieces["topk_indices"] = out["topk_indices"]
+            if self.cp_size > 1:
+                group = parallel_state.get_context_parallel_group()
+                for key, value in list(pieces.items()):
+                    gathered = [torch.empty_like(value) for _ in range(self.cp_size)]
+                    dist.all_gather(gathered, value.contiguous(), group=group)
+                    pieces[key] = cp_unsplit(gathered, self.cp_size)
+            take = min(width, mb.seq_len)
+            token_lp[mb.start : mb.end, :take] = pieces["logprobs"][:, :take].float().cpu()
+            if top_k:
+                top_vals[mb.start : mb.end, :take] = pieces["topk_values"][:, :take].float().cpu()
+                top_idx[mb.start : mb.end, :take] = pieces["topk_indices"][:, :take].cpu()
+        self.last_call_seconds = time.perf_counter() - started
+        if not (self.tp_rank == 0 and self.cp_rank == 0):
+            return None
+        return to_nemo_rl(token_lp, lengths, top_vals, top_idx)
+
+    # -- observability / teardown -----------------------------------------------------------------
+
+    def memory(self) -> dict[str, int]:
+        return {"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": current_rss_bytes()}
+
+    def stats(self) -> dict[str, Any]:
+        """Seconds the last ``get_logprobs`` took inside this worker, thread count, allocator env."""
+        import torch
+
+        return {
+            "last_call_seconds": getattr(self, "last_call_seconds", None),
+            "torch_threads": torch.get_num_threads(),
+            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        }
+
+    def teardown(self) -> bool:
+        if self._ready:
+            try:
+                destroy_parallel()
+            finally:
+                self._ready = False
+        return True

@@ -1,0 +1,91 @@
+"""Megatron code paths that need each CPU shim (run as a script by test_cuda_shims.py).
+
+``python shim_scenarios.py SCENARIO --skip NAME``: applies every CPU shim except ``NAME`` and runs
+the scenario; exit status 0 when it worked, 3 when it failed (the error is printed).
+
+Scenarios:
+- ``forward``: one rank, a tiny GPTModel forward (needs ``current_device``);
+- ``save``: one rank, ``dist_checkpointing.save`` of that model (needs ``synchronize``);
+- ``tied_pp2``: two ranks, PP2 with tied embeddings, model construction (needs ``tied_embedding_cuda``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import traceback
+
+
+def _build(pp: int):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+        pipeline_model_parallel_size=pp, use_cpu_initialization=True, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_func=F.silu, gated_linear_unit=True, normalization="RMSNorm",
+        params_dtype=torch.float32, pipeline_dtype=torch.float32, bias_activation_fusion=False, masked_softmax_fusion=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+    )
+    from podium.teacher.megatron_model import _sdpa_core_attention_cls
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")  # what podium runs: SDPA core attention
+    spec.submodules.self_attention.submodules.core_attention = _sdpa_core_attention_cls()
+    return GPTModel(
+        config=config, transformer_layer_spec=spec,
+        vocab_size=64, max_sequence_length=16, share_embeddings_and_output_weights=True,
+        pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
+        position_embedding_type="rope",
+    )
+
+
+def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str) -> None:
+    import torch
+
+    from podium.teacher.cuda_shims import apply_cuda_shims
+    from podium.teacher.worker import destroy_parallel, init_parallel
+
+    apply_cuda_shims(skip=[skip] if skip else [])
+    init_parallel(rank, world, store, {"pipeline_model_parallel_size": world})
+    try:
+        model = _build(world)
+        if scenario == "forward":
+            ids = torch.randint(0, 64, (2, 8))
+            with torch.no_grad():
+                model(ids, torch.arange(8)[None].expand(2, 8), None)
+        elif scenario == "save":
+            from megatron.core import dist_checkpointing
+
+            dist_checkpointing.save(model.sharded_state_dict(), out)
+    finally:
+        destroy_parallel()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=["forward", "save", "tied_pp2"])
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args()
+    import torch.multiprocessing as mp
+
+    world = 2 if args.scenario == "tied_pp2" else 1
+    tmp = tempfile.mkdtemp(prefix="shims-")
+    out = os.path.join(tmp, "ckpt")
+    os.makedirs(out)
+    try:
+        mp.start_processes(_rank, args=(world, f"file://{tmp}/store", args.scenario, args.skip, out),
+                           nprocs=world, join=True, start_method="spawn")
+    except Exception:
+        traceback.print_exc()
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Helpers shared by the teacher tests: group construction and comparisons with the HF oracle.
+
+Expensive things are shared: the Ray cluster is per session (``ray_cluster``), tiny checkpoints are
+per session (``tests/fixtures/checkpoints.py``), and each test module keeps one group per layout in
+module-scoped fixtures built with :func:`start_group`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
+
+TOL = 1e-4  # fp32, max abs difference against HF transformers
+
+# Ragged right-padded batches (lengths include 1 and full width; odd batch sizes exercise DP padding).
+RAGGED_LENGTHS = (7, 16, 1, 11, 16, 2, 9)
+
+
+def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: int = 1, pp: int = 1, **extra: Any) -> dict[str, Any]:
+    cfg = {
+        "key": f"test-tp{tp}-pp{pp}",
+        "name": f"{Path(str(checkpoint)).name}-tp{tp}pp{pp}",
+        "model_name": str(checkpoint),
+        "num_nodes": nodes,
+        "gpus_per_node": per_node,
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "precision": "fp32",
+        "micro_batch_size": 2,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def start_group(checkpoint: Path | str, **layout: Any) -> Iterator[Any]:
+    """Generator for a module-scoped fixture: a group, shut down at the end of the module."""
+    from podium.teacher.group import TeacherWorkerGroup
+
+    group = TeacherWorkerGroup(teacher_cfg(checkpoint, **layout))
+    try:
+        yield group
+    finally:
+        assert group.shutdown() is True
+
+
+def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, seed: int = 0, width: int | None = None) -> dict[str, torch.Tensor]:
+    return random_batch(vocab_size, list(lengths), seq_len=width, seed=seed)
+
+
+def assert_matches_oracle(group: Any, checkpoint: Path | str, batch: dict[str, torch.Tensor], top_k: int | None = None, **kw: Any) -> dict[str, torch.Tensor]:
+    out = group.get_logprobs(batch, top_k=top_k, **kw)
+    expected = hf_oracle_logprobs(checkpoint, batch["input_ids"], batch["input_lengths"])
+    got = out["logprobs"]
+    assert got.dtype == torch.float32 and got.shape == batch["input_ids"].shape
+    diff = (got - expected).abs().max().item()
+    assert diff <= TOL, f"max abs diff vs HF {diff:.3g} > {TOL}"
+    # convention: position 0 and padding are exactly 0
+    lengths = batch["input_lengths"]
+    pad = torch.arange(got.shape[1])[None, :] >= lengths[:, None]
+    assert torch.all(got[:, 0] == 0) and torch.all(got[pad] == 0)
+    if top_k:
+        assert_topk_matches(out, checkpoint, batch, top_k)
+    return out
+
+
+def assert_topk_matches(out: dict[str, torch.Tensor], checkpoint: Path | str, batch: dict[str, torch.Tensor], k: int) -> None:
+    logsm = hf_oracle_log_softmax(checkpoint, batch["input_ids"], batch["input_lengths"])
+    ref_vals, ref_idx = torch.topk(logsm, k, dim=-1)
+    vals, idx = out["topk_logprobs"], out["topk_indices"]
+    assert vals.dtype == torch.float32 and idx.dtype == torch.int64
+    assert vals.shape == idx.shape == (*batch["input_ids"].shape, k)
+    lengths = batch["input_lengths"]
+    valid = torch.arange(vals.shape[1])[None, :] < lengths[:, None]
+    valid[:, 0] = False
+    assert (vals[valid] - ref_vals[valid]).abs().max().item() <= TOL
+    assert torch.equal(idx[valid], ref_idx[valid])
+    assert torch.all(vals[~valid] == 0) and torch.all(idx[~valid] == 0)
+    # the target token's logprob, where it is in the top-k, equals logprobs
+    hit = (idx == batch["input_ids"][..., None]) & valid[..., None]
+    lp = out["logprobs"][..., None].expand_as(vals)
+    assert torch.allclose(vals[hit], lp[hit], atol=1e-5)

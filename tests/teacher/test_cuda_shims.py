@@ -1,0 +1,62 @@
+"""The CPU shims are exactly what megatron-core needs: each is required by its code path.
+
+For every shim, the scenario that needs it (``shim_scenarios.py``) runs with all shims (must work)
+and with all shims but that one (must fail). A megatron-core upgrade that drops a need fails the
+second check (remove the shim); one that adds a need fails the first (add a shim, and a scenario).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podium.teacher.cuda_shims import SHIM_NAMES
+
+pytestmark = [pytest.mark.megatron]
+
+SCRIPT = Path(__file__).with_name("shim_scenarios.py")
+NEEDED_BY = {"current_device": "forward", "synchronize": "save", "tied_embedding_cuda": "tied_pp2"}
+
+
+def test_every_shim_has_a_scenario():
+    assert set(NEEDED_BY) == set(SHIM_NAMES)
+
+
+def test_no_cuda_here():
+    import torch
+
+    assert not torch.cuda.is_available(), "these checks are for CPU-only builds"
+
+
+@pytest.fixture(scope="module")
+def scenario_results() -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    runs = {(scenario, ""): None for scenario in NEEDED_BY.values()}
+    runs.update({(scenario, shim): None for shim, scenario in NEEDED_BY.items()})
+    procs = {
+        key: subprocess.Popen(
+            [sys.executable, str(SCRIPT), key[0], "--skip", key[1]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for key in runs
+    }
+    results = {}
+    for key, proc in procs.items():
+        out, _ = proc.communicate(timeout=300)
+        results[key] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    return results
+
+
+@pytest.mark.parametrize("shim", SHIM_NAMES)
+def test_shim_is_needed_and_sufficient(scenario_results, shim):
+    scenario = NEEDED_BY[shim]
+    ok = scenario_results[(scenario, "")]
+    assert ok.returncode == 0, f"scenario {scenario!r} fails even with every shim:\n{ok.stdout[-3000:]}"
+    without = scenario_results[(scenario, shim)]
+    assert without.returncode == 3, (
+        f"scenario {scenario!r} works without shim {shim!r}: megatron-core no longer needs it "
+        f"(remove it from podium/teacher/cuda_shims.py)\n{without.stdout[-2000:]}"
+    )
+    assert "CUDA" in without.stdout or "cuda" in without.stdout

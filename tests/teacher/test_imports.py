@@ -1,0 +1,21 @@
+"""Importing podium.teacher and its modules must stay cheap: no torch, ray, megatron, transformers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+MODULES = ["podium.teacher", "podium.teacher.group", "podium.teacher.worker", "podium.teacher.convert",
+           "podium.teacher.hf_checkpoint", "podium.teacher.megatron_model", "podium.teacher.logprobs",
+           "podium.teacher.torch_dist", "podium.teacher.checkpoint_loader", "podium.teacher.cuda_shims"]
+
+
+def test_teacher_modules_import_nothing_heavy():
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in MODULES)
+        + "print(sorted(m for m in ('torch', 'ray', 'megatron', 'transformers', 'safetensors') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

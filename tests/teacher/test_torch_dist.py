@@ -1,0 +1,122 @@
+"""torch_dist checkpoints: ``convert_hf_to_torch_dist`` output, loaded at other layouts (resharding).
+
+Converts run in a subprocess (``dist_checkpointing.save`` starts spawned processes and a process
+group; the test process stays clean).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
+
+pytestmark = [pytest.mark.megatron]
+
+VOCAB = 256
+
+
+def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        "from podium.teacher.convert import convert_hf_to_torch_dist\n"
+        "convert_hf_to_torch_dist(sys.argv[1], sys.argv[2], tp=int(sys.argv[3]), pp=int(sys.argv[4]),\n"
+        "                         precision='fp32')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(dst), str(tp), str(pp)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if expect_ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def converted_tp1(tiny_llama_checkpoint, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("dist") / "llama_tp1"
+    run_convert(tiny_llama_checkpoint, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def converted_tp2(tiny_llama_checkpoint, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("dist") / "llama_tp2"
+    run_convert(tiny_llama_checkpoint, dst, tp=2)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def hf_tp2(ray_cluster, tiny_llama_checkpoint):
+    yield from start_group(tiny_llama_checkpoint, per_node=2, tp=2)
+
+
+@pytest.fixture(scope="module")
+def dist_tp1_at_tp2(ray_cluster, converted_tp1):
+    yield from start_group(converted_tp1, per_node=2, tp=2)
+
+
+def test_convert_output_layout(converted_tp1, tiny_llama_checkpoint):
+    names = {p.name for p in converted_tp1.iterdir()}
+    assert {"metadata.json", "config.json", "podium_convert.json", "common.pt"} <= names
+    provenance = json.loads((converted_tp1 / "podium_convert.json").read_text())
+    assert provenance["architecture"] == "LlamaForCausalLM"
+    assert provenance["saved_layout"] == {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1}
+    assert provenance["source"] == str(tiny_llama_checkpoint)
+    # no temp dir left next to it, nothing written next to the source
+    assert [p.name for p in converted_tp1.parent.iterdir()] == [converted_tp1.name]
+    assert not any(".tmp-" in p.name for p in tiny_llama_checkpoint.parent.iterdir())
+
+
+@pytest.mark.ray
+def test_converted_loads_at_tp2_and_equals_direct_hf_load(hf_tp2, dist_tp1_at_tp2, tiny_llama_checkpoint):
+    assert {i["checkpoint_kind"] for i in dist_tp1_at_tp2.worker_info} == {"torch_dist"}
+    batch = ragged_batch(VOCAB, seed=21)
+    direct = assert_matches_oracle(hf_tp2, tiny_llama_checkpoint, batch, top_k=3)
+    loaded = assert_matches_oracle(dist_tp1_at_tp2, tiny_llama_checkpoint, batch, top_k=3)
+    for key in direct:
+        assert torch.equal(direct[key], loaded[key]), key
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("layout", [dict(nodes=2, pp=2), dict()], ids=["PP2", "TP1"])
+def test_saved_at_tp2_loads_at_other_layouts(ray_cluster, converted_tp2, tiny_llama_checkpoint, layout):
+    provenance = json.loads((converted_tp2 / "podium_convert.json").read_text())
+    assert provenance["saved_layout"]["tensor_model_parallel_size"] == 2
+    for group in start_group(converted_tp2, **layout):
+        assert_matches_oracle(group, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=22), top_k=2)
+
+
+def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, tiny_llama_checkpoint, tmp_path):
+    from podium.teacher.convert import convert_hf_to_torch_dist
+
+    with pytest.raises(ValueError, match="exists"):
+        convert_hf_to_torch_dist(tiny_llama_checkpoint, converted_tp1)
+    with pytest.raises(ValueError, match="not an HF directory"):
+        convert_hf_to_torch_dist(converted_tp1, tmp_path / "out")
+    bad = tmp_path / "bert"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    (bad / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"checkpoint {bad}: architecture \\['BertModel'\\] is not supported"):
+        convert_hf_to_torch_dist(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_directory_with_latest_iteration_resolves(converted_tp1, tmp_path):
+    from podium.teacher.torch_dist import resolve_torch_dist_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "iter_0000007").symlink_to(converted_tp1, target_is_directory=True)
+    (run / "latest_checkpointed_iteration.txt").write_text("7\n")
+    assert resolve_torch_dist_dir(run) == run / "iter_0000007"
+    (run / "latest_checkpointed_iteration.txt").write_text("9\n")
+    with pytest.raises(ValueError, match="iter_0000009"):
+        resolve_torch_dist_dir(run)
+    assert resolve_torch_dist_dir(tmp_path) is None
