@@ -76,12 +76,16 @@ def convert(
     dst: Path = typer.Argument(..., help="Where to write the Megatron torch_dist checkpoint."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of the writing layout."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size of the writing layout."),
+    precision: Optional[str] = typer.Option(
+        None, "--precision", help="bf16, fp16 or fp32 (default: the HF config's dtype, else bf16)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
 ) -> None:
     """Write a Megatron torch_dist checkpoint from an HF directory (loads at any layout)."""
     from podium.teacher.convert import convert_hf_to_torch_dist
 
     try:
-        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp)
+        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, precision=precision, overwrite=overwrite)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as exc:
         _fail(str(exc))
         return

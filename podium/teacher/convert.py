@@ -119,7 +119,7 @@ def convert_hf_to_torch_dist(
                        where=f"convert {src}: ")
     dst = Path(dst).expanduser().absolute()
     if dst.exists() and not overwrite:
-        raise ValueError(f"convert: destination {dst} exists (pass overwrite=True to replace it)")
+        raise ValueError(f"convert: destination {dst} exists (pass overwrite=True, or --overwrite, to replace it)")
     dst.parent.mkdir(parents=True, exist_ok=True)
     parallel = {
         "tensor_model_parallel_size": int(tp),

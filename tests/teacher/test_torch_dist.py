@@ -22,14 +22,10 @@ VOCAB = 256
 
 
 def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    code = (
-        "import sys\n"
-        "from podium.teacher.convert import convert_hf_to_torch_dist\n"
-        "convert_hf_to_torch_dist(sys.argv[1], sys.argv[2], tp=int(sys.argv[3]), pp=int(sys.argv[4]),\n"
-        "                         precision='fp32')\n"
-    )
+    """``podium convert`` as a user runs it (the CLI in a subprocess)."""
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(src), str(dst), str(tp), str(pp)],
+        [sys.executable, "-m", "podium.cli", "convert", str(src), str(dst), "--tp", str(tp), "--pp", str(pp),
+         "--precision", "fp32"],
         capture_output=True, text=True, timeout=300,
     )
     if expect_ok:
@@ -95,6 +91,8 @@ def test_saved_at_tp2_loads_at_other_layouts(ray_cluster, converted_tp2, tiny_ll
 def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, tiny_llama_checkpoint, tmp_path):
     from podium.teacher.convert import convert_hf_to_torch_dist
 
+    proc = run_convert(tiny_llama_checkpoint, converted_tp1, expect_ok=False)
+    assert proc.returncode == 2 and f"destination {converted_tp1} exists" in proc.stderr, proc.stderr
     with pytest.raises(ValueError, match="exists"):
         convert_hf_to_torch_dist(tiny_llama_checkpoint, converted_tp1)
     with pytest.raises(ValueError, match="not an HF directory"):
