@@ -183,11 +183,11 @@ def build_megatron_group(ckpt: Path, log_dir: Path) -> tuple[Any, Any]:
     """A 2-node Ray test cluster (ports by bind test, stopped by PID) and the real group on it."""
     import ray
 
-    from fixtures.ray_cluster import _start_once, _stop  # the test suite's cluster, reused
+    from fixtures.ray_cluster import start_test_cluster, stop_test_cluster  # the test suite's cluster
     from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
 
-    cluster, procs = _start_once(int(os.environ.get("PODIUM_BENCH_RAY_CPUS", "2")), log_dir)
+    cluster, procs = start_test_cluster(int(os.environ.get("PODIUM_BENCH_RAY_CPUS", "2")), log_dir)
     ray.init(address=cluster.address, _node_ip_address=cluster.head_ip, log_to_driver=False)
     spec = TeacherSpec(key="bench0000000", name="bench", aliases=("bench",), model_name=str(ckpt), num_nodes=1,
                        gpus_per_node=1, precision="fp32", micro_batch_size=1)
@@ -198,7 +198,7 @@ def build_megatron_group(ckpt: Path, log_dir: Path) -> tuple[Any, Any]:
             group.shutdown()
             ray.shutdown()
         finally:
-            _stop(procs)
+            stop_test_cluster(cluster, procs)
 
     return group, teardown
 
