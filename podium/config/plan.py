@@ -31,6 +31,7 @@ from podium.config.checkpoints import detect_format, normalise_checkpoint
 from podium.config.errors import ConfigError, did_you_mean
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
+from podium.config.routing import route_agent
 from podium.config.spec import PRECISIONS, TeacherSpec
 
 log = logging.getLogger(__name__)
@@ -95,25 +96,6 @@ class Plan:
             "totals": self.totals,
             "warnings": list(self.warnings),
         }
-
-
-def route_agent(
-    routes: Mapping[str, str], default_alias: str | None, strict: bool, agent_name: str
-) -> str:
-    """The teacher key serving ``agent_name``: its alias, else the default alias, else an error."""
-    if agent_name in routes:
-        return routes[agent_name]
-    if strict:
-        raise LookupError(
-            f"agent {agent_name!r} maps to no teacher and strict_agent_name_match is set"
-            f"{did_you_mean(agent_name, routes)}"
-        )
-    if default_alias is not None:
-        return routes[default_alias]
-    raise LookupError(
-        f"agent {agent_name!r} maps to no teacher and the recipe sets no default_teacher_alias"
-        f"{did_you_mean(agent_name, routes)}"
-    )
 
 
 def load_plan(

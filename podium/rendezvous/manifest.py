@@ -15,16 +15,13 @@ from typing import Any, Iterable, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from podium.config.routing import RoutingError, route_agent
 from podium.rendezvous.atomic import CORRUPT, FileReadError, atomic_write_json, ensure_dir, read_json
 from podium.rendezvous.layout import RENDEZVOUS_MODE, RunLayout
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-
-
-class RoutingError(LookupError):
-    """An agent name that routes to no teacher."""
 
 
 class TeacherEntry(BaseModel):
@@ -62,24 +59,12 @@ class Rendezvous(BaseModel):
         return self
 
     def resolve(self, agent_name: str) -> str:
-        """The teacher key serving ``agent_name`` (an alias or a trainer's agent name)."""
-        key = self.routing.get(agent_name)
-        if key is not None:
-            return key
-        if agent_name in self.teachers:  # a teacher key names itself
-            return agent_name
-        known = ", ".join(sorted(self.routing))
-        if self.strict:
-            raise RoutingError(
-                f"run {self.run_name!r}: agent {agent_name!r} has no teacher and strict agent-name "
-                f"matching is on (known aliases: {known})"
-            )
-        if self.default_alias is None:
-            raise RoutingError(
-                f"run {self.run_name!r}: agent {agent_name!r} has no teacher and no default alias is "
-                f"set (known aliases: {known})"
-            )
-        return self.routing[self.default_alias]
+        """The teacher key serving ``agent_name`` (an alias, a trainer's agent name, or a key)."""
+        if agent_name not in self.routing and agent_name in self.teachers:
+            return agent_name  # a teacher key names itself
+        return route_agent(
+            self.routing, self.default_alias, self.strict, agent_name, context=f"run {self.run_name!r}"
+        )
 
     def entry(self, key: str) -> TeacherEntry:
         try:

@@ -157,10 +157,10 @@ def test_routing_default_and_strict(tmp_path: Path) -> None:
     assert plan.route("unknown").name == "a"
     strict = load_plan(write(tmp_path, "s.yaml", MINI.replace(
         "default_teacher_alias: a", "default_teacher_alias: a\n  strict_agent_name_match: true")))
-    with pytest.raises(LookupError, match="'unknown' maps to no teacher and strict_agent_name_match"):
+    with pytest.raises(LookupError, match="'unknown' has no teacher and strict agent-name matching is on"):
         strict.route("unknown")
     no_default = load_plan(write(tmp_path, "n.yaml", MINI.replace("  default_teacher_alias: a\n", "")))
-    with pytest.raises(LookupError, match="no default_teacher_alias"):
+    with pytest.raises(LookupError, match="no default alias is set"):
         no_default.route("unknown")
 
 
