@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -44,45 +44,11 @@ podium:
 
 
 def make_checkpoints(root: Path) -> dict[str, Path]:
-    """Two tiny random checkpoints (Llama with GQA, Qwen2 with biases), fixed seeds."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """Two tiny random checkpoints (Llama with GQA, Qwen2 with q/k/v biases), fixed seeds."""
+    from podium.tiny import make_tiny_checkpoint
 
-    configs = {
-        "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96,
-                                                num_hidden_layers=2, num_attention_heads=4,
-                                                num_key_value_heads=2, max_position_embeddings=128,
-                                                tie_word_embeddings=False)),
-        "qwen2": (Qwen2ForCausalLM, Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96,
-                                                num_hidden_layers=2, num_attention_heads=4,
-                                                num_key_value_heads=2, max_position_embeddings=128,
-                                                tie_word_embeddings=False)),
-    }
-    out = {}
-    for seed, (kind, (cls, cfg)) in enumerate(configs.items()):
-        torch.manual_seed(1000 + seed)
-        model = cls(cfg)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.normal_(0.0, 0.15 if param.dim() > 1 else 0.05)
-        path = root / f"tiny-{kind}"
-        model.save_pretrained(path)
-        out[kind] = path
-    return out
-
-
-def hf_logprobs(model: Any, input_ids: Any, input_lengths: Any) -> Any:
-    """The in-process transformers forward the demo checks against (NeMo RL's convention)."""
-    import torch
-
-    ids = torch.as_tensor(input_ids).long()
-    lengths = torch.as_tensor(input_lengths).long()
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
-    out = torch.zeros(ids.shape, dtype=torch.float32)
-    out[:, 1:] = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return out * mask
+    return {kind: make_tiny_checkpoint(kind, root / f"tiny-{kind}", num_hidden_layers=2)
+            for kind in ("llama", "qwen2")}
 
 
 def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
@@ -90,12 +56,12 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
     import torch
     from rich.console import Console
     from rich.table import Table
-    from transformers import AutoModelForCausalLM
 
     from podium.cli_render import WaitView
     from podium.client import connect
     from podium.config.plan import load_plan
     from podium.launcher import commands
+    from podium.tiny import hf_oracle_logprobs
 
     console = Console()
     t0 = time.monotonic()
@@ -129,8 +95,7 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
                 start = time.perf_counter()
                 got = client.get_logprobs(alias, {"input_ids": ids, "input_lengths": lengths})
                 latency = time.perf_counter() - start
-                model = AutoModelForCausalLM.from_pretrained(spec.model_name, torch_dtype=torch.float32).eval()
-                expected = hf_logprobs(model, ids, lengths)
+                expected = hf_oracle_logprobs(spec.model_name, ids, lengths)
                 value = got["logprobs"] if isinstance(got, dict) else got
                 err = float(np.abs(np.asarray(value, dtype=np.float32) - expected.numpy()).max())
                 ok &= err < TOLERANCE

@@ -1,0 +1,227 @@
+"""Tiny random-weight HF checkpoints and the HF ``transformers`` oracle for logprobs.
+
+What ``podium demo``, the tests and the benchmarks check teachers against; nothing is downloaded:
+configs are built in code and weights drawn from a fixed seed, then written with
+``save_pretrained`` (safetensors). Kinds: ``llama`` (GQA, untied), ``qwen2`` (q/k/v bias),
+``qwen3`` (q/k norm, tied), ``mistral`` (sliding window), ``gpt2`` (Conv1D, tied, odd vocab 101).
+
+- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
+- ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
+  convention (position 0 and positions at or past the length are 0);
+  ``hf_oracle_log_softmax`` -> ``[B, S, V]`` in the same alignment (``torch.topk`` of it is what
+  ``top_k`` must return).
+- ``random_batch(vocab_size, lengths, seq_len=None, seed=0)``: right-padded ids and lengths.
+
+Importing this module imports torch; transformers is imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+SEED = 1234
+
+# kind -> (config class name, model class name, config kwargs)
+_BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+        ),
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            sliding_window=5,  # shorter than the test sequences: the window matters
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,  # != hidden / heads on purpose, as in real Qwen3 models
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            attention_bias=False,
+        ),
+    ),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            vocab_size=101,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            n_inner=None,
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            tie_word_embeddings=True,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+    ),
+}
+
+KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
+
+
+def _randomise_(model: torch.nn.Module, seed: int, std: float = 0.15, embed_std: float = 0.5) -> None:
+    """Overwrite every parameter from a fixed seed (norms around 1, everything else around 0).
+
+    Embeddings and the output layer get a wider spread so the next-token distributions are peaked.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            is_embed = any(k in name for k in ("embed_tokens", "lm_head", ".wte."))
+            scale = embed_std if is_embed else std
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * scale
+            is_norm = ("norm" in name or ".ln_" in name or name.startswith("transformer.ln_f")) and (
+                name.endswith("weight")
+            )
+            param.copy_(1.0 + noise if is_norm else noise)
+
+
+def make_tiny_checkpoint(
+    kind: str,
+    path: str | os.PathLike[str],
+    *,
+    seed: int = SEED,
+    max_shard_size: str | int | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """Write a random-weight HF checkpoint of ``kind`` (one of ``KINDS``) to ``path``; return it."""
+    import transformers
+
+    if kind not in _BASE_CONFIGS:
+        raise ValueError(f"unknown tiny checkpoint kind {kind!r}; known: {sorted(_BASE_CONFIGS)}")
+    config_cls_name, model_cls_name, base = _BASE_CONFIGS[kind]
+    kwargs = {**base, **config_overrides}
+    config = getattr(transformers, config_cls_name)(**kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls_name)(config).to(torch.float32)
+    _randomise_(model, seed)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_kwargs: dict[str, Any] = {"safe_serialization": True}
+    if max_shard_size is not None:
+        save_kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(str(path), **save_kwargs)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracle
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _load_hf_model(path: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def _as_tensors(input_ids: Any, input_lengths: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    lengths = torch.as_tensor(input_lengths, dtype=torch.long)
+    return ids, lengths
+
+
+def hf_oracle_log_softmax(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any) -> torch.Tensor:
+    """Full log-softmax ``[B, S, V]`` aligned with NeMo RL logprobs (row i = distribution of token i)."""
+    ids, lengths = _as_tensors(input_ids, input_lengths)
+    model = _load_hf_model(str(path))
+    batch, seq = ids.shape
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    logsm = torch.log_softmax(logits, dim=-1)
+    out = torch.zeros_like(logsm)
+    out[:, 1:] = logsm[:, :-1]
+    valid = torch.arange(seq)[None, :] < lengths[:, None]
+    valid[:, 0] = False
+    return out * valid[..., None]
+
+
+def hf_oracle_logprobs(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any) -> torch.Tensor:
+    """NeMo RL-convention logprobs ``float32 [B, S]`` from HF transformers (see module docstring)."""
+    ids, lengths = _as_tensors(input_ids, input_lengths)
+    logsm = hf_oracle_log_softmax(path, ids, lengths)
+    out = logsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return out.to(torch.float32)
+
+
+def random_batch(
+    vocab_size: int, lengths: Sequence[int], seq_len: int | None = None, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Right-padded random batch: ``{"input_ids": int64 [B, S], "input_lengths": int64 [B]}``."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_len = seq_len or max(lengths)
+    ids = torch.randint(1, vocab_size, (len(lengths), seq_len), generator=gen, dtype=torch.long)
+    lens = torch.tensor(list(lengths), dtype=torch.long)
+    ids[torch.arange(seq_len)[None, :] >= lens[:, None]] = 0
+    return {"input_ids": ids, "input_lengths": lens}
