@@ -34,10 +34,14 @@ DEFAULT_SEED = 1234
 
 
 def pick_free_port(host: str, port_range: tuple[int, int] | None = None) -> int:
-    """A TCP port free on ``host`` by bind test (from ``port_range`` if given, else the OS's choice)."""
+    """A TCP port free on ``host``'s node by bind test (from ``port_range`` if given, else the OS's).
+
+    The test binds all addresses, not only ``host``: torch's TCPStore listens on all of them, and
+    a port another job holds on a different address of this node would fail it there.
+    """
     if port_range is None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            sock.bind(("", 0))
             return int(sock.getsockname()[1])
     lo, hi = port_range
     candidates = list(range(lo, hi + 1))
@@ -45,7 +49,7 @@ def pick_free_port(host: str, port_range: tuple[int, int] | None = None) -> int:
     for port in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
-                sock.bind((host, port))
+                sock.bind(("", port))
             except OSError:
                 continue
             return port

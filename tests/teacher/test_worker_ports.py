@@ -1,0 +1,21 @@
+"""The master port a group's worker 0 picks must be free on every address of its node."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from podium.teacher.worker import pick_free_port
+
+
+def test_port_held_on_another_address_of_the_node_is_not_picked() -> None:
+    # Another job's TCPStore on 127.0.0.3:p makes p unusable for ours (it listens on all addresses),
+    # although p binds on 127.0.0.2 alone.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.3", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"no free port in {held}-{held} on 127.0.0.2"):
+            pick_free_port("127.0.0.2", (held, held))
+    assert pick_free_port("127.0.0.2", (held, held)) == held  # free again once released
