@@ -20,7 +20,9 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -175,3 +177,18 @@ def ensure_dir(path: str | Path, mode: int = 0o755) -> Path:
         if exc.errno != errno.EEXIST:
             raise
     return path
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def parse_model(model: type[ModelT], data: Any, path: str | Path, what: str) -> ModelT:
+    """Validate decoded JSON as ``model``; a bad shape is a corrupt file (:class:`FileReadError`)
+    whose message names the first fields at fault."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise FileReadError(path, CORRUPT, f"not {what} ({problems})") from None

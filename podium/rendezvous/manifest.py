@@ -13,10 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from podium.config.routing import RoutingError, route_agent
-from podium.rendezvous.atomic import CORRUPT, FileReadError, atomic_write_json, ensure_dir, read_json
+from podium.rendezvous.atomic import atomic_write_json, ensure_dir, parse_model, read_json
 from podium.rendezvous.layout import RENDEZVOUS_MODE, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -109,11 +109,4 @@ def write_rendezvous(layout: RunLayout, rendezvous: Rendezvous) -> Path:
 def read_rendezvous(path: str | Path) -> Rendezvous:
     """The rendezvous at ``path`` (the file, or its run dir); :class:`FileReadError` otherwise."""
     path = RunLayout.from_rendezvous_path(path).rendezvous_path
-    data = read_json(path)
-    try:
-        return Rendezvous.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        raise FileReadError(path, CORRUPT, f"not a rendezvous file ({problems})") from None
+    return parse_model(Rendezvous, read_json(path), path, "a rendezvous file")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from podium.rendezvous.atomic import CORRUPT, FileReadError, atomic_write_json, read_json, try_read_json
+from podium.rendezvous.atomic import atomic_write_json, parse_model, read_json, try_read_json
 from podium.rendezvous.layout import ENDPOINT_MODE
 
 logger = logging.getLogger(__name__)
@@ -146,13 +146,7 @@ class EndpointRecord(BaseModel):
 
 def parse_record(data: Any, path: str | Path) -> EndpointRecord:
     """Validate decoded JSON as a record; a bad shape is a :class:`FileReadError` (corrupt)."""
-    try:
-        return EndpointRecord.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        raise FileReadError(path, CORRUPT, f"not an endpoint record ({problems})") from None
+    return parse_model(EndpointRecord, data, path, "an endpoint record")
 
 
 def read_record(path: str | Path) -> EndpointRecord:
