@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from podium.client import PodiumClient
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version string: pyproject reads it, the endpoint reports it
 
 
 def connect(path: str | PathLike[str], **kwargs: Any) -> PodiumClient:

@@ -9,7 +9,7 @@
 - ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade
 
 Modules: ``client`` (routing, multi-teacher), ``teacher`` (one teacher, restart following),
-``transport`` (keep-alive HTTP), ``facade``, ``tokenizer`` (the fingerprint), ``errors``.
+``transport`` (keep-alive HTTP), ``facade``, ``errors``; the wire itself is ``podium.protocol``.
 Importing this package pulls numpy but not torch; torch is imported when results are returned.
 """
 
@@ -25,7 +25,7 @@ from podium.client.errors import (
 )
 from podium.client.facade import RemoteTeacherWorkerGroup
 from podium.client.teacher import ClientOptions, TeacherClient
-from podium.client.tokenizer import tokenizer_fingerprint
+from podium.protocol.tokenizer import tokenizer_fingerprint
 
 __all__ = [
     "ClientOptions",

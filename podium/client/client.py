@@ -13,19 +13,18 @@ import concurrent.futures
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from podium.client.errors import TokenizerMismatchError
-from podium.client.teacher import ClientOptions, TeacherClient, batch_arrays, check_tokenizer_against, convert_outputs
-from podium.client.tokenizer import tokenizer_fingerprint, tokenizer_size
+from podium.client.facade import RemoteTeacherWorkerGroup
+from podium.client.teacher import ClientOptions, TeacherClient, check_tokenizer_against, convert_outputs
+from podium.protocol.batch import batch_inputs
+from podium.protocol.tokenizer import tokenizer_fingerprint, tokenizer_size
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import Rendezvous, read_rendezvous
 from podium.rendezvous.token import read_token
-
-if TYPE_CHECKING:
-    from podium.client.facade import RemoteTeacherWorkerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ class PodiumClient:
         Rows are grouped by teacher, the teachers are called concurrently, and the answers are put
         back in the original row order.
         """
-        ids, lengths = batch_arrays(data)
+        ids, lengths = batch_inputs(data)
         if len(agent_names) != ids.shape[0]:
             raise ValueError(f"{len(agent_names)} agent names for a batch of {ids.shape[0]} rows")
         groups: dict[str, list[int]] = {}
@@ -181,11 +180,9 @@ class PodiumClient:
 
     # ------------------------------------------------------------------ facade and lifetime
 
-    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> "RemoteTeacherWorkerGroup":
+    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> RemoteTeacherWorkerGroup:
         """A NeMo RL ``TeacherWorkerGroup``-shaped object for one teacher."""
-        from podium.client.facade import RemoteTeacherWorkerGroup
-
-        return RemoteTeacherWorkerGroup(self, alias_or_agent_name, top_k=top_k)
+        return RemoteTeacherWorkerGroup(self.teacher(alias_or_agent_name), alias_or_agent_name, top_k=top_k)
 
     def close(self) -> None:
         """Close connections and threads (the teachers keep running)."""

@@ -10,10 +10,9 @@ local teacher group can hold this instead and reach a podium teacher over the ne
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-if TYPE_CHECKING:
-    from podium.client.client import PodiumClient
+from podium.client.teacher import TeacherClient
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +20,10 @@ logger = logging.getLogger(__name__)
 class RemoteTeacherWorkerGroup:
     """NeMo RL ``TeacherWorkerGroup`` look-alike for one podium teacher."""
 
-    def __init__(self, client: "PodiumClient", alias_or_agent_name: str, *, top_k: Optional[int] = None) -> None:
-        self._client = client
+    def __init__(self, teacher: TeacherClient, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> None:
         self.alias = alias_or_agent_name
         self.top_k = top_k
-        self._teacher = client.teacher(alias_or_agent_name)
+        self._teacher = teacher
         self._closed = False
 
     def __repr__(self) -> str:

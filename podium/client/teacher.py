@@ -30,16 +30,27 @@ from podium.client.errors import (
     TransportError,
 )
 from podium.client.transport import HTTPResponse, HTTPTransport
+from podium.protocol import oip
+from podium.protocol.batch import batch_inputs
+from podium.protocol.names import (
+    GENERATION_HEADER,
+    HEALTH_READY,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    LOGPROBS,
+    MICRO_BATCH_SIZE,
+    REQUEST_ID_HEADER,
+    RETRY_AFTER,
+    TOP_K,
+    TOPK_INDICES,
+    TOPK_LOGPROBS,
+    infer_path,
+    model_path,
+)
 from podium.rendezvous.atomic import FileReadError
-from podium.rendezvous.records import DEFAULT_STALE_AFTER_S, EndpointRecord, Status, read_record
-from podium.teacher import oip
+from podium.rendezvous.records import EndpointRecord, Status, read_record
 
 logger = logging.getLogger(__name__)
-
-INPUT_IDS = "input_ids"
-INPUT_LENGTHS = "input_lengths"
-GENERATION_HEADER = "X-Podium-Generation"
-REQUEST_ID_HEADER = "X-Request-ID"
 
 
 @dataclass(frozen=True)
@@ -51,30 +62,9 @@ class ClientOptions:
     request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included
     poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
     max_poll_interval_s: float = 2.0
-    stale_after_s: float = DEFAULT_STALE_AFTER_S
+    stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
     binary: bool = True  # binary tensor extension (False: JSON tensors)
     return_type: str = "torch"  # "torch" or "numpy"
-
-
-def as_numpy_int(value: Any, name: str) -> np.ndarray:
-    """An integer array from a torch tensor, numpy array or nested list (no copy when possible)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
-    if array.dtype not in (np.int32, np.int64):
-        if array.dtype.kind not in "iu":
-            raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
-        array = array.astype(np.int64)
-    return np.ascontiguousarray(array)
-
-
-def batch_arrays(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``input_ids`` [B, S] and ``input_lengths`` [B] of a NeMo RL-style batch, as numpy."""
-    try:
-        ids, lengths = data[INPUT_IDS], data[INPUT_LENGTHS]
-    except KeyError as exc:
-        raise KeyError(f"batch has no {exc.args[0]!r} (keys: {sorted(data)})") from None
-    return as_numpy_int(ids, INPUT_IDS), as_numpy_int(lengths, INPUT_LENGTHS)
 
 
 def convert_outputs(outputs: Mapping[str, np.ndarray], return_type: str) -> dict[str, Any]:
@@ -128,7 +118,7 @@ class TeacherClient:
     def _probe(self, record: EndpointRecord, transport: HTTPTransport) -> Optional[str]:
         """None when the endpoint answers ready for the record's generation, else what was seen."""
         try:
-            resp = transport.request("GET", "/v2/health/ready")
+            resp = transport.request("GET", HEALTH_READY)
         except TransportError as exc:
             return f"probe failed: {exc}"
         if resp.status != 200:
@@ -263,7 +253,7 @@ class TeacherClient:
 
     def metadata(self) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
-        resp, _ = self._call("GET", f"/v2/models/{self.name}")
+        resp, _ = self._call("GET", model_path(self.name))
         return json.loads(bytes(resp.body))
 
     def get_logprobs(
@@ -275,7 +265,7 @@ class TeacherClient:
         request_id: Optional[str] = None,
     ) -> dict[str, Any]:
         """``{"logprobs": float32 [B, S]}`` (+ ``topk_logprobs``, ``topk_indices`` with ``top_k``)."""
-        ids, lengths = batch_arrays(data)
+        ids, lengths = batch_inputs(data)
         result = self.get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size, request_id=request_id)
         return convert_outputs(result, self.options.return_type)
 
@@ -289,12 +279,12 @@ class TeacherClient:
         request_id: Optional[str] = None,
     ) -> dict[str, np.ndarray]:
         """:meth:`get_logprobs` on numpy arrays, returning numpy arrays (views of the response buffer)."""
-        outputs = ["logprobs"] + (["topk_logprobs", "topk_indices"] if top_k else [])
+        outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
         params: dict[str, Any] = {}
         if top_k:
-            params["top_k"] = int(top_k)
+            params[TOP_K] = int(top_k)
         if micro_batch_size:
-            params["micro_batch_size"] = int(micro_batch_size)
+            params[MICRO_BATCH_SIZE] = int(micro_batch_size)
         request_id = request_id or uuid.uuid4().hex
         binary = self.options.binary
         chunks, header_len = oip.encode_request(
@@ -308,7 +298,7 @@ class TeacherClient:
                    "Content-Type": oip.BINARY_CONTENT_TYPE if header_len is not None else oip.JSON_CONTENT_TYPE}
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)
-        resp, record = self._call("POST", f"/v2/models/{self.name}/infer", chunks, headers)
+        resp, record = self._call("POST", infer_path(self.name), chunks, headers)
         try:
             decoded = oip.decode_response(
                 resp.body, oip.parse_header_length(resp.header(oip.HEADER_LENGTH), len(resp.body))
@@ -374,6 +364,6 @@ def _error_text(resp: HTTPResponse) -> str:
 
 def _retry_after(resp: HTTPResponse) -> float:
     try:
-        return float(resp.header("Retry-After") or 0)
+        return float(resp.header(RETRY_AFTER) or 0)
     except ValueError:
         return 0.0

@@ -32,8 +32,6 @@ from podium.rendezvous.layout import ENDPOINT_MODE
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
-DEFAULT_STALE_AFTER_S = 30.0
 
 
 class Status(str, enum.Enum):
@@ -76,15 +74,6 @@ class Generation:
         except ValueError:
             raise ValueError(f"not a generation: {text!r} (expected JOBID:RESTART)") from None
 
-    @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Generation":
-        """The generation of the current Slurm job (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``)."""
-        env = os.environ if environ is None else environ
-        job = env.get("SLURM_JOB_ID")
-        if not job:
-            raise ValueError("SLURM_JOB_ID is not set: not inside a Slurm job")
-        return cls(int(job), int(env.get("SLURM_RESTART_COUNT") or 0))
-
 
 class ModelInfo(BaseModel):
     """What the teacher serves; also returned by ``GET /v2/models/<name>``."""
@@ -119,15 +108,19 @@ class EndpointRecord(BaseModel):
     started_at: float
     heartbeat_at: float
     model: Optional[ModelInfo] = None
+    # The writer's promise: a record whose heartbeat is older than this is stale (server.stale_after_s).
+    stale_after_s: Optional[float] = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def age(self, now: Optional[float] = None) -> float:
         """Seconds since the last heartbeat."""
         return (time.time() if now is None else now) - self.heartbeat_at
 
-    def is_stale(self, stale_after_s: float = DEFAULT_STALE_AFTER_S, now: Optional[float] = None) -> bool:
-        """No heartbeat for ``stale_after_s``: the writer may be gone; confirm with a health probe."""
-        return self.age(now) > stale_after_s
+    def is_stale(self, stale_after_s: Optional[float] = None, now: Optional[float] = None) -> bool:
+        """No heartbeat for ``stale_after_s`` (default: the record's own): the writer may be gone;
+        confirm with a health probe. A record that promises nothing is never judged stale."""
+        limit = stale_after_s if stale_after_s is not None else self.stale_after_s
+        return limit is not None and self.age(now) > limit
 
     def describe(self) -> str:
         """One line for errors and logs."""
@@ -195,6 +188,7 @@ class RecordWriter:
         teacher_name: str,
         generation: Generation,
         aliases: tuple[str, ...] | list[str] = (),
+        stale_after_s: Optional[float] = None,
         host: Optional[str] = None,
         pid: Optional[int] = None,
         clock: Callable[[], float] = time.time,
@@ -215,6 +209,7 @@ class RecordWriter:
             pid=os.getpid() if pid is None else pid,
             started_at=now,
             heartbeat_at=now,
+            stale_after_s=stale_after_s,
         )
 
     @property
@@ -300,7 +295,7 @@ class Heartbeat:
     def __init__(
         self,
         writer: RecordWriter,
-        interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        interval_s: float,
         *,
         on_fenced: Optional[Callable[[StaleGenerationError], None]] = None,
     ) -> None:

@@ -12,7 +12,8 @@ this package, or ``podium.teacher.group``, stays cheap):
 - ``torch_dist``: Megatron dist_checkpointing load (resharding) and save;
 - ``convert``: ``convert_hf_to_torch_dist`` (temp dir + rename);
 - ``cuda_shims``: CPU-only shims for megatron-core;
-- ``endpoint``, ``oip*``: the Open Inference Protocol server.
+- ``endpoint``: the Open Inference Protocol server (its wire is ``podium.protocol``; it serves and
+  reports, the launcher's lifecycle publishes).
 """
 
 from __future__ import annotations

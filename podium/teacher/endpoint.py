@@ -1,18 +1,19 @@
 """The teacher's HTTP endpoint: its worker group served over the Open Inference Protocol (KServe v2).
 
 Owns the aiohttp server on the teacher's head node: routes, bearer-token auth, request validation
-(every bad request is a 4xx JSON ``{"error": ...}`` and the server keeps serving), the in-order
-queue in front of the group (one call at a time, on an executor thread so health probes answer
-while the group computes), draining (503 + ``Retry-After``), port choice (bind test over a range,
-next port on collision), and :func:`serve`, the blocking entry the launcher's driver calls with a
-ready group and the record writer of its endpoint record. The wire codec is ``podium.teacher.oip``.
+(every bad request is a 4xx JSON ``{"error": ...}`` and the server keeps serving; the batch rule
+itself is ``podium.protocol.batch``), the in-order queue in front of the group (one call at a time,
+on an executor thread so health probes answer while the group computes), readiness (set by the
+owner of the teacher's lifecycle, ``podium.launcher.lifecycle``, with a reason when it is false),
+draining (503 + ``Retry-After``), and binding a free port of a range. It serves and reports; it
+publishes nothing: the lifecycle owns the endpoint record. The wire codec is ``podium.protocol.oip``.
 
 =====  ==========================================  =====  ========================================
 verb   route                                       auth   answer
 =====  ==========================================  =====  ========================================
 GET    /v2/health/live                             no     200 while the process serves HTTP
-GET    /v2/health/ready                            yes    200 once the group is loaded, 503 when
-                                                          draining
+GET    /v2/health/ready                            yes    200 once the owner says ready, 503 when
+                                                          not ready (with the reason) or draining
 GET    /v2                                         yes    server metadata (extensions)
 GET    /v2/models/<name>[/versions/<v>]            yes    model metadata + podium's fields
 GET    /v2/models/<name>[/versions/<v>]/ready      yes    like /v2/health/ready, for that model
@@ -29,55 +30,66 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
 import json
 import logging
-import signal
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 from aiohttp import web
 
-from podium.rendezvous.records import Generation, Heartbeat, ModelInfo, RecordWriter, StaleGenerationError, Status
+from podium.net import http_url, listen_on_free_port
+from podium.protocol import oip
+from podium.protocol.batch import Batch, BatchError, validate_batch, validate_options
+from podium.protocol.names import (
+    AUTHORIZATION,
+    GENERATION_HEADER,
+    GENERATION_PARAMETER,
+    HEALTH_LIVE,
+    HEALTH_READY,
+    ID_DATATYPES,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    LOGPROBS,
+    MICRO_BATCH_SIZE,
+    OUTPUTS,
+    REQUEST_ID_HEADER,
+    RETRY_AFTER,
+    SERVER_METADATA,
+    SERVER_NAME,
+    SERVER_VERSION,
+    TEACHER_HEADER,
+    TOP_K,
+    TOPK_INDICES,
+    TOPK_LOGPROBS,
+)
+from podium.rendezvous.records import Generation, ModelInfo
 from podium.rendezvous.token import tokens_equal
-from podium.teacher import oip
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT_RANGE = (23000, 23999)
 DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024
 DEFAULT_RETRY_AFTER_S = 5
-INPUT_IDS = "input_ids"
-INPUT_LENGTHS = "input_lengths"
-LOGPROBS = "logprobs"
-TOPK_LOGPROBS = "topk_logprobs"
-TOPK_INDICES = "topk_indices"
-OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES)
-ID_DATATYPES = ("INT32", "INT64")
-REQUEST_ID_HEADER = "X-Request-ID"
-GENERATION_HEADER = "X-Podium-Generation"
-TEACHER_HEADER = "X-Podium-Teacher"
-SERVER_NAME = "podium"
-SERVER_VERSION = "0.1.0"
 # Per-request storage key for the request id (typed key where aiohttp has them).
 _REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
 
 
 class LogprobGroup(Protocol):
-    """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in."""
+    """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in.
+
+    ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns
+    ``logprobs`` ``[B, width]`` (+ ``topk_logprobs``/``topk_indices`` with ``top_k``)."""
 
     vocab_size: int
     max_sequence_length: Optional[int]
     sequence_length_multiple: int
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> Mapping[str, Any]: ...
-
-    def validate(self, data: Any) -> None: ...
+    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> Mapping[str, Any]: ...
 
 
 class RequestError(Exception):
@@ -118,35 +130,6 @@ class EndpointConfig:
             raise ValueError(f"endpoint: bad port range {lo}-{hi}")
 
 
-def bind_socket(host: str, port_range: tuple[int, int], backlog: int = 128) -> socket.socket:
-    """A listening socket on the first free port of ``port_range`` (``(0, 0)``: any free port).
-
-    The bind itself is the test, so no other process can take the port between test and use.
-    """
-    lo, hi = port_range
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    tried: list[str] = []
-    for port in range(lo, hi + 1):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            # Lets a restarted server reuse a port whose old connections sit in TIME_WAIT; a port
-            # with a live listener still fails with EADDRINUSE on Linux.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(backlog)
-            sock.setblocking(False)
-            if tried:
-                logger.info("ports %s on %s busy, bound %d", ",".join(tried[:5]), host, sock.getsockname()[1])
-            return sock
-        except OSError as exc:
-            sock.close()
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                tried.append(str(port))
-                continue
-            raise
-    raise OSError(errno.EADDRINUSE, f"no free port on {host} in {lo}-{hi} ({len(tried)} tried)")
-
-
 def _json_error(status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> web.Response:
     return web.Response(
         status=status,
@@ -154,18 +137,6 @@ def _json_error(status: int, message: str, headers: Optional[Mapping[str, str]] 
         content_type=oip.JSON_CONTENT_TYPE,
         headers=dict(headers or {}),
     )
-
-
-def _int_param(params: Mapping[str, Any], name: str, lo: int, hi: Optional[int]) -> Optional[int]:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"parameter {name!r} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise RequestError(400, f"parameter {name!r} = {value} is out of range ({bound})")
-    return value
 
 
 class EndpointServer:
@@ -178,7 +149,8 @@ class EndpointServer:
         self.max_sequence_length: Optional[int] = getattr(group, "max_sequence_length", None)
         self.sequence_length_multiple = int(getattr(group, "sequence_length_multiple", 1) or 1)
         self._names = {config.served_name, *config.aliases} | ({config.teacher_key} if config.teacher_key else set())
-        self._ready = True
+        self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
+        self._not_ready_reason = "starting"
         self._draining = False
         self._pending = 0
         self._served = 0
@@ -203,8 +175,10 @@ class EndpointServer:
     def queue_depth(self) -> int:
         return self._pending
 
-    def set_ready(self, ready: bool) -> None:
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        """Readiness as the teacher's lifecycle sees it; ``reason`` says why it is not ready."""
         self._ready = ready
+        self._not_ready_reason = "" if ready else (reason or "not ready")
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(
@@ -223,9 +197,9 @@ class EndpointServer:
             client_max_size=self.config.max_body_bytes,
             middlewares=[self._error_middleware, self._auth_middleware],
         )
-        app.router.add_get("/v2/health/live", self._live)
-        app.router.add_get("/v2/health/ready", self._ready_route)
-        app.router.add_get("/v2", self._server_metadata)
+        app.router.add_get(HEALTH_LIVE, self._live)
+        app.router.add_get(HEALTH_READY, self._ready_route)
+        app.router.add_get(SERVER_METADATA, self._server_metadata)
         for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
             app.router.add_get(prefix, self._model_metadata)
             app.router.add_get(prefix + "/ready", self._model_ready)
@@ -236,7 +210,7 @@ class EndpointServer:
         """Bind, start serving, return the URL."""
         self._idle = asyncio.Event()
         self._idle.set()
-        self._sock = bind_socket(self.config.host, self.config.port_range)
+        self._sock = listen_on_free_port(self.config.host, self.config.port_range)
         self.port = self._sock.getsockname()[1]
         self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -244,7 +218,7 @@ class EndpointServer:
         host = self.config.advertise_host or self.config.host
         if host in ("0.0.0.0", "::", ""):
             host = socket.getfqdn()
-        self.url = f"http://{host}:{self.port}"
+        self.url = http_url(host, self.port)
         logger.info("teacher %r serving at %s (generation %s)", self.config.served_name, self.url, self.config.generation)
         return self.url
 
@@ -308,8 +282,8 @@ class EndpointServer:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if request.path != "/v2/health/live":
-            header = request.headers.get("Authorization", "")
+        if request.path != HEALTH_LIVE:
+            header = request.headers.get(AUTHORIZATION, "")
             scheme, _, given = header.partition(" ")
             if not header:
                 raise RequestError(401, "missing Authorization: Bearer <token> header", {"WWW-Authenticate": "Bearer"})
@@ -329,9 +303,9 @@ class EndpointServer:
             raise RequestError(404, f"model {name!r} has no version {version!r} (versions: {self.config.model_version})")
 
     def _not_ready(self) -> RequestError:
-        what = "draining" if self._draining else "not ready"
+        what = "draining" if self._draining else f"not ready ({self._not_ready_reason})"
         return RequestError(503, f"teacher {self.config.served_name!r} is {what}",
-                            {"Retry-After": str(self.config.retry_after_s)})
+                            {RETRY_AFTER: str(self.config.retry_after_s)})
 
     async def _live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -366,7 +340,7 @@ class EndpointServer:
                 "aliases": list(self.config.aliases),
                 "generation": None if gen is None else {"job_id": gen.job_id, "restart": gen.restart},
                 "accepted_input_datatypes": list(ID_DATATYPES),
-                "parameters": {"top_k": f"1..{self.config.max_top_k or self.vocab_size}", "micro_batch_size": ">= 1"},
+                "parameters": {TOP_K: f"1..{self.config.max_top_k or self.vocab_size}", MICRO_BATCH_SIZE: ">= 1"},
                 "ready": self.ready,
                 "draining": self._draining,
                 "queue_depth": self._pending,
@@ -406,8 +380,8 @@ class EndpointServer:
             raise RequestError(400, f"body ended after {got} of the {length} bytes its Content-Length announced")
         return body
 
-    def _validate(self, req: oip.InferRequest) -> tuple[dict[str, np.ndarray], Optional[int], Optional[int], list[str]]:
-        """Check an infer request against the model; return (data, top_k, micro_batch_size, outputs)."""
+    def _validate(self, req: oip.InferRequest) -> tuple[Batch, Optional[int], Optional[int], list[str]]:
+        """Check an infer request against the model; return (batch, top_k, micro_batch_size, outputs)."""
         unknown = sorted(set(req.inputs) - {INPUT_IDS, INPUT_LENGTHS})
         if unknown:
             raise RequestError(400, f"unknown input(s) {unknown}; expected {INPUT_IDS} and {INPUT_LENGTHS}")
@@ -417,53 +391,14 @@ class EndpointServer:
             tensor = req.inputs[name]
             if tensor.datatype not in ID_DATATYPES:
                 raise RequestError(400, f"input {name!r}: datatype {tensor.datatype} not accepted; expected INT32 or INT64")
-        ids = req.inputs[INPUT_IDS].array
-        lengths = req.inputs[INPUT_LENGTHS].array
-        if ids.ndim != 2:
-            raise RequestError(400, f"input {INPUT_IDS!r}: shape {list(ids.shape)} must be [B, S]")
-        if lengths.ndim != 1:
-            raise RequestError(400, f"input {INPUT_LENGTHS!r}: shape {list(lengths.shape)} must be [B]")
-        batch, seq = ids.shape
-        if lengths.shape[0] != batch:
-            raise RequestError(400, f"shape mismatch: {INPUT_IDS} has B={batch} rows but {INPUT_LENGTHS} has {lengths.shape[0]}")
-        if batch == 0 or seq == 0:
-            raise RequestError(400, f"empty batch: {INPUT_IDS} has shape {list(ids.shape)}")
-        lengths = lengths.astype(np.int64, copy=False)
-        bad = np.flatnonzero((lengths < 1) | (lengths > seq))
-        if bad.size:
-            b = int(bad[0])
-            raise RequestError(400, f"input_lengths out of range: input_lengths[{b}] = {int(lengths[b])} not in 1..{seq} "
-                               f"(S = {seq}); {bad.size} bad row(s)")
-        longest = int(lengths.max())
-        limit = self.max_sequence_length
-        if limit is not None and longest > limit:
-            b = int(np.argmax(lengths))
-            raise RequestError(400, f"input_lengths[{b}] = {longest} exceeds the teacher's max_sequence_length {limit}")
-        padded = bool((lengths < seq).any())
-        valid = np.arange(seq)[None, :] < lengths[:, None] if padded else None
-        if ids.size:
-            lo, hi = int(ids.min()), int(ids.max())  # whole array first: cheap, and usually decides
-            if lo < 0 or hi >= self.vocab_size:
-                bad_ids = (ids < 0) | (ids >= self.vocab_size)
-                if valid is not None:
-                    bad_ids &= valid
-                if bad_ids.any():
-                    rows, cols = np.nonzero(bad_ids)
-                    b, s = int(rows[0]), int(cols[0])
-                    raise RequestError(400, f"input_ids outside the vocabulary: input_ids[{b}, {s}] = {int(ids[b, s])} "
-                                       f"not in 0..{self.vocab_size - 1} ({rows.size} such token(s))")
-        # Positions past a row's length do not affect its logprobs (causal) and come back as 0:
-        # whatever padding the client used, give the group zeros there, and cut columns past the
-        # teacher's limit.
-        width = seq if limit is None or seq <= limit else max(longest, 1)
-        if padded or width != seq or ids.dtype != np.int64 or not ids.flags.writeable:
-            clean = ids[:, :width].astype(np.int64, copy=True)
-            if valid is not None:
-                clean[~valid[:, :width]] = 0
-        else:
-            clean = ids  # a writable int64 view of the request body: no copy
-        top_k = _int_param(req.parameters, "top_k", 1, self.config.max_top_k or self.vocab_size)
-        micro = _int_param(req.parameters, "micro_batch_size", 1, None)
+        try:
+            batch = validate_batch(req.inputs[INPUT_IDS].array, req.inputs[INPUT_LENGTHS].array,
+                                   vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length)
+            top_k, micro = validate_options(top_k=req.parameters.get(TOP_K),
+                                            micro_batch_size=req.parameters.get(MICRO_BATCH_SIZE),
+                                            vocab_size=self.vocab_size, max_top_k=self.config.max_top_k)
+        except BatchError as exc:
+            raise RequestError(400, str(exc)) from None
         if req.outputs is None:
             outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
         else:
@@ -475,29 +410,17 @@ class EndpointServer:
                 raise RequestError(400, f"outputs {TOPK_LOGPROBS}/{TOPK_INDICES} need the request parameter 'top_k'")
             if len(set(outputs)) != len(outputs):
                 raise RequestError(400, f"an output is requested twice: {outputs}")
-        return {INPUT_IDS: clean, INPUT_LENGTHS: lengths.copy()}, top_k, micro, outputs
+        return batch, top_k, micro, outputs
 
-    def _compute(self, data: dict[str, np.ndarray], top_k: Optional[int], micro: Optional[int], seq: int) -> dict[str, np.ndarray]:
+    def _compute(self, batch: Batch, top_k: Optional[int], micro: Optional[int]) -> dict[str, np.ndarray]:
         """Runs on the executor thread: one group call at a time, in arrival order."""
-        import torch
-
-        batch = {k: torch.from_numpy(v) for k, v in data.items()}
-        try:
-            self.group.validate(batch)
-        except ValueError as exc:
-            raise RequestError(400, f"rejected by the teacher: {exc}") from None
         result = self.group.get_logprobs(batch, micro_batch_size=micro, top_k=top_k)
         out: dict[str, np.ndarray] = {}
         for name in OUTPUTS:
             if name in result and result[name] is not None:
                 value = result[name]
                 array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-                array = array.astype(np.float32 if name != TOPK_INDICES else np.int64, copy=False)
-                width = array.shape[1]
-                if width < seq:  # columns cut past the limit come back as zeros
-                    pad = [(0, 0), (0, seq - width)] + [(0, 0)] * (array.ndim - 2)
-                    array = np.pad(array, pad)
-                out[name] = array
+                out[name] = array.astype(np.float32 if name != TOPK_INDICES else np.int64, copy=False)
         return out
 
     async def _infer(self, request: web.Request) -> web.Response:
@@ -509,18 +432,15 @@ class EndpointServer:
         req = oip.decode_request(body, header_length)
         request_id = req.id or request[_REQUEST_ID]
         request[_REQUEST_ID] = request_id
-        data, top_k, micro, outputs = self._validate(req)
-        seq = req.inputs[INPUT_IDS].array.shape[1]
+        batch, top_k, micro, outputs = self._validate(req)
         assert self._idle is not None
         loop = asyncio.get_running_loop()
         self._pending += 1
         self._idle.clear()
         started = time.perf_counter()
         try:
-            result = await loop.run_in_executor(self._executor, self._compute, data, top_k, micro, seq)
-        except RequestError:
-            raise
-        except ValueError as exc:
+            result = await loop.run_in_executor(self._executor, self._compute, batch, top_k, micro)
+        except ValueError as exc:  # the group refuses what it cannot serve (a layout's limit, say)
             raise RequestError(400, f"rejected by the teacher: {exc}") from None
         except Exception as exc:
             logger.exception("teacher %r: get_logprobs failed (request %s)", self.config.served_name, request_id)
@@ -530,7 +450,7 @@ class EndpointServer:
             if self._pending == 0:
                 self._idle.set()
         self._served += 1
-        logger.debug("request %s: %s in %.3fs", request_id, list(data[INPUT_IDS].shape), time.perf_counter() - started)
+        logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
         missing = [name for name in outputs if name not in result]
         if missing:
             raise RequestError(500, f"teacher {self.config.served_name!r} returned no {missing}")
@@ -540,7 +460,7 @@ class EndpointServer:
             [(name, result[name], req.wants_binary(name)) for name in outputs],
             model_version=self.config.model_version,
             request_id=req.id,
-            parameters={"podium_generation": gen} if gen else None,
+            parameters={GENERATION_PARAMETER: gen} if gen else None,
         )
         headers = {REQUEST_ID_HEADER: request_id, GENERATION_HEADER: gen, TEACHER_HEADER: self.config.teacher_key}
         if header_len is not None:
@@ -580,6 +500,9 @@ class ServerThread:
             self._close_loop()
             raise
 
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        self.server.set_ready(ready, reason)
+
     def drain(self) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self.server.drain)
@@ -607,96 +530,3 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _default_fingerprint(group: LogprobGroup) -> tuple[Optional[str], Optional[int]]:
-    path = getattr(group, "checkpoint_path", None)
-    if not path:
-        return None, None
-    try:
-        from podium.client.tokenizer import fingerprint_from_pretrained
-
-        return fingerprint_from_pretrained(str(path))
-    except Exception as exc:  # no tokenizer next to the checkpoint: the field stays empty
-        logger.info("no tokenizer fingerprint for %s: %s", path, exc)
-        return None, None
-
-
-def serve(
-    group: LogprobGroup,
-    *,
-    token: str,
-    host: str = "127.0.0.1",
-    port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
-    record_writer: Optional[RecordWriter] = None,
-    served_name: Optional[str] = None,
-    teacher_key: Optional[str] = None,
-    aliases: Sequence[str] = (),
-    generation: Optional[Generation] = None,
-    heartbeat_interval_s: float = 5.0,
-    stop_event: Optional[threading.Event] = None,
-    drain_timeout_s: float = 60.0,
-    handle_signals: bool = True,
-    on_ready: Optional[Callable[[str], None]] = None,
-    **config_kwargs: Any,
-) -> None:
-    """Serve ``group`` until ``stop_event`` is set (or SIGTERM/SIGUSR2 arrives); blocks.
-
-    With a ``record_writer``: publishes ``ready`` with the URL and model metadata once bound, keeps
-    the heartbeat, publishes ``draining`` when asked to stop and ``stopped`` once the queue is empty
-    (or ``drain_timeout_s`` passed). Names and generation default to the writer's record. If a newer
-    generation fences the writer, the server drains and returns. The group is not shut down here:
-    its owner does that.
-    """
-    stop = stop_event or threading.Event()
-    record = record_writer.record if record_writer is not None else None
-    if "tokenizer_fingerprint" not in config_kwargs:
-        config_kwargs["tokenizer_fingerprint"], tok_vocab = _default_fingerprint(group)
-        config_kwargs.setdefault("tokenizer_vocab_size", tok_vocab)
-    config = EndpointConfig(
-        served_name=served_name or (record.teacher_name if record else "teacher"),
-        token=token,
-        teacher_key=teacher_key or (record.teacher_key if record else ""),
-        aliases=tuple(aliases) or (record.aliases if record else ()),
-        generation=generation or (record.generation if record else None),
-        host=host,
-        port_range=port_range,
-        **config_kwargs,
-    )
-    server = ServerThread(group, config)
-    previous: dict[int, Any] = {}
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGUSR2):
-            previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
-    heartbeat: Optional[Heartbeat] = None
-
-    def publish(status: Status, **kw: Any) -> None:
-        if record_writer is None or record_writer.fenced:
-            return
-        try:
-            record_writer.publish(status, **kw)
-        except StaleGenerationError as exc:
-            logger.error("%s", exc)
-            stop.set()
-
-    try:
-        url = server.start()
-        publish(Status.READY, url=url, model=server.server.model_info())
-        if record_writer is not None:
-            heartbeat = Heartbeat(record_writer, heartbeat_interval_s, on_fenced=lambda exc: stop.set()).start()
-        if on_ready is not None:
-            on_ready(url)
-        while not stop.wait(1.0):
-            pass
-        publish(Status.DRAINING)
-        server.stop(grace_s=drain_timeout_s)
-        publish(Status.STOPPED)
-    except BaseException as exc:
-        publish(Status.FAILED, reason=f"endpoint: {type(exc).__name__}: {exc}")
-        server.stop(grace_s=0)
-        raise
-    finally:
-        if heartbeat is not None:
-            heartbeat.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -19,48 +19,18 @@ collects outputs.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import random
 import resource
 import socket
 import time
 from typing import Any, Mapping
 
+from podium.net import find_free_port, is_loopback
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEED = 1234
-
-
-def pick_free_port(host: str, port_range: tuple[int, int] | None = None) -> int:
-    """A TCP port free on ``host``'s node by bind test (from ``port_range`` if given, else the OS's).
-
-    The test binds all addresses, not only ``host``: torch's TCPStore listens on all of them, and
-    a port another job holds on a different address of this node would fail it there.
-    """
-    if port_range is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
-    lo, hi = port_range
-    candidates = list(range(lo, hi + 1))
-    random.shuffle(candidates)
-    for port in candidates:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def init_parallel(
@@ -144,12 +114,9 @@ def peak_rss_bytes() -> int:
 
 
 def current_rss_bytes() -> int:
-    try:
-        import psutil
+    import psutil
 
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:  # pragma: no cover
-        return peak_rss_bytes()
+    return int(psutil.Process().memory_info().rss)
 
 
 class TeacherWorker:
@@ -178,8 +145,11 @@ class TeacherWorker:
         except Exception:  # outside Ray
             return socket.gethostbyname(socket.gethostname())
 
-    def pick_master_port(self, host: str, port_range: tuple[int, int] | None = None) -> int:
-        return pick_free_port(host, port_range)
+    def pick_master_port(self, port_range: tuple[int, int] | None = None) -> int:
+        """A free port on this node for torch's TCPStore. The bind test is on all addresses: the
+        store listens on all of them, and a port another job holds on a different address of this
+        node would fail it there."""
+        return find_free_port(port_range, "", shuffle=True)
 
     # -- setup --------------------------------------------------------------------------------------
 
@@ -373,11 +343,3 @@ class TeacherWorker:
             "torch_threads": torch.get_num_threads(),
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         }
-
-    def teardown(self) -> bool:
-        if self._ready:
-            try:
-                destroy_parallel()
-            finally:
-                self._ready = False
-        return True
