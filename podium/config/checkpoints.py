@@ -7,8 +7,11 @@ it is resolved from the local HF cache when the model is loaded, never here.
 
 | format       | what is on disk                                                          |
 |--------------|--------------------------------------------------------------------------|
-| ``hf``       | ``config.json`` + ``*.safetensors`` (or ``model.safetensors.index.json``) |
+| ``hf``       | ``config.json`` + ``model.safetensors`` (or ``model.safetensors.index.json``) |
 | ``torch_dist`` | Megatron dist_checkpointing: ``metadata.json`` with ``sharded_backend: torch_dist``, directly or in the ``iter_*`` named by ``latest_checkpointed_iteration.txt`` |
+
+Both the planner (before anything is submitted) and the worker (on the allocation) decide with
+:func:`find_checkpoint`, so a checkpoint ``plan`` accepts is one the worker can load.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from pathlib import Path
 from typing import Literal
 
 CheckpointFormat = Literal["hf", "torch_dist"]
+
+HF_CONFIG = "config.json"
+SAFE_SINGLE = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+METADATA = "metadata.json"
+LATEST = "latest_checkpointed_iteration.txt"
 
 # `org/name` with the characters the hub allows; anything else is a path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -49,35 +58,77 @@ def normalise_checkpoint(raw: str, base_dir: Path) -> CheckpointRef:
     return CheckpointRef(os.path.realpath(candidate), is_local=True)
 
 
-def detect_format(path: str | Path) -> CheckpointFormat | None:
-    """The checkpoint format of a local directory, or None if it is neither format."""
+class CheckpointError(ValueError):
+    """A local checkpoint directory podium cannot load; the message names the path and why."""
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    """A local checkpoint podium can load: its format and the directory holding its tensors."""
+
+    kind: CheckpointFormat
+    path: Path  # the HF dir, or the torch_dist dir (the ``iter_*`` one when a run dir was given)
+
+
+def find_checkpoint(path: str | Path) -> LocalCheckpoint:
+    """The checkpoint ``path`` designates (see the module table); :class:`CheckpointError` if none.
+
+    The one rule for what podium loads: the planner checks a recipe's checkpoints with it before
+    anything is submitted, and the worker resolves the same directory with it on the allocation.
+    """
     root = Path(path)
+    if not root.exists():
+        raise CheckpointError(f"checkpoint {root} does not exist")
     if not root.is_dir():
+        raise CheckpointError(f"checkpoint {root} is not a directory")
+    dist = torch_dist_dir(root)
+    if dist is not None:
+        return LocalCheckpoint("torch_dist", dist)
+    if (root / HF_CONFIG).is_file() and ((root / SAFE_SINGLE).is_file() or (root / SAFE_INDEX).is_file()):
+        return LocalCheckpoint("hf", root)
+    raise CheckpointError(
+        f"checkpoint {root} is neither an HF directory ({HF_CONFIG} + {SAFE_SINGLE} or {SAFE_INDEX}) "
+        f"nor a Megatron torch_dist checkpoint ({METADATA}, or {LATEST} naming an iteration)"
+    )
+
+
+def detect_format(path: str | Path) -> CheckpointFormat | None:
+    """The format of a local checkpoint directory, or None if podium cannot load it."""
+    try:
+        return find_checkpoint(path).kind
+    except CheckpointError:
         return None
-    if (root / "config.json").is_file() and (
-        any(root.glob("*.safetensors")) or (root / "model.safetensors.index.json").is_file()
-    ):
-        return "hf"
-    if torch_dist_dir(root) is not None:
-        return "torch_dist"
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why podium cannot load the local checkpoint ``path``, or None when it can."""
+    try:
+        find_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
     return None
 
 
 def torch_dist_dir(root: Path) -> Path | None:
-    """The directory holding a torch_dist checkpoint's metadata (itself or its latest iteration)."""
+    """The directory holding a torch_dist checkpoint's metadata (itself or its latest iteration).
+
+    ``CheckpointError`` when ``latest_checkpointed_iteration.txt`` names an iteration that is not
+    a torch_dist checkpoint (a half-written run directory should not pass as "no checkpoint").
+    """
     if _is_torch_dist(root):
         return root
-    tracker = root / "latest_checkpointed_iteration.txt"
-    if tracker.is_file():
-        text = tracker.read_text().strip()
-        sub = root / ("release" if text == "release" else f"iter_{int(text):07d}") if text else None
-        if sub is not None and _is_torch_dist(sub):
-            return sub
-    return None
+    tracker = root / LATEST
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    sub = root / (f"iter_{int(text):07d}" if text.isdigit() else text)
+    if not _is_torch_dist(sub):
+        raise CheckpointError(f"checkpoint {root}: {LATEST} names {text!r} but {sub} is not a torch_dist checkpoint")
+    return sub
 
 
 def _is_torch_dist(path: Path) -> bool:
-    meta = path / "metadata.json"
+    meta = path / METADATA
     if not meta.is_file():
         return False
     try:

@@ -117,22 +117,26 @@ class TeacherLauncherOverrides(_Strict):
     server: dict[str, Any] = Field(default_factory=dict)
 
 
-class LauncherSettings(_Strict):
+class TeacherLauncherSettings(_Strict):
+    """The settings one teacher runs with (what its ``TeacherSpec`` carries)."""
+
     cluster: Literal["slurm", "local"] = "slurm"
     run_dir: str | None = None
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+
+
+class LauncherSettings(TeacherLauncherSettings):
+    """The whole ``podium:`` section: the settings of every teacher, and per-alias overrides."""
+
     teachers: dict[str, TeacherLauncherOverrides] = Field(default_factory=dict)
 
-    def for_teacher(self, overrides: Mapping[str, Any], where: str) -> "LauncherSettings":
+    def for_teacher(self, overrides: Mapping[str, Any], where: str) -> TeacherLauncherSettings:
         """These settings with one teacher's overrides merged in (validated again)."""
         base = self.model_dump(mode="python", exclude={"teachers"})
-        return parse_launcher(merge_with_override(base, dict(overrides)), where)
-
-    def effective(self) -> dict[str, Any]:
-        """JSON-ready settings for one teacher (what the spec carries)."""
-        return self.model_dump(mode="json", exclude={"teachers"})
+        merged = parse_launcher(merge_with_override(base, dict(overrides)), where)
+        return TeacherLauncherSettings.model_validate(merged.model_dump(mode="python", exclude={"teachers"}))
 
 
 def parse_launcher(raw: Mapping[str, Any] | None, where: str = SECTION) -> LauncherSettings:

@@ -27,12 +27,14 @@ from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from podium.config.checkpoints import detect_format, normalise_checkpoint
+from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint
 from podium.config.errors import ConfigError, did_you_mean
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
+from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
+from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
 from podium.config.routing import route_agent
-from podium.config.spec import PRECISIONS, TeacherSpec
+from podium.config.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +43,8 @@ MAPPING = f"{OPD}.teacher_model_by_agent_name"
 DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
 OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
 
-PARALLEL_KEYS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-)
-SIZE_KEYS = ("num_nodes", "gpus_per_node", *PARALLEL_KEYS, "micro_batch_size")
+SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size")
 TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
-_PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16"}
-_SHORT = {"tensor_model_parallel_size": "TP", "pipeline_model_parallel_size": "PP",
-          "context_parallel_size": "CP", "expert_model_parallel_size": "EP",
-          "expert_tensor_parallel_size": "ETP"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +80,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe_path,
-            "teachers": [t.to_dict() for t in self.teachers],
+            "teachers": [{**t.to_json(), "data_parallel_size": t.data_parallel_size} for t in self.teachers],
             "routes": dict(self.routes),
             "default_alias": self.default_alias,
             "strict_agent_name_match": self.strict,
@@ -199,15 +190,8 @@ def checkpoint_problems(spec: TeacherSpec) -> list[str]:
     """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
     if not Path(spec.model_name).is_absolute():
         return []
-    path = Path(spec.model_name)
-    if not path.exists():
-        return [f"teacher {spec.name!r}: checkpoint {path} does not exist"]
-    if detect_format(path) is None:
-        return [
-            f"teacher {spec.name!r}: checkpoint {path} is neither an HF directory (config.json + "
-            f"*.safetensors) nor a Megatron torch_dist checkpoint"
-        ]
-    return []
+    problem = checkpoint_problem(spec.model_name)
+    return [f"teacher {spec.name!r}: {problem}"] if problem else []
 
 
 def require_checkpoints(plan: Plan) -> None:
@@ -263,7 +247,7 @@ class _AliasSettings:
             aliases=aliases,
             model_name=self.model_name,
             megatron_cfg_overrides=dict(self.megatron_cfg_overrides),
-            launcher=effective.effective(),
+            launcher=effective,
             **self.values,
         )
 
@@ -318,51 +302,31 @@ def _alias_settings(
     for key in explicit:
         origins[key] = f"{mcfg_path}.{key}"
 
-    values: dict[str, Any] = {
-        "num_nodes": 1,
-        "gpus_per_node": cluster_gpus if cluster_gpus is not None else 8,
-        **{k: 1 for k in PARALLEL_KEYS},
-        "precision": "bf16",
-        "micro_batch_size": 1,
-    }
+    values: dict[str, Any] = {"precision": DEFAULT_PRECISION, "micro_batch_size": 1}
+    if cluster_gpus is not None:
+        values["gpus_per_node"] = cluster_gpus
     origins.setdefault("gpus_per_node", "cluster.gpus_per_node")
     values.update({k: v for k, v in merged.items() if k in TEACHER_KEYS})
     # Parallel sizes inside megatron_cfg_overrides are what Megatron will use: place by them too.
-    for key in PARALLEL_KEYS:
+    for key in PARALLEL_SIZES:
         if key in megatron:
             values[key] = megatron.pop(key)
 
     for key in SIZE_KEYS:
-        value = values[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        value = values.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             where = origins.get(key, f"{DEFAULT_CFG}.{key}")
             raise ConfigError(f"{where}: must be a positive integer, got {value!r}")
-    precision = _PRECISION_ALIASES.get(str(values["precision"]), values["precision"])
-    if precision not in PRECISIONS:
-        where = origins.get("precision", f"{DEFAULT_CFG}.precision")
-        raise ConfigError(f"{where}: must be one of {', '.join(PRECISIONS)}, got {values['precision']!r}")
-    values["precision"] = precision
+    try:
+        values["precision"] = normalise_precision(values["precision"])
+    except ValueError as exc:
+        raise ConfigError(f"{origins.get('precision', f'{DEFAULT_CFG}.precision')}: {exc}") from None
 
-    _check_layout(alias, values, origins)
+    layout = ParallelLayout(**{k: v for k, v in values.items() if k in (*NODE_SIZES, *PARALLEL_SIZES)})
+    try:
+        layout.check(f"teacher {alias!r}")
+    except LayoutError as exc:
+        where = ", ".join(origins[k] for k in exc.keys if k in origins)
+        raise ConfigError(f"{exc} (from {where})" if where else str(exc)) from None
+    values.update(layout.model_dump())
     return _AliasSettings(alias, values, origins, megatron)
-
-
-def _check_layout(alias: str, v: dict[str, Any], origins: dict[str, str]) -> None:
-    world = v["num_nodes"] * v["gpus_per_node"]
-    tp, pp, cp = (v[k] for k in PARALLEL_KEYS[:3])
-    where = ", ".join(
-        origins.get(k, k) for k in ("num_nodes", "gpus_per_node", *PARALLEL_KEYS[:3]) if k in origins
-    )
-    if world % (tp * pp * cp):
-        raise ConfigError(
-            f"teacher {alias!r}: {v['num_nodes']} nodes × {v['gpus_per_node']} GPUs = {world} GPUs "
-            f"is not divisible by TP{tp} × PP{pp} × CP{cp} = {tp * pp * cp} (from {where})"
-        )
-    ep, etp = v["expert_model_parallel_size"], v["expert_tensor_parallel_size"]
-    per_stage = world // pp
-    if per_stage % (ep * etp):
-        ep_where = origins.get("expert_model_parallel_size", "expert_model_parallel_size")
-        raise ConfigError(
-            f"teacher {alias!r}: expert parallelism does not fit: {world} GPUs / PP{pp} = {per_stage} "
-            f"per stage is not divisible by EP{ep} × ETP{etp} = {ep * etp} (from {ep_where})"
-        )

@@ -1,85 +1,59 @@
-"""The planned teacher: one frozen record per unique teacher checkpoint.
+"""The planned teacher: one frozen, typed record per unique teacher checkpoint.
 
-A ``TeacherSpec`` is what the planner produces and what every later part consumes (the launcher
-sizes its allocation from it, the worker group builds its model from it, the rendezvous names it by
-its ``key``). It imports nothing heavy, so login-node commands can use it.
+A ``TeacherSpec`` is what the planner produces and what every later part consumes: the launcher
+sizes its allocation from it and reads its typed launcher settings, the worker group builds its
+model from it, the rendezvous names it by its ``key``. It is written to ``spec.json`` in the
+teacher's folder (:meth:`TeacherSpec.to_json`) and read back on every node
+(:meth:`TeacherSpec.read`), validated both ways, so a default is declared once (in the models) and
+no reader re-interprets a dict. It imports nothing heavy, so login-node commands can use it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
-PRECISIONS = ("bf16", "fp16", "fp32")
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from podium.config.launcher import TeacherLauncherSettings
+from podium.config.layout import ParallelLayout
+from podium.config.precision import DEFAULT_PRECISION, Precision, normalise_precision
+from podium.rendezvous.atomic import parse_model, read_json
+from podium.rendezvous.layout import teacher_dir_name
 
 
-@dataclass(frozen=True)
-class TeacherSpec:
-    key: str  # stable content hash (12 hex chars) of what makes this teacher distinct
-    name: str  # readable name: the teacher's first alias
+class TeacherSpec(ParallelLayout):
+    """One unique teacher: identity, checkpoint, parallel layout (inherited), model and launcher."""
+
+    key: str = Field(min_length=1)  # stable content hash (12 hex chars) of what makes it distinct
+    name: str = Field(min_length=1)  # readable name: the teacher's first alias
     aliases: tuple[str, ...]  # every agent alias served by this teacher, in recipe order
     model_name: str  # normalised local checkpoint path, or an HF hub id left as written
-    num_nodes: int
-    gpus_per_node: int  # workers per node: GPUs, or CPU slots on a CPU-only cluster
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int = 1
-    precision: str = "bf16"
-    micro_batch_size: int = 1
-    megatron_cfg_overrides: Mapping[str, Any] = field(default_factory=dict)
-    # Effective launcher settings for this teacher (the `podium:` section with the teacher's own
-    # overrides merged in), as plain data: {"cluster", "slurm", "ray", "server", ...}.
-    launcher: Mapping[str, Any] = field(default_factory=dict)
+    precision: Precision = DEFAULT_PRECISION
+    micro_batch_size: PositiveInt = 1
+    megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
+    # The `podium:` section with this teacher's own overrides merged in.
+    launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: Any) -> str:
+        return normalise_precision(value)
+
+    @model_validator(mode="after")
+    def _layout(self) -> "TeacherSpec":
+        self.check(f"teacher {self.name!r}")
+        return self
 
     @property
-    def world_size(self) -> int:
-        return self.num_nodes * self.gpus_per_node
+    def label(self) -> str:
+        """``<name>-<key8>``: how files, jobs and logs name this teacher."""
+        return teacher_dir_name(self.name, self.key)
 
-    @property
-    def model_parallel_size(self) -> int:
-        return (
-            self.tensor_model_parallel_size
-            * self.pipeline_model_parallel_size
-            * self.context_parallel_size
-        )
-
-    @property
-    def data_parallel_size(self) -> int:
-        return self.world_size // self.model_parallel_size
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (the `plan --json` row and the run directory's record)."""
-        return {
-            "key": self.key,
-            "name": self.name,
-            "aliases": list(self.aliases),
-            "model_name": self.model_name,
-            "num_nodes": self.num_nodes,
-            "gpus_per_node": self.gpus_per_node,
-            "tensor_model_parallel_size": self.tensor_model_parallel_size,
-            "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
-            "context_parallel_size": self.context_parallel_size,
-            "expert_model_parallel_size": self.expert_model_parallel_size,
-            "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
-            "data_parallel_size": self.data_parallel_size,
-            "precision": self.precision,
-            "micro_batch_size": self.micro_batch_size,
-            "megatron_cfg_overrides": dict(self.megatron_cfg_overrides),
-            "launcher": _plain(self.launcher),
-        }
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TeacherSpec":
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields["aliases"] = tuple(fields.get("aliases", ()))
-        return cls(**fields)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    def read(cls, path: str | Path) -> "TeacherSpec":
+        """The spec in ``path`` (``spec.json``); a bad file is a ``FileReadError`` naming it."""
+        return parse_model(cls, read_json(path), path, "a teacher spec")

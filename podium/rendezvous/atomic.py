@@ -54,7 +54,17 @@ class ReadResult:
         return self.error is None
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | Path, *, files: bool = False) -> None:
+    """Make a directory's entries durable (and, with ``files``, the content of its regular files).
+
+    Best effort on filesystems that refuse to open or fsync directories (logged, not raised).
+    """
+    directory = Path(directory)
+    if files:
+        for entry in directory.iterdir():
+            if entry.is_file():
+                with open(entry, "rb") as handle:
+                    os.fsync(handle.fileno())
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:  # some filesystems refuse to open directories
@@ -105,7 +115,7 @@ def atomic_write_bytes(
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def dumps_json(obj: Any) -> bytes:

@@ -4,12 +4,10 @@ This module owns the decision HF-directory vs ``torch_dist`` and the sequence
 "describe architecture → TransformerConfig → GPTModel stage → weights" for one rank, used by the
 Ray worker and by ``convert``. ``parallel_state`` must already be initialised.
 
-Checkpoint forms accepted by :func:`resolve_checkpoint`:
-
-- a local HF directory (``config.json`` + ``model.safetensors`` or a sharded index);
-- a ``torch_dist`` directory (``metadata.json``), or a run directory with
-  ``latest_checkpointed_iteration.txt``; its architecture comes from a ``config.json`` stored with it;
-- an HF hub id (``org/name``) that is already in the local HF cache (nothing is downloaded).
+Checkpoint forms accepted by :func:`resolve_checkpoint`: a local directory in a format of
+:mod:`podium.config.checkpoints` (HF, or ``torch_dist`` whose architecture comes from a
+``config.json`` stored with it), or an HF hub id (``org/name``) already in the local HF cache
+(nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -21,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from podium.teacher.hf_checkpoint import ModelDescription, describe_hf_config, is_hf_checkpoint
+from podium.config.checkpoints import HF_CONFIG, CheckpointError, find_checkpoint
+from podium.teacher.hf_checkpoint import ModelDescription, describe_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,10 @@ def _hub_cache_lookup(name: str) -> Path | None:
 
 
 def resolve_checkpoint(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None) -> ResolvedCheckpoint:
-    from podium.teacher.torch_dist import find_hf_config, resolve_torch_dist_dir
+    """The checkpoint a teacher names: a local directory (decided by
+    :func:`podium.config.checkpoints.find_checkpoint`, the rule the planner uses) or a hub id
+    already in the local HF cache."""
+    from podium.teacher.torch_dist import find_hf_config
 
     text = str(name)
     path = Path(os.path.expanduser(text))
@@ -62,15 +64,13 @@ def resolve_checkpoint(name: str | os.PathLike[str], hf_config: str | os.PathLik
                 "podium does not download weights)"
             )
         path = cached
-    dist_dir = resolve_torch_dist_dir(path)
-    if dist_dir is not None:
-        return ResolvedCheckpoint(text, "torch_dist", dist_dir, find_hf_config(dist_dir, hf_config))
-    if is_hf_checkpoint(path):
-        return ResolvedCheckpoint(text, "hf", path, Path(hf_config) if hf_config else path / "config.json")
-    raise ValueError(
-        f"checkpoint {text}: neither an HF directory (config.json + model.safetensors or "
-        "model.safetensors.index.json) nor a torch_dist checkpoint (metadata.json)"
-    )
+    try:
+        found = find_checkpoint(path)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
+    if found.kind == "torch_dist":
+        return ResolvedCheckpoint(text, "torch_dist", found.path, find_hf_config(found.path, hf_config))
+    return ResolvedCheckpoint(text, "hf", found.path, Path(hf_config) if hf_config else found.path / HF_CONFIG)
 
 
 def describe_checkpoint(resolved: ResolvedCheckpoint) -> ModelDescription:
@@ -81,6 +81,11 @@ def describe_checkpoint(resolved: ResolvedCheckpoint) -> ModelDescription:
     except (OSError, ValueError) as exc:
         raise ValueError(f"checkpoint {resolved.name}: cannot read {resolved.config_path} ({exc})") from exc
     return describe_hf_config(config, resolved.name)
+
+
+def describe_model(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None) -> ModelDescription:
+    """The architecture of the checkpoint ``name`` (no torch, no megatron)."""
+    return describe_checkpoint(resolve_checkpoint(name, hf_config))
 
 
 @dataclass

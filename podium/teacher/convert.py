@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
+from podium.rendezvous.atomic import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 PROVENANCE = "podium_convert.json"
@@ -43,14 +45,6 @@ _COPIED_FILES = (
     "added_tokens.json",
     "chat_template.jinja",
 )
-_HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def _default_precision(config: Mapping[str, Any]) -> str:
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    return _HF_DTYPES.get(dtype, "bf16")
-
-
 def _convert_rank(
     rank: int,
     world_size: int,
@@ -101,16 +95,17 @@ def convert_hf_to_torch_dist(
     """
     import torch.multiprocessing as mp
 
+    from podium.config.precision import from_hf_config, normalise_precision
     from podium.teacher.checkpoint_loader import describe_checkpoint, resolve_checkpoint
-    from podium.teacher.megatron_model import PRECISION_DTYPES
 
     resolved = resolve_checkpoint(src)
     if resolved.kind != "hf":
         raise ValueError(f"checkpoint {src}: not an HF directory (it is {resolved.kind}); nothing to convert")
     desc = describe_checkpoint(resolved)  # unknown architectures fail here, before any process starts
-    precision = precision or _default_precision(desc.hf_config)
-    if precision not in PRECISION_DTYPES:
-        raise ValueError(f"precision {precision!r} is not one of {sorted(PRECISION_DTYPES)}")
+    try:
+        precision = normalise_precision(precision) if precision else from_hf_config(desc.hf_config)
+    except ValueError as exc:
+        raise ValueError(f"convert: --precision {exc}") from None
     if int(tp) < 1 or int(pp) < 1:
         raise ValueError(f"convert: tp ({tp}) and pp ({pp}) must be ≥ 1")
     from podium.teacher.megatron_model import check_model_layout
@@ -155,7 +150,7 @@ def convert_hf_to_torch_dist(
             "seconds": round(time.perf_counter() - started, 3),
         }
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
-        _fsync_dir(tmp)
+        fsync_dir(tmp, files=True)
         _publish(tmp, dst, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -166,18 +161,6 @@ def convert_hf_to_torch_dist(
                 parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"],
                 time.perf_counter() - started)
     return dst
-
-
-def _fsync_dir(path: Path) -> None:
-    for file in path.iterdir():
-        if file.is_file():
-            with open(file, "rb") as handle:
-                os.fsync(handle.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:

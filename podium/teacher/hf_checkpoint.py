@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from podium.config.checkpoints import SAFE_INDEX, SAFE_SINGLE
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger(__name__)
 
-SAFE_SINGLE = "model.safetensors"
-SAFE_INDEX = "model.safetensors.index.json"
 
 # HF architecture name -> family handled by the maps below.
 _FAMILIES: dict[str, str] = {
@@ -92,16 +92,6 @@ class ModelDescription:
         out = asdict(self)
         out.pop("hf_config")
         return out
-
-
-def read_hf_config(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
-    path = Path(checkpoint) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"checkpoint {checkpoint}: no config.json (an HF checkpoint directory needs one)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"checkpoint {checkpoint}: config.json is not valid JSON ({exc})") from exc
 
 
 def _rope(config: Mapping[str, Any], checkpoint: str) -> tuple[float, dict[str, Any] | None]:
@@ -211,11 +201,6 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
         sliding_window=int(sliding) if sliding else None,
         hf_config=dict(config),
     )
-
-
-def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
-    p = Path(path)
-    return (p / "config.json").is_file() and ((p / SAFE_SINGLE).is_file() or (p / SAFE_INDEX).is_file())
 
 
 class SafetensorsCheckpoint:

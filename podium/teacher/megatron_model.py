@@ -30,10 +30,11 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
+from podium.config.layout import PARALLEL_SIZES
+from podium.config.precision import torch_dtype
 from podium.teacher.hf_checkpoint import ModelDescription
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 logger = logging.getLogger(__name__)
@@ -71,26 +72,6 @@ TRAINING_ONLY_KEYS: frozenset[str] = frozenset(
 )
 # Keys podium uses itself (not TransformerConfig fields).
 MODEL_KEYS: frozenset[str] = frozenset({"make_vocab_size_divisible_by"})
-# Parallel sizes come from the spec; an override may repeat them but not contradict them.
-PARALLEL_FIELDS: tuple[str, ...] = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-)
-
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-def torch_dtype(precision: str) -> "torch.dtype":
-    import torch
-
-    if precision not in PRECISION_DTYPES:
-        raise ValueError(f"precision {precision!r} is not one of {sorted(PRECISION_DTYPES)}")
-    return getattr(torch, PRECISION_DTYPES[precision])
-
-
 def te_available() -> bool:
     """TransformerEngine is used only when it is importable and CUDA is present."""
     import torch
@@ -172,7 +153,8 @@ def build_transformer_config(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config_overrides, _ = split_overrides(overrides or {}, where)
-    for key in PARALLEL_FIELDS:
+    # Parallel sizes come from the spec; an override may repeat them but not contradict them.
+    for key in PARALLEL_SIZES:
         if key in config_overrides and int(config_overrides[key]) != int(parallel.get(key, 1)):
             raise ValueError(
                 f"{where}: {key}={config_overrides[key]} contradicts the planned layout "
@@ -214,7 +196,7 @@ def build_transformer_config(
         fp16=precision == "fp16",
         use_cpu_initialization=use_cpu_initialization,
         perform_initialization=False,  # weights come from the checkpoint
-        **{key: int(parallel.get(key, 1)) for key in PARALLEL_FIELDS},
+        **{key: int(parallel.get(key, 1)) for key in PARALLEL_SIZES},
     )
     if desc.sliding_window:
         kwargs["window_size"] = (desc.sliding_window - 1, 0)

@@ -2,9 +2,8 @@
 
 This module owns podium's use of ``megatron.core.dist_checkpointing``:
 
-- :func:`resolve_torch_dist_dir`: a directory with ``metadata.json`` (``sharded_backend:
-  torch_dist``), or a Megatron/NeMo RL run directory with ``latest_checkpointed_iteration.txt``
-  (its ``iter_NNNNNNN`` is used);
+- which directory is a ``torch_dist`` checkpoint is decided in :mod:`podium.config.checkpoints`
+  (``metadata.json`` with ``sharded_backend: torch_dist``, or a run directory's latest iteration);
 - :func:`checkpoint_padded_vocab`: the global (padded) vocabulary size stored in the checkpoint,
   so the model is built with the same global shapes whatever the new TP is;
 - :func:`load_torch_dist`: every rank asks for its own shards of the model's sharded state dict;
@@ -20,7 +19,6 @@ The architecture of a ``torch_dist`` checkpoint comes from an HF ``config.json``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -28,34 +26,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-METADATA = "metadata.json"
-LATEST = "latest_checkpointed_iteration.txt"
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
-
-
-def _is_dist_dir(path: Path) -> bool:
-    meta = path / METADATA
-    if not meta.is_file():
-        return False
-    try:
-        return json.loads(meta.read_text()).get("sharded_backend") == "torch_dist"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def resolve_torch_dist_dir(path: str | os.PathLike[str]) -> Path | None:
-    """The ``torch_dist`` directory ``path`` designates, or ``None`` if it is not one."""
-    p = Path(path)
-    if _is_dist_dir(p):
-        return p
-    latest = p / LATEST
-    if latest.is_file():
-        text = latest.read_text().strip()
-        candidate = p / (f"iter_{int(text):07d}" if text.isdigit() else text)
-        if _is_dist_dir(candidate):
-            return candidate
-        raise ValueError(f"checkpoint {p}: {LATEST} names {text!r} but {candidate} is not a torch_dist checkpoint")
-    return None
 
 
 def find_hf_config(dist_dir: Path, hf_config: str | os.PathLike[str] | None = None) -> Path:
