@@ -108,23 +108,26 @@ def up(
     wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
     replace: bool = typer.Option(False, "--replace", help="Stop teachers of this run dir that the recipe no longer has."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate as `up` does and print every teacher's job script; write and submit nothing."),
 ) -> None:
     """Submit one job per unique teacher (idempotent: live jobs are reattached)."""
     from podium.config.plan import load_plan
     from podium.launcher import commands
+    from podium.launcher.backends import SubmitError
     from podium.launcher.run_dir import default_run_dir
-    from podium.launcher.submission import SubmitError
 
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
         target = run_dir or default_run_dir(the_plan)
+        if dry_run:
+            for submission in commands.dry_run(the_plan, target):
+                typer.echo(f"# ---- {submission.teacher} ({submission.backend}): what `podium up` submits", err=True)
+                typer.echo(submission.render(), nl=False)
+            return
         result = commands.up(the_plan, target, replace=replace)
-    except ConfigError as exc:
+    except (ConfigError, SubmitError) as exc:
         _fail(str(exc))
         return
-    except SubmitError as exc:
-        typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1)
     for name, action in result.actions.items():
         typer.echo(f"{name}: {action} job {result.job_ids[name]}")
     for orphan in result.orphans:
@@ -237,9 +240,10 @@ def render(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses."),
     write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
 ) -> None:
-    """Print the plain sbatch script of one teacher (runs the same job entry with srun)."""
+    """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""
     from podium.config.plan import load_plan
-    from podium.launcher.render import render_teacher_script
+    from podium.launcher.backends import backend_for
+    from podium.launcher.files import TeacherFiles
     from podium.launcher.run_dir import default_run_dir, prepare_run_dir
 
     try:
@@ -251,7 +255,8 @@ def render(
     except ConfigError as exc:
         _fail(str(exc))
         return
-    typer.echo(render_teacher_script(spec, target), nl=False)
+    submission = backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of(target, spec.name, spec.key))
+    typer.echo(submission.render(), nl=False)
 
 
 @app.command()
@@ -260,7 +265,7 @@ def demo(
     timeout: float = typer.Option(240.0, "--timeout", help="Seconds to wait for the teachers."),
 ) -> None:
     """Two tiny teachers, three aliases, served locally (no Slurm) and checked against transformers."""
-    from podium.launcher.demo import run_demo
+    from podium.apps.demo import run_demo
 
     raise typer.Exit(run_demo(keep, timeout))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 import urllib.error
 import urllib.request
@@ -17,15 +16,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from podium.config.plan import Plan, require_checkpoints
-from podium.config.spec import TeacherSpec
+from podium.launcher.backends import Submission, backend_for, job_states
 from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
+from podium.launcher.jobs import JobRecord
 from podium.launcher.run_dir import known_teachers, prepare_run_dir
-from podium.launcher.slurm_state import SlurmQueryError
-from podium.launcher.submission import JobRecord, ensure_submitted, job_states
+from podium.launcher.submission import ensure_submitted
 from podium.rendezvous.atomic import FileReadError, atomic_write_json
-from podium.rendezvous.manifest import read_rendezvous
 from podium.rendezvous.layout import ENDPOINT_MODE
+from podium.rendezvous.manifest import read_rendezvous
 from podium.rendezvous.records import StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
@@ -112,22 +111,35 @@ class UpResult:
 
 def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     """Validate, write the run dir, submit each teacher once (reattach to live jobs)."""
-    require_checkpoints(plan)
+    validate(plan)
     layout = prepare_run_dir(plan, run_dir)
     actions: dict[str, str] = {}
     job_ids: dict[str, str] = {}
     for spec in plan.teachers:
         files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
-        if files.stop_request.exists():
-            files.stop_request.unlink()
         record, action = ensure_submitted(spec, files)
         actions[spec.name] = action
         job_ids[spec.name] = record.job_id
     planned = {s.key for s in plan.teachers}
-    orphans = [f"{s.name}-{s.key[:8]}" for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
+    orphans = [s.label for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
     if orphans and replace:
         down(layout.run_dir, orphans, only_orphans=True)
     return UpResult(layout.run_dir, actions, job_ids, orphans)
+
+
+def validate(plan: Plan) -> None:
+    """What ``up`` checks before it writes or submits anything: checkpoints, and that each
+    teacher's backend can run it (``ConfigError`` / ``SubmitError``)."""
+    require_checkpoints(plan)
+    for spec in plan.teachers:
+        backend_for(spec.launcher.cluster).check(spec)
+
+
+def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
+    """What ``up`` would submit, validated as ``up`` validates; nothing is written or submitted."""
+    validate(plan)
+    return [backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))
+            for spec in plan.teachers]
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> bool:
@@ -144,8 +156,7 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
     rdv = read_rendezvous(run_dir)
     in_plan = set(rdv.teachers)
     teachers = known_teachers(run_dir)
-    records = {spec.key: JobRecord.read(files) or _record_from_endpoint(spec, files)
-               for spec, files in teachers}
+    records = {spec.key: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
     states = job_states([r for r in records.values() if r is not None])
     rows = []
     for spec, files in teachers:
@@ -179,18 +190,6 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
     return rows
 
 
-def _record_from_endpoint(spec: TeacherSpec, files: TeacherFiles) -> Optional[JobRecord]:
-    """A teacher started with plain sbatch has no ``job.json``: its endpoint record names the job."""
-    try:
-        endpoint = read_record(files.endpoint)
-    except FileReadError:
-        return None
-    cluster = spec.launcher.get("cluster", "slurm")
-    return JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=str(endpoint.generation.job_id),
-                     cluster=cluster, submitted_at=endpoint.started_at, folder=str(files.submitit),
-                     submitted_by="sbatch")
-
-
 class WaitFailed(RuntimeError):
     pass
 
@@ -222,27 +221,22 @@ def wait(run_dir: Path, timeout_s: float = 600.0,
 def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False,
          wait_s: float = 60.0) -> list[str]:
     """Cancel the teachers' jobs (all, or those named), mark records stopped; safe to repeat."""
-    import subprocess
-
     run_dir = run_dir.absolute()
     selected = []
     for spec, files in known_teachers(run_dir):
-        label = f"{spec.name}-{spec.key[:8]}"
-        if teachers and not ({spec.name, spec.key, label} & set(teachers)):
+        if teachers and not ({spec.name, spec.key, spec.label} & set(teachers)):
             continue
-        # A teacher started with plain sbatch has no job.json: its endpoint record names the job.
-        selected.append((spec, files, JobRecord.read(files) or _record_from_endpoint(spec, files)))
-    slurm_ids = [rec.job_id for _, _, rec in selected if rec is not None and rec.cluster == "slurm"]
-    for spec, files, rec in selected:
-        atomic_write_json(files.stop_request, {"time": time.time(), "pid": os.getpid()})
-        if rec is not None and rec.cluster == "local":
-            _stop_local(files, rec)
-    if slurm_ids:
-        proc = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True)
-        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
-            raise SlurmQueryError(f"scancel {' '.join(slurm_ids)}: {proc.stderr.strip()}")
-    deadline = time.monotonic() + wait_s
+        selected.append((spec, files, JobRecord.of(files, spec.launcher.cluster)))
     records = [rec for _, _, rec in selected if rec is not None]
+    for _, files, rec in selected:
+        if rec is not None:  # a job that cannot be signalled (or misses the signal) stops by this
+            atomic_write_json(files.stop_request, {"job_id": rec.job_id, "time": time.time(), "pid": os.getpid()})
+    by_cluster: dict[str, list[JobRecord]] = {}
+    for rec in records:
+        by_cluster.setdefault(rec.cluster, []).append(rec)
+    for cluster, recs in by_cluster.items():
+        backend_for(cluster).cancel(recs)
+    deadline = time.monotonic() + wait_s
     while records and time.monotonic() < deadline:
         states = job_states(records)
         if all(not states[r.job_id].alive for r in records if r.job_id in states):
@@ -259,26 +253,6 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
             logger.info("teacher %r: removed %s", spec.name, path)
         names.append(spec.name)
     return names
-
-
-def _stop_local(files: TeacherFiles, rec: JobRecord) -> None:
-    from podium.rendezvous.atomic import try_read_json
-
-    for node in sorted(files.folder.glob(f"nodes/{rec.job_id}-*/0.json")):
-        found = try_read_json(node)
-        pid = found.data.get("pid") if found.ok else None
-        if pid:
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 30
-    from podium.launcher.submission import local_job_alive
-
-    while local_job_alive(rec.job_id) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if local_job_alive(rec.job_id):
-        os.kill(int(rec.job_id), signal.SIGTERM)
 
 
 def _mark_stopped(files: TeacherFiles) -> None:
@@ -308,20 +282,14 @@ def _mark_stopped(files: TeacherFiles) -> None:
 
 
 def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[Path]:
-    """The submitit logs of a teacher's current job (one node, or all)."""
-    for spec, files in known_teachers(run_dir.absolute()):
-        if teacher in (spec.name, spec.key, f"{spec.name}-{spec.key[:8]}"):
-            rec = JobRecord.read(files)
+    """The logs of a teacher's current job's node tasks (one node, or all)."""
+    teachers = known_teachers(run_dir.absolute())
+    for spec, files in teachers:
+        if teacher in (spec.name, spec.key, spec.label):
+            rec = JobRecord.of(files, spec.launcher.cluster)
             if rec is None:
                 raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
-            if rec.cluster == "local":
-                base = files.submitit / rec.job_id
-                return sorted(p for p in base.glob(f"{rec.job_id}_*_log.*")
-                              if node is None or p.name.startswith(f"{rec.job_id}_{node}_"))
-            ranks = [node] if node is not None else range(spec.num_nodes)
-            out = []
-            for rank in ranks:
-                out += [files.task_log(rec.job_id, rank), files.task_err(rec.job_id, rank)]
-            return out
-    names = ", ".join(s.name for s, _ in known_teachers(run_dir.absolute()))
+            ranks = [node] if node is not None else list(range(spec.num_nodes))
+            return backend_for(rec.cluster).log_paths(files, rec.job_id, ranks)
+    names = ", ".join(s.name for s, _ in teachers)
     raise FileNotFoundError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")

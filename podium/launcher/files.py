@@ -13,11 +13,14 @@ path (in the teacher's folder)       written by      holds
 ``submit.claim``                     ``up``          O_EXCL claim while one ``up`` submits (pid,
                                                      host, time); removed when ``job.json`` is
                                                      written; stale after ``CLAIM_STALE_S``
-``submitit/``                        submitit        ``%j_submission.sh``, ``%j_%t_log.out/err``
+``submitit/``                        submitit        ``%j_submission.sh`` (the script as submitted),
+                                                     ``%j_%t_log.out/err`` (node tasks),
+                                                     ``controller.log`` (local controller)
 ``nodes/<job>-<restart>/head.json``  node rank 0     Ray head address of that generation
 ``nodes/<job>-<restart>/<rank>.json`` node <rank>    that node's state: host, ip, pid, ports, log,
                                                      ``failed`` + error when its start failed
-``stop.request``                     ``down``        asks the driver to stop (``cluster: local``)
+``stop.request``                     ``down``        asks the head of the job it names
+                                                     (``job_id``) to stop; ignored by other jobs
 ===================================  ==============  ==============================================
 """
 

@@ -1,13 +1,15 @@
 """The job entry that runs on every node of a teacher job (one task per node).
 
-``run_node(teacher_dir)`` is what submitit (or ``srun`` in a rendered sbatch script) runs on each
-node. The role comes from the rank:
+``python -m podium.launcher.node_entry TEACHER_DIR`` is what every task of a teacher job runs (the
+sbatch script's ``srun``, or submitit's local controller). The teacher's backend
+(:mod:`podium.launcher.backends`) says where the task is (rank, node count, generation) and
+requeues the job; the role comes from the rank:
 
 - rank 0 starts the Ray head, writes the head address file of this generation (atomic, once the
   GCS port answers), waits until Ray counts all nodes (by condition, with a timeout; a node task
   that reports a failed start, or a head that dies, ends the wait at once with the node's name and
-  log), then builds the teacher group, serves it (``podium.teacher.endpoint.serve``) and keeps the
-  endpoint record and its heartbeat;
+  log), then builds the teacher group and serves it; its :class:`~podium.launcher.lifecycle.TeacherLifecycle`
+  is the one publisher of the endpoint record;
 - the other ranks wait for that head file and start a Ray worker node that joins it.
 
 Generation = (Slurm job id, ``SLURM_RESTART_COUNT``). Every task records itself in
@@ -17,14 +19,14 @@ Ray temp dir), and sweeps the temp dirs ended generations of this teacher left o
 
 Stopping. Slurm signals every process of the step; only this task reacts (the Ray tree runs with
 the stop signals blocked, :mod:`podium.launcher.procs`), and a signal that arrives before the
-handlers are installed waits, blocked, until they are (the submitit command and ``python -m
-podium.launcher.node_entry`` block them before anything is imported):
+handlers are installed waits, blocked, until they are (the shim in front of the interpreter and
+this module block them before anything is imported; :mod:`podium.launcher.signals`):
 
 - USR1/USR2 (``--signal``: preemption, or the time limit ahead): drain. The record goes
   ``draining`` (new requests get 503, queued ones finish, up to ``server.drain_s``), then
   ``stopped``; the group is shut down, Ray disconnected and ended by session, the temp dir
-  removed; then rank 0 requeues its own job (``scontrol requeue``) and exits, and the job comes
-  back as generation (job id, restart + 1). If the requeue is refused, the task stays until Slurm
+  removed; then rank 0 requeues its own job (the backend: ``scontrol requeue``) and exits, and the
+  job comes back as generation (job id, restart + 1). If the requeue is refused, the task stays until Slurm
   ends it (a preempted job that ends by itself inside its grace time is not requeued by Slurm).
 - SIGTERM/SIGINT (``scancel``, ``scontrol requeue``, the end of a preemption's grace time): the
   same teardown at once (well under a second when no request is queued); Slurm SIGKILLs the task
@@ -38,10 +40,8 @@ Worker ranks end their Ray only once the head has finished draining (or after a 
 queued requests keep their workers. Never ``ray stop``, never pkill: only the processes this task
 started, by recorded ID.
 
-The group is built by ``PODIUM_GROUP_FACTORY`` (``module:callable`` taking the ``TeacherSpec``),
-by default ``podium.teacher.group:TeacherWorkerGroup``. Fault injection for tests:
-``PODIUM_FAIL_NODE_RANK=<rank>`` makes that rank's start fail; ``PODIUM_DELAY_START_S=<s>`` makes
-every task wait that long before it installs its signal handlers.
+Fault injection for tests: ``PODIUM_FAIL_NODE_RANK=<rank>`` makes that rank's start fail;
+``PODIUM_DELAY_START_S=<s>`` makes every task wait that long before it installs its signal handlers.
 """
 
 from __future__ import annotations
@@ -51,34 +51,28 @@ import signal
 if __name__ == "__main__":  # before any other import: a stop signal now must wait for our handlers
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
 
-import importlib  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Optional  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
 from podium.config.spec import TeacherSpec  # noqa: E402
 from podium.launcher import procs  # noqa: E402
 from podium.launcher import ray_bootstrap as rb  # noqa: E402
+from podium.launcher.backends import Backend, NodeContext, backend_for  # noqa: E402
 from podium.launcher.cleanup import sweep_temp_dirs  # noqa: E402
 from podium.launcher.files import TeacherFiles  # noqa: E402
+from podium.launcher.lifecycle import TeacherLifecycle  # noqa: E402
+from podium.launcher.signals import Signals  # noqa: E402
 from podium.rendezvous.atomic import atomic_write_json, try_read_json  # noqa: E402
-from podium.rendezvous.records import Generation, RecordWriter, Status  # noqa: E402
+from podium.rendezvous.records import Status  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_GROUP_FACTORY = "podium.teacher.group:TeacherWorkerGroup"
 NODES_TIMEOUT_S = float(os.environ.get("PODIUM_NODES_TIMEOUT_S", "300"))
-DRAIN_S = 10.0  # default server.drain_s: how long queued requests may finish after a stop signal
-REQUEUE_TIMEOUT_S = 30.0
 REQUEUE_REFUSED_WAIT_S = 600.0  # requeue refused: stay (Slurm ends and requeues a preempted job)
 URGENT_HEAD_WAIT_S = 3.0  # worker ranks on SIGTERM: how long they leave their Ray to the head
 # Node states (``<rank>.json``) after which the head no longer needs the workers' Ray.
@@ -96,75 +90,6 @@ def _log_setup() -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-class NodeContext:
-    """Where this task runs: rank, node count, generation, host (from Slurm or submitit local)."""
-
-    def __init__(self) -> None:
-        env = os.environ
-        if env.get("SLURM_JOB_ID") and env.get("SUBMITIT_EXECUTOR") != "local":
-            self.job_id = env["SLURM_JOB_ID"]
-            self.rank = int(env.get("SLURM_NODEID", env.get("SLURM_PROCID", "0")))
-            self.num_nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
-            self.restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-            self.local = False
-        else:
-            self.job_id = env.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
-            self.rank = int(env.get("SUBMITIT_LOCAL_NODEID", "0"))
-            self.num_nodes = int(env.get("SUBMITIT_LOCAL_JOB_NUM_NODES", "1"))
-            self.restart = 0
-            self.local = True
-        self.host = socket.gethostname()
-
-    @property
-    def generation(self) -> Generation:
-        return Generation(int(self.job_id), self.restart)
-
-
-class Signals:
-    """SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 (and the stop file) -> one stop event.
-
-    USR1/USR2 ask for a drain and a requeue; SIGTERM/SIGINT (``urgent``) for a stop now. The
-    handler only records and sets events: everything else happens in the threads that wait on them.
-    """
-
-    HANDLED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.urgent = threading.Event()
-        self.requeue = False
-        self.received: list[tuple[str, float]] = []
-        self.stop_requested_by: Optional[str] = None  # the stop file (``podium down``, local)
-
-    def install(self) -> None:
-        for sig in self.HANDLED:
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.received.append((signal.Signals(signum).name, time.time()))
-        if signum in (signal.SIGUSR1, signal.SIGUSR2):
-            self.requeue = True
-        else:
-            self.urgent.set()
-        self.stop.set()
-
-    def request_stop(self, why: str) -> None:
-        self.stop_requested_by = why
-        self.stop.set()
-
-    @property
-    def first(self) -> Optional[tuple[str, float]]:
-        return self.received[0] if self.received else None
-
-    def describe(self) -> str:
-        """Why this generation stops, for the record's ``reason`` and the logs."""
-        if self.received:
-            names = " then ".join(dict.fromkeys(name for name, _ in self.received))
-            what = "preempted or near its time limit" if self.requeue else "stopped by Slurm"
-            return f"{what} ({names})" + ("; requeueing" if self.requeue else "")
-        return self.stop_requested_by or "stop requested"
-
-
 class NodeState:
     """This task's ``nodes/<job>-<restart>/<rank>.json`` (only this task writes it)."""
 
@@ -180,26 +105,6 @@ class NodeState:
         atomic_write_json(self.path, {"state": state, **self.fields, "time": time.time()})
 
 
-class HeadRecordWriter(RecordWriter):
-    """The head's record writer: stamps each status's first time in ``extra.timings`` and says,
-    in ``reason``, why a generation drains or stops (the signal, and whether it requeues)."""
-
-    def __init__(self, path: Path, *, signals: Signals, timings: dict[str, float], **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
-        self.signals = signals
-        self.timings = timings
-
-    def publish(self, status: Status | str, *, reason: Optional[str] = None, **extra: Any) -> Any:
-        status = Status(status)
-        self.timings.setdefault(status.value, time.time())
-        if status in (Status.DRAINING, Status.STOPPED) and reason is None and self.signals.stop.is_set():
-            reason = self.signals.describe()
-            if self.signals.first is not None:
-                self.timings.setdefault("stop_signal", self.signals.first[1])
-        extra["timings"] = dict(self.timings)
-        return super().publish(status, reason=reason, **extra)
-
-
 def run_node(teacher_dir: str) -> None:
     """The entry on every node (see the module docstring)."""
     _log_setup()
@@ -212,20 +117,21 @@ def run_node(teacher_dir: str) -> None:
     procs.unblock_stop_signals()  # a signal that came before now is delivered to the handler here
     procs.set_child_subreaper()
     files = TeacherFiles(Path(teacher_dir))
-    spec = TeacherSpec.from_dict(json.loads(files.spec.read_text()))
-    ctx = NodeContext()
-    node = _NodeRun(spec, files, ctx, signals)
+    spec = TeacherSpec.read(files.spec)
+    backend = backend_for(spec.launcher.cluster)
+    ctx = backend.node_context()
+    node = _NodeRun(spec, files, backend, ctx, signals)
     try:
         node.run()
     except BaseException:
-        if not signals.requeue or ctx.local:
+        if not (signals.requeue and backend.requeues):
             raise
         # Failed while it was being preempted: the job must still come back.
         logger.exception("generation %s failed during its stop; requeueing it anyway", ctx.generation)
         node.finish()
         _exit_now(1)
     node.finish()
-    if signals.received and not ctx.local:
+    if signals.received and backend.exit_fast_after_signal:
         # Slurm is ending this task (a requeue, a cancel, a preemption) and SIGKILLs it KillWait
         # seconds after its SIGTERM: the teardown is done, so leave now rather than through the
         # interpreter's exit (torch's and Ray's finalizers sometimes outlast KillWait, and the job
@@ -247,14 +153,14 @@ def _exit_now(code: int) -> None:
 class _NodeRun:
     """One node task of one generation: start, serve or join, tear down, requeue."""
 
-    def __init__(self, spec: TeacherSpec, files: TeacherFiles, ctx: NodeContext, signals: Signals) -> None:
-        self.spec, self.files, self.ctx, self.signals = spec, files, ctx, signals
+    def __init__(self, spec: TeacherSpec, files: TeacherFiles, backend: Backend, ctx: NodeContext,
+                 signals: Signals) -> None:
+        self.spec, self.files, self.backend, self.ctx, self.signals = spec, files, backend, ctx, signals
         self.state = NodeState(files, ctx)
         self.log_path = files.task_log(ctx.job_id, ctx.rank)
         self.ray_proc: Optional[rb.RayNodeProcess] = None
         self.temp: Optional[Path] = None
-        server = dict(spec.launcher.get("server", {}))
-        self.drain_s = float(server.get("drain_s", DRAIN_S))
+        self.drain_s = spec.launcher.server.drain_s
 
     # ------------------------------------------------------------------ the task
 
@@ -269,15 +175,14 @@ class _NodeRun:
                 logger.info("swept %s (an ended generation's Ray temp dir)", path)
             if os.environ.get("PODIUM_FAIL_NODE_RANK") == str(ctx.rank):
                 raise NodeStartError(f"fault injected by PODIUM_FAIL_NODE_RANK={ctx.rank}")
-            ray_cfg = dict(spec.launcher.get("ray", {}))
-            ip = "127.0.0.1" if ctx.local else rb.node_ip(ray_cfg.get("interface"))
-            ports = rb.choose_ports(tuple(ray_cfg.get("port_range", (30000, 39999))), ctx.job_id,
-                                    ctx.restart, ctx.rank)
-            self.temp = rb.temp_dir(ray_cfg.get("temp_dir_root", "/tmp"), ctx.job_id, ctx.restart, ctx.rank)
-            gpus = spec.gpus_per_node if spec.launcher.get("slurm", {}).get("gpus", True) else 0
+            ray_cfg = spec.launcher.ray
+            ip = self.backend.node_address(ray_cfg.interface)
+            ports = rb.choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank)
+            self.temp = rb.temp_dir(ray_cfg.temp_dir_root, ctx.job_id, ctx.restart, ctx.rank)
+            gpus = spec.gpus_per_node if spec.launcher.slurm.gpus else 0
             cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.gpus_per_node + 1)
             common = dict(ip=ip, ports=ports, temp=self.temp, num_cpus=cpus, num_gpus=gpus,
-                          object_store_memory_mb=ray_cfg.get("object_store_memory_mb"))
+                          object_store_memory_mb=ray_cfg.object_store_memory_mb)
             self.state.write("starting", ip=ip, ports=ports.to_dict(), temp=str(self.temp), log=str(self.log_path))
             if ctx.rank == 0:
                 _HeadRun(self, common).run()
@@ -374,57 +279,42 @@ class _NodeRun:
         a preemption's grace time ends its job, and Slurm does not requeue a job that ended.
         """
         signals, ctx = self.signals, self.ctx
-        if not signals.requeue or ctx.local or ctx.rank != 0:
+        if not signals.requeue or not self.backend.requeues or ctx.rank != 0:
             return
         logger.warning("requeueing job %s: generation %s ends, %s:%d comes next", ctx.job_id,
                        ctx.generation, ctx.job_id, ctx.restart + 1)
-        try:
-            proc = subprocess.run(["scontrol", "requeue", ctx.job_id], capture_output=True, text=True,
-                                  timeout=REQUEUE_TIMEOUT_S)
-            refused = proc.stderr.strip() if proc.returncode != 0 else None
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            refused = str(exc)
+        refused = self.backend.requeue(ctx)
         if refused is None:
             logger.info("job %s requeued", ctx.job_id)
             return
-        logger.error("scontrol requeue %s refused: %s", ctx.job_id, refused)
+        logger.error("requeue of job %s refused: %s", ctx.job_id, refused)
         if not signals.urgent.wait(REQUEUE_REFUSED_WAIT_S):
             logger.error("Slurm did not end the job within %.0fs of the refused requeue; exiting",
                          REQUEUE_REFUSED_WAIT_S)
 
 
 class _HeadRun:
-    """Rank 0: Ray head, driver, group, endpoint and the endpoint record of this generation."""
+    """Rank 0: Ray head, driver, group and endpoint of this generation; its lifecycle publishes."""
 
     def __init__(self, node: _NodeRun, common: dict[str, Any]) -> None:
         self.node = node
         self.common = common
         self.spec, self.files, self.ctx, self.signals = node.spec, node.files, node.ctx, node.signals
-        self.timings: dict[str, float] = {"task_start": time.time()}
-        self.writer = HeadRecordWriter(self.files.endpoint, signals=self.signals, timings=self.timings,
-                                       teacher_key=self.spec.key, teacher_name=self.spec.name,
-                                       generation=self.ctx.generation, aliases=self.spec.aliases)
+        self.lifecycle = TeacherLifecycle(self.spec, self.files, self.ctx.generation, self.signals)
         self.group: Any = None
 
     def run(self) -> None:
-        writer = self.writer
+        lifecycle = self.lifecycle
         try:
             if not self.signals.stop.is_set():
-                writer.publish(Status.STARTING)
+                lifecycle.publish(Status.STARTING)
                 self._start()
             if self.signals.stop.is_set():
-                writer.publish(Status.STOPPED)  # stopped before it served: reason says why
+                lifecycle.publish(Status.STOPPED)  # stopped before it served: reason says why
             else:
                 self._serve()
         except BaseException as exc:
-            if not writer.fenced:
-                try:
-                    if self.signals.stop.is_set() and isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        writer.publish(Status.STOPPED)
-                    else:
-                        writer.publish(Status.FAILED, reason=f"{type(exc).__name__}: {exc}"[:2000])
-                except Exception:  # the original error matters more
-                    logger.exception("could not publish the failure")
+            lifecycle.fail(exc)
             raise
         finally:
             self._disconnect()
@@ -435,7 +325,7 @@ class _HeadRun:
         ray_proc = self.node.start_ray(self.common)
         rb.wait_port(ip, ports.gcs, timeout_s=120, alive=ray_proc)
         address = f"{ip}:{ports.gcs}"
-        self.timings["gcs_up"] = time.time()
+        self.lifecycle.stamp("gcs_up")
         head_path = self.files.head(self.ctx.job_id, self.ctx.restart)
         head_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(head_path, {"address": address, "generation": str(self.ctx.generation),
@@ -452,13 +342,18 @@ class _HeadRun:
             ray.init(address=address, _node_ip_address=ip, logging_level=logging.WARNING, log_to_driver=True)
             self.signals.install()
         self._wait_nodes(ray, ray_proc)
-        self.timings["ray_ready"] = time.time()
+        self.lifecycle.stamp("ray_ready")
         if self.signals.stop.is_set():
             return
-        self.writer.publish(Status.LOADING)
-        self.group = make_group(self.spec, master_port=self.common["ports"].torch_master)
+        self.lifecycle.publish(Status.LOADING)
+        from podium.teacher.group import GroupOptions, TeacherWorkerGroup
+
+        # The group's torch.distributed rendezvous takes the port this node's block reserves for
+        # it (checked free on all addresses, outside Ray's ports): chosen explicitly too.
+        port = self.common["ports"].torch_master
+        self.group = TeacherWorkerGroup(self.spec, GroupOptions(master_port_range=(port, port)))
         self.signals.install()  # in case the group's libraries installed handlers of their own
-        self.timings["model_loaded"] = time.time()
+        self.lifecycle.stamp("model_loaded")
 
     def _wait_nodes(self, ray: Any, ray_proc: rb.RayNodeProcess) -> None:
         files, ctx = self.files, self.ctx
@@ -484,42 +379,18 @@ class _HeadRun:
             time.sleep(0.1)
 
     def _serve(self) -> None:
+        from podium.rendezvous.layout import RunLayout
         from podium.rendezvous.token import read_token
-        from podium.teacher.endpoint import serve
 
-        spec, files, signals = self.spec, self.files, self.signals
-        server = dict(spec.launcher.get("server", {}))
-        host = self.common["ip"]
-        if server.get("interface"):
-            host = rb.node_ip(server["interface"])
-        token = read_token(files.run_dir / "auth_token")
-
-        def watch_stop_file() -> None:
-            while not signals.stop.wait(0.5):
-                if files.stop_request.exists():
-                    logger.warning("stop requested by %s", files.stop_request)
-                    signals.request_stop(f"stop requested by {files.stop_request.name}")
-
-        def watch_stop() -> None:
-            signals.stop.wait()
-            logger.warning("generation %s: %s: draining (up to %.0fs for queued requests)",
-                           self.ctx.generation, signals.describe(), self.node.drain_s)
-
-        threading.Thread(target=watch_stop_file, name="podium-stop-file", daemon=True).start()
-        threading.Thread(target=watch_stop, name="podium-stop", daemon=True).start()
+        interface = self.spec.launcher.server.interface
+        host = rb.node_ip(interface) if interface else self.common["ip"]
+        token = read_token(RunLayout(self.files.run_dir).auth_token_path)
 
         def on_ready(url: str) -> None:
-            self.timings["endpoint_ready"] = time.time()
-            self.writer.publish(Status.READY)
             self.node.state.write("serving", url=url)
-            logger.info("teacher %r ready at %s", spec.name, url)
+            logger.info("teacher %r ready at %s", self.spec.name, url)
 
-        serve(self.group, token=token, host=host, port_range=tuple(server.get("port_range", (18500, 18999))),
-              record_writer=self.writer, heartbeat_interval_s=float(server.get("heartbeat_s", 10.0)),
-              stop_event=signals.stop, handle_signals=False, on_ready=on_ready,
-              drain_timeout_s=self.node.drain_s,
-              max_body_bytes=int(server.get("max_body_mb", 512)) * 1024 * 1024,
-              model_name=spec.model_name)
+        self.lifecycle.serve(self.group, host=host, token=token, drain_s=self.node.drain_s, on_ready=on_ready)
 
     def _disconnect(self) -> None:
         """Group down and the driver out of Ray (before Ray itself is ended: a driver whose raylet
@@ -540,26 +411,6 @@ class _HeadRun:
             self.node.state.write("stopped")
         except OSError as exc:
             logger.warning("could not write %s: %s", self.node.state.path, exc)
-
-
-def make_group(spec: TeacherSpec, master_port: Optional[int] = None) -> Any:
-    """The teacher group of ``spec``, built by ``PODIUM_GROUP_FACTORY`` (default the Megatron one).
-
-    A factory that takes ``cluster`` hints gets ``master_port_range`` = the port this node's
-    block reserves for the group's ``torch.distributed`` rendezvous (checked free on all
-    addresses, outside Ray's ports), so that port is chosen explicitly too.
-    """
-    target = os.environ.get("PODIUM_GROUP_FACTORY") or DEFAULT_GROUP_FACTORY
-    module, _, attr = target.partition(":")
-    factory: Callable[..., Any] = getattr(importlib.import_module(module), attr)
-    logger.info("building the teacher group with %s", target)
-    try:
-        takes_cluster = "cluster" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        takes_cluster = False
-    if master_port is not None and takes_cluster:
-        return factory(spec, cluster={"master_port_range": (master_port, master_port)})
-    return factory(spec)
 
 
 def main(argv: list[str] | None = None) -> None:

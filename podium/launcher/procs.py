@@ -31,7 +31,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import shlex
 import signal
 import time
 from dataclasses import dataclass
@@ -49,12 +48,10 @@ SHIM_CODE = ("import os,signal,sys;"
              "os.execv(sys.executable,[sys.executable]+sys.argv[1:])")
 
 
-def shim_python(python: str) -> str:
-    """The ``python`` command prefix for submitit that blocks :data:`STOP_SIGNALS` first.
-
-    ``python`` is a command prefix as submitit takes it (already shell-quoted where needed).
-    """
-    return f"{python} -S -c {shlex.quote(SHIM_CODE)}"
+def shim_command(python: str) -> list[str]:
+    """The interpreter prefix that blocks :data:`STOP_SIGNALS` before Python loads anything, then
+    execs ``python`` with the arguments that follow (``[*shim_command(py), "-m", "mod", ...]``)."""
+    return [python, "-S", "-c", SHIM_CODE]
 
 
 def unblock_stop_signals() -> None:

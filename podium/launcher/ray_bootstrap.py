@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from podium.launcher.procs import ProcRef, kill_session, stop_signals_blocked
+from podium.net import port_free
 
 logger = logging.getLogger(__name__)
 
@@ -113,16 +114,6 @@ def node_ip(interface: Optional[str] = None, hostname: Optional[str] = None) -> 
         return socket.gethostbyname(host)
     except OSError as exc:
         raise RayStartError(f"cannot resolve this node's hostname {host!r}: {exc}") from None
-
-
-def port_free(port: int) -> bool:
-    """True when ``port`` binds on all addresses (TCP), i.e. nothing on this node holds it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def choose_ports(port_range: tuple[int, int], job_id: int | str, restart: int, rank: int) -> RayPorts:

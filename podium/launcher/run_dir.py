@@ -53,14 +53,12 @@ def write_spec(run_dir: Path, spec: TeacherSpec) -> TeacherFiles:
     files = TeacherFiles.of(run_dir, spec.name, spec.key)
     ensure_dir(files.folder)
     ensure_dir(files.submitit)  # sbatch --output points here; Slurm does not create folders
-    atomic_write_json(files.spec, spec.to_dict())
+    atomic_write_json(files.spec, spec.to_json())
     return files
 
 
 def known_teachers(run_dir: Path) -> list[tuple[TeacherSpec, TeacherFiles]]:
     """Every teacher folder of the run dir with its spec (also ones no longer in the plan)."""
-    import json
-
     out = []
     teachers = RunLayout(run_dir).teachers_dir
     if not teachers.is_dir():
@@ -68,5 +66,5 @@ def known_teachers(run_dir: Path) -> list[tuple[TeacherSpec, TeacherFiles]]:
     for folder in sorted(teachers.iterdir()):
         files = TeacherFiles(folder)
         if files.spec.is_file():
-            out.append((TeacherSpec.from_dict(json.loads(files.spec.read_text())), files))
+            out.append((TeacherSpec.read(files.spec), files))
     return out

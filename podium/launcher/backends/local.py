@@ -1,0 +1,128 @@
+"""The local backend: submitit's local controller on this machine, one node, no Slurm.
+
+The job is submitit's local ``Controller`` (``python -m submitit.local._local FOLDER``), which runs
+the same node entry as a Slurm task, with ``SUBMITIT_LOCAL_*`` describing it; its job id is the
+controller's PID. podium starts the controller itself rather than through
+``submitit.local.local.start_controller`` for two reasons: the controller must not hold its
+caller's stdin/stdout/stderr (``out=$(podium up --wait)`` would never see an end of file), and it
+runs in a session of its own, so a Ctrl-C at ``podium up --wait`` does not end the teachers (a
+local teacher outlives ``up``, as a Slurm job does). The environment below is the controller's
+contract (``submitit/local/local.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
+from podium.launcher.files import TeacherFiles
+from podium.launcher.jobs import JobRecord
+from podium.launcher.slurm_state import JobState
+
+logger = logging.getLogger(__name__)
+
+CONTROLLER_MODULE = "submitit.local._local"
+CONTROLLER_LOG = "controller.log"
+TIMEOUT_S = 30 * 24 * 3600  # the controller ends a job after its timeout: a month
+STOP_WAIT_S = 30.0
+
+
+def controller_alive(job: JobRecord) -> bool:
+    """The job's controller still runs: its PID is a submitit controller of this teacher's folder
+    (so a reused PID is not mistaken for it)."""
+    try:
+        argv = Path(f"/proc/{int(job.job_id)}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return CONTROLLER_MODULE.encode() in argv and os.fsencode(job.folder) in argv
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def check(self, spec: TeacherSpec) -> None:
+        if spec.num_nodes != 1:
+            raise SubmitError(f"teacher {spec.name!r}: cluster 'local' runs one node, the plan asks for "
+                              f"num_nodes={spec.num_nodes} (set podium.cluster: slurm, or num_nodes: 1)")
+
+    def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
+        command = node_command(spec, files)
+        text = (f"# podium teacher {spec.name} ({spec.key}), serving: {', '.join(spec.aliases)}\n"
+                f"# cluster: local: submitit's local controller runs this command as the job's one task\n"
+                f"# (logs: {files.submitit}/<job>_0_log.out and .err)\n"
+                f"{shlex.join(command)}\n")
+        return Submission(backend=self.name, teacher=spec.label, folder=files.submitit, text=text, command=command)
+
+    def submit(self, submission: Submission) -> str:
+        folder = submission.folder
+        folder.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(
+            SUBMITIT_EXECUTOR="local",
+            SUBMITIT_LOCAL_NTASKS="1",
+            SUBMITIT_LOCAL_COMMAND=shlex.join(submission.command),
+            SUBMITIT_LOCAL_TIMEOUT_S=str(TIMEOUT_S),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S="120",
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="",
+            SUBMITIT_LOCAL_WITH_SHELL="",
+        )
+        try:
+            with open(folder / CONTROLLER_LOG, "ab") as log:
+                process = subprocess.Popen([sys.executable, "-m", CONTROLLER_MODULE, str(folder)], env=env,
+                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise SubmitError(f"teacher {submission.teacher}: starting the local controller failed: {exc}") from exc
+        return str(process.pid)
+
+    def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
+        return {job.job_id: JobState(job.job_id, "RUNNING" if controller_alive(job) else "COMPLETED")
+                for job in jobs}
+
+    def cancel(self, jobs: Sequence[JobRecord]) -> None:
+        """SIGTERM to each controller (it passes it to its task, which drains and stops); one that
+        is still there after :data:`STOP_WAIT_S` gets SIGKILL."""
+        live = [job for job in jobs if controller_alive(job)]
+        for job in live:
+            _signal(job, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(controller_alive(job) for job in live) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for job in live:
+            if controller_alive(job):
+                logger.warning("local job %s did not stop within %.0fs: SIGKILL", job.job_id, STOP_WAIT_S)
+                _signal(job, signal.SIGKILL)
+
+    def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
+        out: list[Path] = []
+        for rank in ranks:
+            out += [files.task_log(job_id, rank), files.task_err(job_id, rank)]
+        return out + [files.submitit / CONTROLLER_LOG]
+
+    def node_context(self) -> NodeContext:
+        from submitit.local.local import LocalJobEnvironment
+
+        env = LocalJobEnvironment()
+        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name())
+
+    def node_address(self, interface: Optional[str]) -> str:
+        # One machine: Ray and the endpoint on loopback unless an interface is named.
+        return super().node_address(interface) if interface else "127.0.0.1"
+
+
+def _signal(job: JobRecord, sig: signal.Signals) -> None:
+    try:
+        os.kill(int(job.job_id), sig)
+    except ProcessLookupError:
+        pass

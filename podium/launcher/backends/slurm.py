@@ -1,0 +1,218 @@
+"""The Slurm backend: a teacher's typed request, rendered into the sbatch script that is submitted.
+
+One materialisation (torchx's split): :func:`sbatch_request` turns a ``TeacherSpec`` into an
+:class:`SbatchRequest` (pure), :meth:`SbatchRequest.render` renders ``templates/teacher.sbatch.j2``
+into the script text (pure), and :meth:`SlurmBackend.submit` hands exactly that text to submitit,
+whose ``SlurmExecutor`` writes it to ``submitit/<job>_submission.sh``, runs ``sbatch`` and parses
+the job id. ``podium render`` and ``podium up --dry-run`` print the same text, so what a user
+reads is what Slurm gets.
+
+====================================  ========================================================
+request                               from
+====================================  ========================================================
+``--nodes``, ``--ntasks-per-node=1``  ``num_nodes``; one task per node (the node entry)
+``--cpus-per-task``                   ``slurm.cpus_per_task``, else workers per node + 1
+``--gpus-per-node`` / ``--gres``      ``gpus_per_node`` when ``slurm.gpus`` (``gpu_request``)
+``--time`` (minutes)                  ``slurm.time``
+``--signal=<sig>@<lead>``             ``slurm.signal``, ``slurm.signal_lead_s``
+``--requeue``                         ``slurm.requeue``
+partition/account/qos/constraint/mem  as set; ``--exclusive`` with ``slurm.exclusive``
+``extra_sbatch``                      verbatim ``--key=value`` (last, so they win)
+srun ``--container-*``                ``slurm.container_image`` / ``container_mounts`` (pyxis)
+====================================  ========================================================
+
+Every value that reaches a shell line goes through ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
+from podium.launcher.files import TeacherFiles
+from podium.launcher.jobs import JobRecord
+from podium.launcher.slurm_state import JobState, SlurmQueryError, query_states
+
+logger = logging.getLogger(__name__)
+
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+TEACHER_TEMPLATE = "teacher.sbatch.j2"
+REQUEUE_TIMEOUT_S = 30.0
+
+
+def job_name(spec: TeacherSpec) -> str:
+    return f"podium-{spec.name}-{spec.key[:8]}"
+
+
+def time_to_minutes(text: str) -> int:
+    """Slurm time -> minutes (rounded up). Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``,
+    ``D-H:M``, ``D-H:M:S``: without a day part one or two fields start at minutes, with a day
+    part they start at hours."""
+    rest = text.strip()
+    days = 0
+    if "-" in rest:
+        d, rest = rest.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in rest.split(":")]
+    if days or "-" in text:
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        h, (m, s) = 0, (parts + [0])[:2]
+    return days * 1440 + h * 60 + m + (1 if s else 0)
+
+
+def cpus_per_task(spec: TeacherSpec) -> int:
+    """CPUs of the node task: the setting, else one per worker slot plus the node's Ray and driver."""
+    return spec.launcher.slurm.cpus_per_task or spec.gpus_per_node + 1
+
+
+def _option(name: str, value: Any) -> str:
+    return f"--{name}" if value is True else f"--{name}={shlex.quote(str(value))}"
+
+
+@dataclass(frozen=True)
+class SbatchRequest:
+    """Everything one teacher asks of Slurm, typed; :meth:`render` makes the script."""
+
+    name: str
+    key: str
+    aliases: tuple[str, ...]
+    options: tuple[tuple[str, Any], ...]  # sbatch option name (without --) -> value (True: a flag)
+    setup: tuple[str, ...]  # shell lines before srun, verbatim (the user's own)
+    srun_args: tuple[str, ...]
+    command: tuple[str, ...]
+
+    def option(self, name: str) -> Any:
+        return dict(self.options).get(name)
+
+    def render(self) -> str:
+        env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
+                          keep_trailing_newline=True, autoescape=False)
+        return env.get_template(TEACHER_TEMPLATE).render(
+            name=self.name, key=self.key, aliases=", ".join(self.aliases),
+            options=[_option(k, v) for k, v in self.options],
+            setup=list(self.setup),
+            srun_args=shlex.join(self.srun_args),
+            command=shlex.join(self.command),
+        )
+
+
+def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
+    """The request of ``spec`` (pure; see the module table)."""
+    s = spec.launcher.slurm
+    options: dict[str, Any] = {
+        "job-name": job_name(spec),
+        "nodes": spec.num_nodes,
+        "ntasks-per-node": 1,
+        "cpus-per-task": cpus_per_task(spec),
+        "time": time_to_minutes(s.time),
+        "signal": f"{s.signal}@{s.signal_lead_s}",
+        "output": str(files.submitit / "%j_sbatch.out"),
+        "open-mode": "append",
+    }
+    for name in ("partition", "account", "qos", "constraint", "mem"):
+        value = getattr(s, name)
+        if value:
+            options[name] = str(value)
+    if s.exclusive:
+        options["exclusive"] = True
+    if s.gpus:
+        if s.gpu_request == "gres":
+            options["gres"] = f"gpu:{spec.gpus_per_node}"
+        else:
+            options["gpus-per-node"] = spec.gpus_per_node
+    if s.requeue:
+        options["requeue"] = True
+    options.update({str(k): v for k, v in s.extra_sbatch.items()})
+    srun = ["--unbuffered", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            f"--output={files.submitit / '%j_%t_log.out'}", f"--error={files.submitit / '%j_%t_log.err'}"]
+    if s.container_image:
+        srun.append(f"--container-image={s.container_image}")
+        if s.container_mounts:
+            srun.append(f"--container-mounts={','.join(s.container_mounts)}")
+    return SbatchRequest(name=spec.name, key=spec.key, aliases=spec.aliases,
+                         options=tuple(sorted(options.items())), setup=tuple(s.setup),
+                         srun_args=tuple(srun), command=node_command(spec, files))
+
+
+def _executor_class() -> type:
+    """submitit's ``SlurmExecutor``, submitting podium's rendered script instead of its own."""
+    import submitit
+
+    class PodiumSlurmExecutor(submitit.SlurmExecutor):
+        def __init__(self, folder: Path, script: str) -> None:
+            super().__init__(folder=str(folder))
+            self._script = script
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return self._script
+
+    return PodiumSlurmExecutor
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    requeues = True
+    exit_fast_after_signal = True
+
+    def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
+        request = sbatch_request(spec, files)
+        return Submission(backend=self.name, teacher=spec.label, folder=files.submitit,
+                          text=request.render(), command=request.command)
+
+    def submit(self, submission: Submission) -> str:
+        submission.folder.mkdir(parents=True, exist_ok=True)  # sbatch --output points here
+        try:
+            executor = _executor_class()(submission.folder, submission.text)
+            # submitit's own path from a command to a job: writes the file, runs sbatch, parses the
+            # id, keeps the script as <job>_submission.sh. The command is in the script already.
+            job = executor._submit_command(shlex.join(submission.command))
+        except Exception as exc:
+            raise SubmitError(f"teacher {submission.teacher}: sbatch failed: {exc}") from exc
+        return str(job.job_id)
+
+    def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
+        return query_states([job.job_id for job in jobs])
+
+    def cancel(self, jobs: Sequence[JobRecord]) -> None:
+        job_ids = [job.job_id for job in jobs]
+        if not job_ids:
+            return
+        proc = subprocess.run(["scancel", *job_ids], capture_output=True, text=True)
+        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+            raise SlurmQueryError(f"scancel {' '.join(job_ids)}: {proc.stderr.strip()}")
+
+    def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
+        out: list[Path] = []
+        for rank in ranks:
+            out += [files.task_log(job_id, rank), files.task_err(job_id, rank)]
+        return out
+
+    def node_context(self) -> NodeContext:
+        import os
+
+        from submitit.slurm.slurm import SlurmJobEnvironment
+
+        env = SlurmJobEnvironment()
+        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
+                           restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
+
+    def requeue(self, ctx: NodeContext) -> Optional[str]:
+        try:
+            proc = subprocess.run(["scontrol", "requeue", ctx.job_id], capture_output=True, text=True,
+                                  timeout=REQUEUE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        if proc.returncode == 0:
+            return None
+        return proc.stderr.strip() or f"scontrol requeue exited {proc.returncode}"

@@ -1,0 +1,146 @@
+"""A teacher generation's life as its endpoint record tells it; the record's one publisher.
+
+Only the head node's task has a :class:`TeacherLifecycle`. It publishes every status the
+generation passes through, keeps the heartbeat, watches the stop signals while serving and drains
+the endpoint before it says ``stopped``::
+
+    starting -> loading -> ready -> draining -> stopped
+          \\________________\\________\\__________-> failed (with the error), from any state
+
+The endpoint (:mod:`podium.teacher.endpoint`) only serves and reports (its URL, model metadata,
+queue); readiness is set here, right before ``ready`` is published, so a trainer that reads
+``ready`` finds the endpoint answering. Each status's first time goes into the record's
+``extra.timings`` (what ``podium status`` and the benchmarks show), and a drain or stop says why
+(the signal, and whether the job requeues) in ``reason``.
+
+Being fenced by a newer generation's record stops this generation (it is stale). A failure to
+write ``draining`` or ``stopped`` (a full disk, a stale NFS handle) is logged, never allowed to skip
+the drain: the requests in flight matter more than the record, which the next generation replaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Optional
+
+from podium.config.spec import TeacherSpec
+from podium.launcher.files import TeacherFiles
+from podium.launcher.signals import Signals
+from podium.rendezvous.atomic import try_read_json
+from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, StaleGenerationError, Status
+
+logger = logging.getLogger(__name__)
+
+STOP_FILE_POLL_S = 0.5
+
+
+class TeacherLifecycle:
+    """The endpoint record of one generation of one teacher, and the serving loop."""
+
+    def __init__(self, spec: TeacherSpec, files: TeacherFiles, generation: Generation, signals: Signals) -> None:
+        self.spec, self.files, self.generation, self.signals = spec, files, generation, signals
+        self.timings: dict[str, float] = {"task_start": time.time()}
+        self.writer = RecordWriter(files.endpoint, teacher_key=spec.key, teacher_name=spec.name,
+                                   generation=generation, aliases=spec.aliases,
+                                   stale_after_s=spec.launcher.server.stale_after_s)
+
+    @property
+    def fenced(self) -> bool:
+        return self.writer.fenced
+
+    def stamp(self, event: str) -> None:
+        """Record the first time of ``event`` (published with the next status)."""
+        self.timings.setdefault(event, time.time())
+
+    def publish(self, status: Status, *, reason: Optional[str] = None, best_effort: bool = False,
+                **fields: Any) -> bool:
+        """Write ``status``; False when this generation is fenced (it then stops) or, with
+        ``best_effort``, when the write failed (logged)."""
+        if self.writer.fenced:
+            return False
+        self.stamp(status.value)
+        if status in (Status.DRAINING, Status.STOPPED) and reason is None and self.signals.stop.is_set():
+            reason = self.signals.describe()
+            if self.signals.first is not None:
+                self.timings.setdefault("stop_signal", self.signals.first[1])
+        try:
+            self.writer.publish(status, reason=reason, timings=dict(self.timings), **fields)
+        except StaleGenerationError as exc:
+            logger.error("%s", exc)
+            self.signals.request_stop(f"fenced: {exc}")
+            return False
+        except OSError as exc:
+            if not best_effort:
+                raise
+            logger.error("could not publish %s to %s: %s", status.value, self.writer.path, exc)
+            return False
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        """Publish ``failed`` with the error (or ``stopped`` when a stop signal ended the start)."""
+        try:
+            if self.signals.stop.is_set() and isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                self.publish(Status.STOPPED, best_effort=True)
+            else:
+                self.publish(Status.FAILED, reason=f"{type(exc).__name__}: {exc}"[:2000], best_effort=True)
+        except Exception:  # the original error matters more
+            logger.exception("could not publish the failure")
+
+    def serve(self, group: Any, *, host: str, token: str, drain_s: float,
+              on_ready: Optional[Callable[[str], None]] = None) -> None:
+        """Serve ``group`` until a stop: endpoint up, ``ready``, heartbeat; then drain, ``stopped``."""
+        from podium.protocol.tokenizer import fingerprint_from_pretrained
+        from podium.teacher.endpoint import EndpointConfig, ServerThread
+
+        server_cfg = self.spec.launcher.server
+        fingerprint, tokenizer_size = _fingerprint(fingerprint_from_pretrained, getattr(group, "checkpoint_path", None))
+        config = EndpointConfig(served_name=self.spec.name, token=token, teacher_key=self.spec.key,
+                                aliases=self.spec.aliases, generation=self.generation, host=host,
+                                port_range=server_cfg.port_range, max_body_bytes=server_cfg.max_body_mb * 1024 * 1024,
+                                model_name=self.spec.model_name, tokenizer_fingerprint=fingerprint,
+                                tokenizer_vocab_size=tokenizer_size)
+        server = ServerThread(group, config)
+        heartbeat: Optional[Heartbeat] = None
+        try:
+            url = server.start()
+            server.set_ready(True)
+            if not self.publish(Status.READY, url=url, model=server.server.model_info()):
+                return
+            heartbeat = Heartbeat(self.writer, server_cfg.heartbeat_s,
+                                  on_fenced=lambda exc: self.signals.request_stop(f"fenced: {exc}")).start()
+            if on_ready is not None:
+                on_ready(url)
+            while not self.signals.stop.wait(STOP_FILE_POLL_S):
+                self._check_stop_file()
+            logger.warning("generation %s: %s: draining (up to %.0fs for queued requests)",
+                           self.generation, self.signals.describe(), drain_s)
+            server.set_ready(False, "draining")
+            server.drain()
+            self.publish(Status.DRAINING, best_effort=True)
+            server.stop(grace_s=drain_s)
+            self.publish(Status.STOPPED, best_effort=True)
+        except BaseException:
+            server.stop(grace_s=0)
+            raise
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+
+    def _check_stop_file(self) -> None:
+        """``podium down`` asks this job to stop through the stop file (only this job: a request
+        left for an older job does not stop a later one)."""
+        found = try_read_json(self.files.stop_request)
+        if found.ok and str(found.data.get("job_id")) == str(self.generation.job_id):
+            logger.warning("stop requested by %s", self.files.stop_request)
+            self.signals.request_stop(f"stop requested by {self.files.stop_request.name}")
+
+
+def _fingerprint(compute: Callable[[str], tuple], path: Optional[str]) -> tuple[Optional[str], Optional[int]]:
+    if not path:
+        return None, None
+    try:
+        return compute(str(path))
+    except Exception as exc:  # no tokenizer next to the checkpoint: the field stays empty
+        logger.info("no tokenizer fingerprint for %s: %s", path, exc)
+        return None, None
