@@ -114,6 +114,18 @@ class ClientProcess:
 # ----------------------------------------------------------------------------------------------
 
 
+def _arrays(data: Any) -> tuple[Any, Any, int]:
+    """(ids, lengths, width) as torch tensors: the server hands a validated ``Batch``, the
+    in-process timing a mapping of tensors."""
+    import torch
+
+    from podium.protocol.batch import Batch
+
+    if isinstance(data, Batch):
+        return torch.from_numpy(data.input_ids), torch.from_numpy(data.input_lengths), data.width
+    return data["input_ids"].long(), data["input_lengths"].long(), int(data["input_ids"].shape[1])
+
+
 class InstantGroup:
     """Answers at once (zeros): isolates the transport."""
 
@@ -125,15 +137,13 @@ class InstantGroup:
         self.delay_s = delay_s
         self._zeros: dict[tuple[int, ...], Any] = {}
 
-    def validate(self, data: Any) -> None:
-        return None
-
     def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
         import torch
 
         if self.delay_s:
             time.sleep(self.delay_s)
-        shape = tuple(data["input_ids"].shape)
+        ids, _, width = _arrays(data)
+        shape = (int(ids.shape[0]), width)
         if shape not in self._zeros:  # made once per shape: the answer costs nothing
             self._zeros[shape] = torch.zeros(shape, dtype=torch.float32)
         return {"logprobs": self._zeros[shape]}
@@ -157,22 +167,19 @@ class HFInProcessGroup:
         self.checkpoint_path = str(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
 
-    def validate(self, data: Any) -> None:
-        return None
-
     def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
         import torch
 
-        ids, lengths = data["input_ids"].long(), data["input_lengths"].long()
-        out = torch.zeros(ids.shape, dtype=torch.float32)
+        ids, lengths, width = _arrays(data)
+        out = torch.zeros((ids.shape[0], width), dtype=torch.float32)
         mb = micro_batch_size or 1
         with torch.no_grad():
             for start in range(0, ids.shape[0], mb):
                 chunk = ids[start:start + mb]
                 logits = self.model(input_ids=chunk).logits
                 logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, chunk[:, 1:, None]).squeeze(-1)
-                out[start:start + mb, 1:] = logp
-        out *= torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+                out[start:start + mb, 1:ids.shape[1]] = logp
+        out *= torch.arange(width)[None, :] < lengths[:, None]
         return {"logprobs": out}
 
     def shutdown(self) -> bool:
@@ -221,6 +228,7 @@ def serve(group: Any, layout: Any, key: str, name: str, token: str, generation: 
     server = ServerThread(group, EndpointConfig(served_name=name, token=token, teacher_key=key, aliases=(name,),
                                                 generation=Generation(generation, 0), port_range=PORTS))
     url = server.start()
+    server.set_ready(True)
     writer.publish(Status.READY, url=url, model=server.server.model_info())
     return server
 

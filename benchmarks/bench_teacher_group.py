@@ -103,6 +103,7 @@ def main() -> None:
 
     from fixtures.checkpoints import make_tiny_checkpoint, random_batch
     from fixtures.ray_cluster import start_test_cluster, stop_test_cluster
+    from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
 
     torch.set_num_threads(args.threads)
@@ -134,8 +135,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     try:
-        cfg = {"model_name": str(ckpt), "num_nodes": 1, "gpus_per_node": 1, "precision": "fp32",
-               "micro_batch_size": args.micro_batch, "name": "bench"}
+        cfg = TeacherSpec(key="bench0000000", name="bench", aliases=("bench",), model_name=str(ckpt), num_nodes=1,
+                          gpus_per_node=1, precision="fp32", micro_batch_size=args.micro_batch)
         started = time.perf_counter()
         tp1 = TeacherWorkerGroup(cfg, torch_threads=args.threads)
         load = {"tp1_group_setup_s": round(time.perf_counter() - started, 2)}
@@ -167,7 +168,7 @@ def main() -> None:
         del hf
 
         started = time.perf_counter()
-        tp2 = TeacherWorkerGroup({**cfg, "gpus_per_node": 2, "tensor_model_parallel_size": 2},
+        tp2 = TeacherWorkerGroup(cfg.model_copy(update={"gpus_per_node": 2, "tensor_model_parallel_size": 2}),
                                  torch_threads=max(1, args.threads // 2))
         load["tp2_group_setup_s"] = round(time.perf_counter() - started, 2)
         mem_rows += _memory_row(tp2, "TP2 after load")

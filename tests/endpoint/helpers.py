@@ -2,7 +2,6 @@
 
 - ``FakeGroup``: the worker-group interface in numpy (deterministic formula, instant), for the
   protocol tests (bad requests, auth, draining, ordering) where the model does not matter.
-- ``HFGroup``: an in-process ``transformers`` model wrapped to the same interface.
 - ``make_run``: a run dir with ``rendezvous.json`` and a 0600 token.
 - ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
   ``restart()`` brings it back under the next generation on another port.
@@ -29,6 +28,7 @@ from podium.rendezvous import (
     create_token,
     write_rendezvous,
 )
+from podium.protocol.batch import Batch
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
 PORT_RANGE = (23000, 23999)
@@ -58,68 +58,26 @@ class FakeGroup:
         self.calls: list[Any] = []
         self._busy = threading.Lock()
 
-    def validate(self, data: Any) -> None:
-        ids = data["input_ids"]
-        if ids.shape[0] == 0:
-            raise ValueError("empty batch")
-
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
+    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
+        """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row)."""
+        assert isinstance(data, Batch), f"the endpoint hands the group a validated Batch, got {type(data).__name__}"
         assert self._busy.acquire(blocking=False), "two calls at once reached the group"
         try:
-            ids = data["input_ids"].numpy()
-            lengths = data["input_lengths"].numpy()
+            ids, lengths = data.input_ids, data.input_lengths
             self.calls.append(int(ids[0, 0]))
             if self.delay_s:
                 time.sleep(self.delay_s)
-            out = {"logprobs": torch.from_numpy(fake_logprobs(ids, lengths))}
+            pad = [(0, 0), (0, data.width - ids.shape[1])]
+            out = {"logprobs": torch.from_numpy(np.pad(fake_logprobs(ids, lengths), pad))}
             if top_k:
                 b, s = ids.shape
                 idx = (np.arange(top_k)[None, None, :] + ids[:, :, None]) % self.vocab_size
-                out["topk_indices"] = torch.from_numpy(idx.astype(np.int64))
-                out["topk_logprobs"] = torch.from_numpy(-np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy())
+                vals = -np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy()
+                out["topk_indices"] = torch.from_numpy(np.pad(idx.astype(np.int64), pad + [(0, 0)]))
+                out["topk_logprobs"] = torch.from_numpy(np.pad(vals, pad + [(0, 0)]))
             return out
         finally:
             self._busy.release()
-
-    def shutdown(self) -> bool:
-        return True
-
-
-class HFGroup:
-    """A HF ``transformers`` model in this process, behind the worker-group interface."""
-
-    def __init__(self, path: str | Path) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        self.checkpoint_path = str(path)
-        config = AutoConfig.from_pretrained(path)
-        self.vocab_size = int(config.vocab_size)
-        self.max_sequence_length = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions"))
-        self.sequence_length_multiple = 1
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-    def validate(self, data: Any) -> None:
-        ids = data["input_ids"]
-        if ids.numel() and int(ids.max()) >= self.vocab_size:
-            raise ValueError("ids outside the vocabulary")
-
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
-        ids = data["input_ids"].long()
-        lengths = data["input_lengths"].long()
-        seq = ids.shape[1]
-        mask = torch.arange(seq)[None, :] < lengths[:, None]
-        with torch.no_grad():
-            logsm = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask.long()).logits.float(), -1)
-        shifted = torch.zeros_like(logsm)
-        shifted[:, 1:] = logsm[:, :-1]
-        valid = mask.clone()
-        valid[:, 0] = False
-        shifted = shifted * valid[..., None]
-        out = {"logprobs": shifted.gather(-1, ids[..., None]).squeeze(-1).float()}
-        if top_k:
-            values, indices = torch.topk(shifted, top_k, dim=-1)
-            out["topk_logprobs"], out["topk_indices"] = values.float(), indices.long()
-        return out
 
     def shutdown(self) -> bool:
         return True
@@ -173,6 +131,7 @@ class Teacher:
                                 generation=self.generation, port_range=self.port_range, **self.config_overrides)
         self.server = ServerThread(self.group, config)
         url = self.server.start()
+        self.server.set_ready(True)
         self.writer.publish(Status.READY, url=url, model=self.server.server.model_info())
         self.heartbeat = Heartbeat(self.writer, self.heartbeat_s).start()
         return self

@@ -23,9 +23,13 @@ from podium.client import (
     TokenizerMismatchError,
     tokenizer_fingerprint,
 )
-from podium.client.tokenizer import fingerprint_from_pretrained
-from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
-from podium.teacher.endpoint import serve
+from podium.protocol.tokenizer import fingerprint_from_pretrained
+from podium.config.launcher import TeacherLauncherSettings
+from podium.config.spec import TeacherSpec
+from podium.launcher.files import TeacherFiles
+from podium.launcher.lifecycle import TeacherLifecycle
+from podium.launcher.signals import Signals
+from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, atomic_write_json, read_record
 
 from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
 
@@ -298,35 +302,47 @@ def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any,
         teacher.stop()
 
 
-def test_serve_publishes_ready_then_stopped(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
-    """The launcher's entry: serve() publishes the record, heartbeats, drains and says stopped."""
+def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
+    """The launcher's lifecycle around a served group: the one publisher of the endpoint record."""
     teacher_tok, _, saved = tokenizers
     layout, token = make_run(tmp_path, [MATH], default_alias="math")
-    writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name=MATH.name,
-                          aliases=MATH.aliases, generation=Generation(77, 2))
-    writer.publish(Status.LOADING)
+    server = {"heartbeat_s": 0.1, "stale_after_s": 5, "port_range": [23000, 23999]}
+    spec = TeacherSpec(key=MATH.key, name=MATH.name, aliases=MATH.aliases, model_name=str(saved), num_nodes=1,
+                       gpus_per_node=1, launcher=TeacherLauncherSettings.model_validate({"server": server}))
+    files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
+    signals = Signals()
+    lifecycle = TeacherLifecycle(spec, files, Generation(77, 2), signals)
+    lifecycle.publish(Status.LOADING)
     group = FakeGroup(vocab_size=64)
-    group.checkpoint_path = str(saved)  # serve() finds the tokenizer next to the checkpoint
-    stop = threading.Event()
+    group.checkpoint_path = str(saved)  # the lifecycle finds the tokenizer next to the checkpoint
     urls: list[str] = []
-    thread = threading.Thread(target=serve, args=(group,), kwargs=dict(
-        token=token, record_writer=writer, stop_event=stop, heartbeat_interval_s=0.1, handle_signals=False,
-        on_ready=urls.append))
+    thread = threading.Thread(target=lifecycle.serve, args=(group,),
+                              kwargs=dict(host="127.0.0.1", token=token, drain_s=5, on_ready=urls.append))
     thread.start()
     try:
         _wait(lambda: urls)
-        record = read_record(writer.path)
+        record = read_record(files.endpoint)
         assert record.status is Status.READY and record.url == urls[0] and record.generation == Generation(77, 2)
         assert record.model.tokenizer_fingerprint == tokenizer_fingerprint(teacher_tok)
+        assert record.stale_after_s == 5 and {"loading", "ready"} <= set(record.extra["timings"])
         with podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST) as client:
             out = client.get_logprobs("math", {"input_ids": [[1, 2, 3]], "input_lengths": [3]})
             np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2, 3]], [3]))
         beat = record.heartbeat_at
-        _wait(lambda: read_record(writer.path).heartbeat_at > beat)
-    finally:
-        stop.set()
+        _wait(lambda: read_record(files.endpoint).heartbeat_at > beat)
+        # A stop request left for another (older) job does not stop this one; one for this job does.
+        atomic_write_json(files.stop_request, {"job_id": "76"})
+        lifecycle._check_stop_file()
+        assert not signals.stop.is_set()
+        atomic_write_json(files.stop_request, {"job_id": "77"})
         thread.join(30)
-    assert read_record(writer.path).status is Status.STOPPED
+        assert not thread.is_alive()
+    finally:
+        signals.request_stop("test over")
+        thread.join(30)
+    final = read_record(files.endpoint)
+    assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
+    assert final.extra["timings"]["draining"] <= final.extra["timings"]["stopped"]
 
 
 def _wait(condition: Any, timeout: float = 30.0) -> None:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from podium.teacher import oip
+from podium.protocol import oip
 
 
 def _roundtrip_request(binary: bool) -> oip.InferRequest:

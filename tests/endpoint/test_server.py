@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import requests
 
-from podium.teacher.endpoint import EndpointConfig, ServerThread, bind_socket
+from podium.net import listen_on_free_port as bind_socket
+from podium.teacher.endpoint import EndpointConfig, ServerThread
 
 from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
 
@@ -218,6 +219,7 @@ def _server(group: FakeGroup, token: str = "t0ken", **kw: Any) -> ServerThread:
     kw.setdefault("port_range", (23000, 23999))
     server = ServerThread(group, EndpointConfig(served_name="m", token=token, **kw))
     server.start()
+    server.set_ready(True)
     return server
 
 
@@ -303,9 +305,9 @@ def test_port_collision_takes_the_next_port() -> None:
 def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
     class Flaky(FakeGroup):
         def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
-            if int(data["input_ids"][0, 0]) == 13:
+            if int(data.input_ids[0, 0]) == 13:
                 raise RuntimeError("worker 3 died")
-            if int(data["input_ids"][0, 0]) == 14:
+            if int(data.input_ids[0, 0]) == 14:
                 raise ValueError("sequence too long for this layout")
             return super().get_logprobs(data, micro_batch_size, top_k)
 
@@ -325,3 +327,24 @@ def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
 def test_config_refuses_no_token() -> None:
     with pytest.raises(ValueError, match="token is required"):
         EndpointConfig(served_name="m", token="")
+
+
+def test_readiness_is_the_lifecycles_to_set_and_says_why_not() -> None:
+    """A server answers ready only once its owner says so, and 503 names the reason otherwise."""
+    server = ServerThread(FakeGroup(), EndpointConfig(served_name="m", token="t0ken", port_range=(23000, 23999)))
+    server.start()
+    headers = {"Authorization": "Bearer t0ken"}
+    try:
+        before = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=5)
+        assert before.status_code == 503 and "not ready (starting)" in before.json()["error"]
+        refused = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS),
+                                headers=headers, timeout=10)
+        assert refused.status_code == 503 and refused.headers["Retry-After"]
+        server.set_ready(True)
+        assert requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=5).status_code == 200
+        server.set_ready(False, "node n2 (rank 1) lost")
+        lost = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=5)
+        assert lost.status_code == 503 and "node n2 (rank 1) lost" in lost.json()["error"]
+        assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+    finally:
+        server.stop(grace_s=0)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from launcher_helpers import TOL, job_ids, podium, write_recipe
 from podium.launcher import commands
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
-from podium.launcher.procs import STOP_SIGNALS, ProcRef, kill_session, session_alive, shim_python, stop_signals_blocked
+from podium.launcher.procs import STOP_SIGNALS, ProcRef, kill_session, session_alive, shim_command, stop_signals_blocked
 from podium.launcher.run_dir import known_teachers
 from podium.launcher.slurm_state import parse_squeue
 
@@ -394,7 +393,7 @@ def test_stop_signals_are_blocked_before_python_starts_and_in_what_ray_runs_unde
     (shells clear it; Ray starts its processes without one) and is ended, with its whole session,
     by its recorded ID."""
     probe = "import sys; sys.stdout.write(open('/proc/self/status').read())"
-    out = subprocess.run(f"{shim_python(shlex.quote(sys.executable))} -c {shlex.quote(probe)}", shell=True,
+    out = subprocess.run([*shim_command(sys.executable), "-c", probe],
                          capture_output=True, text=True, check=True).stdout
     assert {int(s) for s in STOP_SIGNALS} <= _blocked(out)
     with stop_signals_blocked():

@@ -11,11 +11,12 @@ import pytest
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
+from podium.launcher.backends.slurm import SlurmBackend
 from podium.launcher.files import TeacherFiles
 from podium.launcher.slurm_state import JobState
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
-                   num_nodes=1, gpus_per_node=1, launcher={"cluster": "slurm", "slurm": {}})
+                   num_nodes=1, gpus_per_node=1)
 
 
 @pytest.fixture
@@ -31,8 +32,8 @@ def fake_slurm(monkeypatch):
         return job_id
 
     monkeypatch.setattr(submission, "submit", submit)
-    monkeypatch.setattr(submission, "query_states",
-                        lambda ids: {i: JobState(i, jobs[i]) for i in ids if i in jobs})
+    monkeypatch.setattr(SlurmBackend, "states",
+                        lambda self, recs: {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs})
     return jobs, calls
 
 

@@ -1,4 +1,10 @@
-"""Rendered sbatch scripts against golden files (``PODIUM_UPDATE_GOLDEN=1`` regenerates them)."""
+"""The one materialisation of a teacher's job: golden scripts, quoting, dry run = render = submitted.
+
+Golden files change only on request: ``PODIUM_UPDATE_GOLDEN=1 python -m pytest tests/launcher/test_render.py``
+rewrites them (never under ``CI=true``: there a golden that differs is a failure, whatever is set);
+a missing golden is a failure, not written on the fly. That the submitted script is the rendered one
+is proved on the real Slurm cluster in ``tests/integration/test_materialisation.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +12,29 @@ import difflib
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
-from podium.launcher.render import render_teacher_script
-from podium.launcher.submission import clean_submit_env, slurm_parameters, time_to_minutes
+from podium.launcher.backends import backend_for
+from podium.launcher.backends.slurm import SlurmBackend, sbatch_request, time_to_minutes
+from podium.launcher.files import TeacherFiles
+from podium.launcher.submission import clean_submit_env
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN_DIR = Path("/shared/runs/demo")
+UPDATE = os.environ.get("PODIUM_UPDATE_GOLDEN") == "1"
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def spec(**slurm: object) -> TeacherSpec:
-    base = {"partition": "batch", "account": "proj", "time": "08:00:00", "exclusive": True,
-            "gpus": True, "gpu_request": "gpus_per_node", "requeue": True, "signal": "USR2",
-            "signal_lead_s": 120, "setup": [], "extra_sbatch": {}, "container_mounts": []}
-    base.update(slurm)
+    settings = {"partition": "batch", "account": "proj", "time": "08:00:00", "python": "/usr/bin/python3", **slurm}
     return TeacherSpec(key="0123456789ab", name="math", aliases=("math", "code"),
-                       model_name="/ckpt/math", num_nodes=2, gpus_per_node=8,
-                       tensor_model_parallel_size=8,
-                       launcher={"cluster": "slurm", "slurm": base, "ray": {}, "server": {}})
+                       model_name="/ckpt/math", num_nodes=2, gpus_per_node=8, tensor_model_parallel_size=8,
+                       launcher=TeacherLauncherSettings.model_validate({"cluster": "slurm", "slurm": settings}))
 
 
 CASES = {
@@ -41,43 +49,82 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_golden(name: str) -> None:
-    text = render_teacher_script(CASES[name], RUN_DIR, python="/usr/bin/python3")
+def render(case: TeacherSpec, run_dir: Path = RUN_DIR) -> str:
+    return SlurmBackend().materialise(case, TeacherFiles.of(run_dir, case.name, case.key)).render()
+
+
+def compare_golden(name: str, text: str) -> None:
     path = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("PODIUM_UPDATE_GOLDEN") == "1":
+    if UPDATE and not IN_CI:
         path.write_text(text)
-    assert path.exists(), f"missing golden {path}: run with PODIUM_UPDATE_GOLDEN=1 and review it"
+    assert path.exists(), f"missing golden {path}: run with PODIUM_UPDATE_GOLDEN=1 (not under CI) and review it"
     expected = path.read_text()
     if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            str(path), "rendered"))
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered"))
         pytest.fail(f"rendered script differs from {path}:\n{diff}")
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str) -> None:
+    compare_golden(name, render(CASES[name]))
+
+
 def test_values_with_spaces_and_shell_are_quoted(tmp_path: Path) -> None:
-    text = render_teacher_script(CASES["cpu_container_extra"], tmp_path / "run dir with space")
+    case = CASES["cpu_container_extra"]
+    run_dir = tmp_path / "run dir with space"
+    text = render(case, run_dir)
     assert "--qos='high prio'" in text
     assert "--reservation='my res; rm -rf /'" in text
-    line = next(l for l in text.splitlines() if l.startswith("export PODIUM_TEACHER_DIR="))
-    assert shlex.split(line.split("=", 1)[1]) == [str(tmp_path / "run dir with space/teachers/math-01234567")]
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    srun = text[text.index("\nsrun ") + 1:text.index(" &\n")].replace("\\\n", " ")
+    words = shlex.split(srun)
+    folder = str(TeacherFiles.of(run_dir, case.name, case.key).folder)
+    assert words[-1] == folder  # the teacher's folder, with its space, is one argument
+    assert f"--output={folder}/submitit/%j_%t_log.out" in words
+    assert words[words.index("-m") + 1] == "podium.launcher.node_entry"
 
 
-def test_parameters() -> None:
-    gpu = slurm_parameters(CASES["gpu_two_nodes"])
-    assert gpu["nodes"] == 2 and gpu["ntasks_per_node"] == 1 and gpu["gpus_per_node"] == 8
-    assert gpu["cpus_per_task"] == 9 and gpu["time"] == 480 and gpu["exclusive"] is True
-    assert gpu["additional_parameters"] == {"requeue": True, "signal": "USR2@120"}
-    assert gpu["job_name"] == "podium-math-01234567"
-    cpu = slurm_parameters(CASES["cpu_container_extra"])
-    assert "gpus_per_node" not in cpu and "gres" not in cpu and "exclusive" not in cpu
-    assert cpu["srun_args"] == ["--container-image=nvcr.io#nvidia/nemo:24.07",
-                                "--container-mounts=/data:/data,/ckpt:/ckpt"]
+def test_request() -> None:
+    files = TeacherFiles.of(RUN_DIR, "math", "0123456789ab")
+    gpu = sbatch_request(CASES["gpu_two_nodes"], files)
+    assert (gpu.option("nodes"), gpu.option("ntasks-per-node"), gpu.option("gpus-per-node")) == (2, 1, 8)
+    assert (gpu.option("cpus-per-task"), gpu.option("time"), gpu.option("exclusive")) == (9, 480, True)
+    assert (gpu.option("requeue"), gpu.option("signal")) == (True, "USR2@120")
+    assert gpu.option("job-name") == "podium-math-01234567"
+    cpu = sbatch_request(CASES["cpu_container_extra"], files)
+    assert cpu.option("gpus-per-node") is None and cpu.option("gres") is None and cpu.option("exclusive") is None
+    assert "--container-image=nvcr.io#nvidia/nemo:24.07" in cpu.srun_args
+    assert "--container-mounts=/data:/data,/ckpt:/ckpt" in cpu.srun_args
+    assert cpu.command[0] == "/opt/venv/bin/python"
     assert time_to_minutes("1-00:00:00") == 1440 and time_to_minutes("00:30:01") == 31
     # Slurm's other forms: M, M:S, D-H, D-H:M.
     assert time_to_minutes("90") == 90 and time_to_minutes("30:30") == 31
     assert time_to_minutes("1-12") == 2160 and time_to_minutes("1-12:30") == 2190
+
+
+def test_local_materialisation_is_the_node_entry_command(tmp_path: Path) -> None:
+    case = spec().model_copy(update={"num_nodes": 1, "launcher": TeacherLauncherSettings(cluster="local")})
+    files = TeacherFiles.of(tmp_path, case.name, case.key)
+    submission = backend_for("local").materialise(case, files)
+    command_line = submission.render().splitlines()[-1]
+    assert shlex.split(command_line) == list(submission.command)
+    assert submission.command[-1] == str(files.folder) and "podium.launcher.node_entry" in submission.command
+
+
+def test_golden_rule_refuses_to_write_under_ci(tmp_path: Path) -> None:
+    """``PODIUM_UPDATE_GOLDEN=1`` under ``CI=true`` rewrites nothing: the differing golden fails."""
+    env = {**os.environ, "CI": "true", "PODIUM_UPDATE_GOLDEN": "1"}
+    golden = GOLDEN / "gpu_two_nodes.sbatch"
+    before = golden.read_text()
+    script = (
+        "import sys; sys.path[:0] = [%r, %r]\n"
+        "import pytest, test_render as t\n"
+        "try:\n    t.compare_golden('gpu_two_nodes', 'not the golden\\n')\n"
+        "except pytest.fail.Exception as exc:\n    print('FAILED', str(exc)[:60])\n"
+    ) % (str(Path(__file__).parent), str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert "FAILED rendered script differs" in out.stdout, out.stdout + out.stderr
+    assert golden.read_text() == before
 
 
 def test_clean_submit_env() -> None:

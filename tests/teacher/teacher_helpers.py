@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import torch
 
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
+from podium.config.spec import TeacherSpec
 
 TOL = 1e-4  # fp32, max abs difference against HF transformers
 
@@ -20,20 +21,13 @@ TOL = 1e-4  # fp32, max abs difference against HF transformers
 RAGGED_LENGTHS = (7, 16, 1, 11, 16, 2, 9)
 
 
-def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: int = 1, pp: int = 1, **extra: Any) -> dict[str, Any]:
-    cfg = {
-        "key": f"test-tp{tp}-pp{pp}",
-        "name": f"{Path(str(checkpoint)).name}-tp{tp}pp{pp}",
-        "model_name": str(checkpoint),
-        "num_nodes": nodes,
-        "gpus_per_node": per_node,
-        "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": pp,
-        "precision": "fp32",
-        "micro_batch_size": 2,
-    }
-    cfg.update(extra)
-    return cfg
+def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: int = 1, pp: int = 1, **extra: Any) -> TeacherSpec:
+    name = f"{Path(str(checkpoint)).name}-tp{tp}pp{pp}"
+    fields: dict[str, Any] = dict(key=f"test-tp{tp}-pp{pp}", name=name, aliases=(name,), model_name=str(checkpoint),
+                                  num_nodes=nodes, gpus_per_node=per_node, tensor_model_parallel_size=tp,
+                                  pipeline_model_parallel_size=pp, precision="fp32", micro_batch_size=2)
+    fields.update(extra)
+    return TeacherSpec(**fields)
 
 
 def start_group(checkpoint: Path | str, **layout: Any) -> Iterator[Any]:

@@ -119,12 +119,12 @@ def _batch(ids, lengths):
 GOOD = ragged_batch(VOCAB, (4, 6), seed=5)
 BAD_INPUTS = {
     "missing key": ({"input_ids": GOOD["input_ids"]}, "input_lengths"),
-    "1-D ids": (_batch(torch.tensor([1, 2, 3]), torch.tensor([3])), "2-D"),
+    "1-D ids": (_batch(torch.tensor([1, 2, 3]), torch.tensor([3])), r"must be \[B, S\]"),
     "float ids": (_batch(GOOD["input_ids"].float(), GOOD["input_lengths"]), "integer"),
     "empty batch": (_batch(torch.zeros(0, 5, dtype=torch.long), torch.zeros(0, dtype=torch.long)), "empty batch"),
-    "lengths shape": (_batch(GOOD["input_ids"], torch.tensor([4, 6, 2])), "input_lengths must be 1-D with 2"),
-    "length > S": (_batch(GOOD["input_ids"], torch.tensor([4, 7])), "exceed the sequence length S=6"),
-    "length < 1": (_batch(GOOD["input_ids"], torch.tensor([0, 6])), "≥ 1"),
+    "lengths shape": (_batch(GOOD["input_ids"], torch.tensor([4, 6, 2])), "input_ids has B=2 rows but input_lengths has 3"),
+    "length > S": (_batch(GOOD["input_ids"], torch.tensor([4, 7])), r"input_lengths\[1\] = 7 not in 1..6"),
+    "length < 1": (_batch(GOOD["input_ids"], torch.tensor([0, 6])), r"input_lengths\[0\] = 0 not in 1..6"),
     "token >= vocab": (_batch(torch.tensor([[1, 2, VOCAB]]), torch.tensor([3])), "outside the vocabulary"),
     "negative token": (_batch(torch.tensor([[1, -5, 3]]), torch.tensor([3])), "outside the vocabulary"),
     "too long": (_batch(torch.ones(1, 200, dtype=torch.long), torch.tensor([200])), "max_sequence_length 128"),

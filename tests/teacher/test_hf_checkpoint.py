@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from podium.teacher.checkpoint_loader import describe_model
 from podium.teacher.hf_checkpoint import (
     RankLayout,
     SafetensorsCheckpoint,
@@ -20,25 +21,24 @@ from podium.teacher.hf_checkpoint import (
     _llama_sources,
     _Reader,
     describe_hf_config,
-    read_hf_config,
 )
 
 
 def reader(path: Path, tp_rank: int = 0, tp: int = 1, padded: int | None = None) -> _Reader:
-    desc = describe_hf_config(read_hf_config(path), str(path))
+    desc = describe_model(path)
     padded = padded or desc.vocab_size
     return _Reader(SafetensorsCheckpoint(path), desc, RankLayout(tp_rank, tp, padded))
 
 
 def test_descriptions(tiny_checkpoints):
-    llama = describe_hf_config(read_hf_config(tiny_checkpoints["llama"]))
+    llama = describe_model(tiny_checkpoints["llama"])
     assert (llama.family, llama.num_query_groups, llama.head_dim, llama.tied_embeddings) == ("llama", 2, 16, False)
     assert not llama.qkv_bias and not llama.qk_norm and llama.rope_scaling is None
-    qwen2 = describe_hf_config(read_hf_config(tiny_checkpoints["qwen2"]))
+    qwen2 = describe_model(tiny_checkpoints["qwen2"])
     assert qwen2.qkv_bias and not qwen2.attn_out_bias and qwen2.rotary_base == 1e6
-    qwen3 = describe_hf_config(read_hf_config(tiny_checkpoints["qwen3"]))
+    qwen3 = describe_model(tiny_checkpoints["qwen3"])
     assert qwen3.qk_norm and qwen3.tied_embeddings and qwen3.head_dim == 24
-    gpt2 = describe_hf_config(read_hf_config(tiny_checkpoints["gpt2"]))
+    gpt2 = describe_model(tiny_checkpoints["gpt2"])
     assert (gpt2.family, gpt2.activation, gpt2.position_embedding_type, gpt2.normalization) == (
         "gpt2", "gelu_tanh", "learned_absolute", "LayerNorm")
     assert gpt2.tied_embeddings and gpt2.vocab_size == 101

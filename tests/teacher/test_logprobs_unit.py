@@ -83,44 +83,39 @@ def test_cp_split_round_trip(cp):
     assert torch.equal(cp_unsplit(pieces, cp), x)
 
 
-def test_group_input_validation_without_workers():
+def test_group_validates_a_plain_mapping_with_the_one_batch_rule():
+    from podium.protocol.batch import Batch, BatchError
     from podium.teacher.group import TeacherWorkerGroup
 
-    group = TeacherWorkerGroup.__new__(TeacherWorkerGroup)  # only _prepare's attributes
+    group = TeacherWorkerGroup.__new__(TeacherWorkerGroup)  # only validate's attributes
     group.vocab_size, group.max_sequence_length = 50, 32
-    ids, lengths = group._prepare({"input_ids": [[1, 2, 3, 99]], "input_lengths": [3]}, None, None)
-    assert ids.tolist() == [[1, 2, 3]] and lengths.tolist() == [3]  # trimmed, padding ignored
-    with pytest.raises(ValueError, match="data must hold"):
-        group._prepare([1, 2], None, None)
-    with pytest.raises(ValueError, match="top_k"):
-        group._prepare({"input_ids": [[1]], "input_lengths": [1]}, None, True)
+    batch = group.validate({"input_ids": [[1, 2, 3, 99]], "input_lengths": [3]})
+    assert batch.input_ids.tolist() == [[1, 2, 3]] and batch.width == 4  # cut, padding not checked
+    assert group.validate(batch) is batch  # a validated batch is trusted, not checked again
+    with pytest.raises(BatchError, match="must be a mapping"):
+        group.validate([1, 2])
+    with pytest.raises(BatchError, match=r"input_ids\[0, 1\] = 77 not in 0..49"):
+        group.validate({"input_ids": [[1, 77]], "input_lengths": [2]})
+    assert isinstance(batch, Batch)
 
 
-def test_teacher_cfg_mappings():
+def test_group_takes_a_spec_from_the_plan_and_known_options_only(tiny_llama_checkpoint):
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import GroupOptions, coerce_teacher_spec
+    from podium.teacher.group import GroupOptions, TeacherWorkerGroup
 
-    spec = coerce_teacher_spec({
-        "model_name": "/ckpt/qwen/", "precision": "bfloat16",
-        "megatron_cfg": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "optimizer": {}},
-        "cluster": {"num_nodes": 2, "gpus_per_node": 4},
-    })
-    assert isinstance(spec, TeacherSpec)
-    assert (spec.name, spec.precision, spec.tensor_model_parallel_size, spec.world_size) == ("qwen", "bf16", 2, 8)
-    assert dict(spec.megatron_cfg_overrides) == {"optimizer": {}}
-    assert coerce_teacher_spec(spec) is spec
-    with pytest.raises(ValueError, match="model_name"):
-        coerce_teacher_spec({"num_nodes": 1})
-    opts = GroupOptions.from_sources({"env_vars": {"NCCL_DEBUG": "WARN"}, "other": 1}, {"torch_threads": 2})
-    assert opts.env_vars == {"NCCL_DEBUG": "WARN"} and opts.torch_threads == 2
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bogus'\]"):
-        GroupOptions.from_sources(None, {"bogus": 1})
+    with pytest.raises(TypeError, match="takes a TeacherSpec"):
+        TeacherWorkerGroup({"model_name": str(tiny_llama_checkpoint)})
+    spec = TeacherSpec(key="k", name="math", aliases=("math",), model_name=str(tiny_llama_checkpoint),
+                       num_nodes=1, gpus_per_node=1)
+    with pytest.raises(TypeError, match="bogus"):
+        TeacherWorkerGroup(spec, GroupOptions(), bogus=1)
 
 
 def test_layout_errors_come_before_ray(tiny_llama_checkpoint):
-    from podium.teacher.group import TeacherWorkerGroup
+    from pydantic import ValidationError
 
-    cfg = {"model_name": str(tiny_llama_checkpoint), "num_nodes": 1, "gpus_per_node": 3,
-           "tensor_model_parallel_size": 2, "name": "math"}
-    with pytest.raises(ValueError, match=r"teacher 'math': 3 workers \(1 nodes × 3\) is not a multiple of TP2 × PP1 × CP1 = 2"):
-        TeacherWorkerGroup(cfg)
+    from podium.config.spec import TeacherSpec
+
+    with pytest.raises(ValidationError, match=r"teacher 'math': 1 nodes × 3 GPUs = 3 GPUs is not divisible by TP2 × PP1 × CP1 = 2"):
+        TeacherSpec(key="k", name="math", aliases=("math",), model_name=str(tiny_llama_checkpoint),
+                    num_nodes=1, gpus_per_node=3, tensor_model_parallel_size=2)

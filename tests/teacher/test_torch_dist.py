@@ -107,14 +107,21 @@ def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, 
 
 
 def test_run_directory_with_latest_iteration_resolves(converted_tp1, tmp_path):
-    from podium.teacher.torch_dist import resolve_torch_dist_dir
+    """One rule for plan and worker: what the planner accepts is what the worker loads."""
+    from podium.config.checkpoints import CheckpointError, checkpoint_problem, find_checkpoint, torch_dist_dir
+    from podium.teacher.checkpoint_loader import resolve_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "iter_0000007").symlink_to(converted_tp1, target_is_directory=True)
     (run / "latest_checkpointed_iteration.txt").write_text("7\n")
-    assert resolve_torch_dist_dir(run) == run / "iter_0000007"
+    assert torch_dist_dir(run) == run / "iter_0000007"
+    assert find_checkpoint(run).kind == "torch_dist" and checkpoint_problem(run) is None
+    assert resolve_checkpoint(run).path == run / "iter_0000007"
     (run / "latest_checkpointed_iteration.txt").write_text("9\n")
+    with pytest.raises(CheckpointError, match="iter_0000009"):
+        torch_dist_dir(run)
+    assert "iter_0000009" in checkpoint_problem(run)
     with pytest.raises(ValueError, match="iter_0000009"):
-        resolve_torch_dist_dir(run)
-    assert resolve_torch_dist_dir(tmp_path) is None
+        resolve_checkpoint(run)
+    assert torch_dist_dir(tmp_path) is None

@@ -195,9 +195,9 @@ def test_launcher_file_merges_over_recipe_section(tmp_path: Path) -> None:
     recipe = write(tmp_path, "r.yaml", MINI + "podium: {slurm: {partition: a, qos: q}}\n")
     launcher = write(tmp_path, "l.yaml", "podium:\n  slurm: {partition: b}\n  teachers: {c: {slurm: {time: '1:00:00'}}}\n")
     plan = load_plan(recipe, [], launcher)
-    slurm = plan.teacher("a").launcher["slurm"]
-    assert (slurm["partition"], slurm["qos"], slurm["time"]) == ("b", "q", "04:00:00")
-    assert plan.teacher("c").launcher["slurm"]["time"] == "1:00:00"  # only teacher c's
+    slurm = plan.teacher("a").launcher.slurm
+    assert (slurm.partition, slurm.qos, slurm.time) == ("b", "q", "04:00:00")
+    assert plan.teacher("c").launcher.slurm.time == "1:00:00"  # only teacher c's
     bare = write(tmp_path, "bare.yaml", "cluster: local\n")
     assert load_plan(recipe, [], bare).launcher.cluster == "local"
 
@@ -206,7 +206,7 @@ def test_launcher_overrides_of_any_alias_apply_to_its_teacher(tmp_path: Path) ->
     text = MINI + "podium: {teachers: {b: {slurm: {partition: x}}, a: {ray: {interface: ib0}}}}\n"
     spec = load_plan(write(tmp_path, "r.yaml", text)).teacher("a")
     assert spec.aliases == ("a", "b")
-    assert spec.launcher["slurm"]["partition"] == "x" and spec.launcher["ray"]["interface"] == "ib0"
+    assert spec.launcher.slurm.partition == "x" and spec.launcher.ray.interface == "ib0"
 
 
 def test_launcher_overrides_that_differ_within_a_teacher_are_an_error(tmp_path: Path) -> None:

@@ -1,0 +1,86 @@
+"""``cluster: local`` end to end, as a user runs it: ``podium up --wait`` from a script that captures
+its output, ``status``, a trainer call checked against transformers, ``logs``, ``down``; and the
+README's first command, ``podium demo``.
+
+No Slurm: submitit's local controller runs the same node entry, Ray head and Megatron group.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from launcher_helpers import RAY_PORTS
+from podium.launcher.cleanup import run_processes
+from podium.launcher.run_dir import known_teachers
+
+TOL = 2e-3
+
+
+def podium_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI with its stdout/stderr captured through pipes, as `out=$(podium ...)` does: it must
+    return (and its pipes close) although the teachers it started keep running."""
+    return subprocess.run([sys.executable, "-m", "podium.cli", *args], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_local_up_wait_through_pipes_status_logs_down(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}, code: {tiny_llama_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+podium:
+  cluster: local
+  run_dir: {run_dir}
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
+  server: {{heartbeat_s: 2, stale_after_s: 10}}
+""")
+    try:
+        up = podium_cli("up", str(recipe), "--wait", "--timeout", "300")
+        assert up.returncode == 0, up.stdout + up.stderr[-3000:]
+        assert "math: submitted job" in up.stdout and "all teachers ready" in up.stdout
+
+        status = podium_cli("status", str(run_dir), "--json")
+        assert status.returncode == 0, status.stderr
+        (row,) = json.loads(status.stdout)
+        assert row["ready"] and row["cluster"] == "local" and row["aliases"] == ["math", "code"]
+
+        import podium
+
+        data = random_batch(256, [5, 9, 2], seed=3)
+        with podium.connect(run_dir / "rendezvous.json", ready_timeout_s=60) as client:
+            got = client.get_logprobs("code", data)["logprobs"].numpy()
+        expected = hf_oracle_logprobs(tiny_llama_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+        assert float(np.abs(got - expected).max()) < TOL
+
+        logs = podium_cli("logs", str(run_dir), "math")
+        assert logs.returncode == 0, logs.stderr
+        assert f"teacher 'math' ready at {row['url']}" in logs.stdout  # the node task's own log
+        assert "_0_log.err <==" in logs.stdout
+        missing = podium_cli("logs", str(run_dir), "nope")
+        assert missing.returncode == 2 and "no teacher 'nope'" in missing.stderr and "math" in missing.stderr
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0 and "stopped: math" in down.stdout, down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}  # every process the job started has ended
+
+
+def test_demo_the_readme_first_command(tmp_path: Path) -> None:
+    keep = tmp_path / "demo"
+    demo = podium_cli("demo", "--keep", str(keep), "--timeout", "400", timeout=900)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "all aliases match" in demo.stdout and "brought everything down" in demo.stdout
+    for alias in ("math", "code", "chat"):
+        assert f"│ {alias}" in demo.stdout  # one row per alias in the table
+    for _, files in known_teachers(keep / "run"):
+        assert run_processes(files) == {}

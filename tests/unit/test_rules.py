@@ -1,0 +1,94 @@
+"""The rules defined once and imported everywhere: batch validation, ports, layout, precision."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from podium.config.layout import LayoutError, ParallelLayout
+from podium.config.precision import from_hf_config, normalise_precision, torch_dtype
+from podium.net import find_free_port, http_url, listen_on_free_port, port_free
+from podium.protocol.batch import BatchError, batch_inputs, validate_batch, validate_options
+
+
+def test_batch_is_cut_to_the_longest_row_with_padding_zeroed() -> None:
+    ids = np.array([[5, 6, 7, 9, 9], [8, 999, -1, 9, 9]])  # past each length: anything, even out of vocab
+    batch = validate_batch(ids, [3, 1], vocab_size=10)
+    assert batch.input_ids.tolist() == [[5, 6, 7], [8, 0, 0]] and batch.width == 5
+    assert batch.input_ids.dtype == np.int64 and batch.tokens == 4 and batch.rows == 2
+
+
+def test_a_full_int64_batch_is_not_copied() -> None:
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4) % 7
+    batch = validate_batch(ids, np.array([4, 4, 4]), vocab_size=7)
+    assert np.shares_memory(batch.input_ids, ids)
+
+
+@pytest.mark.parametrize("ids, lengths, message", [
+    ([[1, 2]], [3], r"input_lengths\[0\] = 3 not in 1..2"),
+    ([[1, 2]], [0], r"input_lengths\[0\] = 0 not in 1..2"),
+    ([[1, 12]], [2], r"input_ids\[0, 1\] = 12 not in 0..9"),
+    ([[1, -2]], [2], r"input_ids\[0, 1\] = -2"),
+    ([1, 2], [2], r"shape \[2\] must be \[B, S\]"),
+    ([[1, 2]], [2, 2], "shape mismatch"),
+    (np.zeros((0, 3), int), np.zeros(0, int), "empty batch"),
+    ([[1.5, 2.0]], [2], "must hold integer token ids, got dtype float64"),
+    ([[1, 2]] * 2, [[2, 2]], r"shape \[1, 2\] must be \[B\]"),
+])
+def test_every_bad_batch_names_what_is_wrong(ids, lengths, message) -> None:
+    with pytest.raises(BatchError, match=message):
+        validate_batch(np.asarray(ids), np.asarray(lengths), vocab_size=10)
+
+
+def test_torch_inputs_and_options() -> None:
+    ids, lengths = batch_inputs({"input_ids": torch.tensor([[1, 2]]), "input_lengths": torch.tensor([2])})
+    assert ids.dtype == np.int64 and lengths.tolist() == [2]
+    with pytest.raises(BatchError, match="batch has no 'input_lengths'"):
+        batch_inputs({"input_ids": ids})
+    with pytest.raises(BatchError, match="exceeds the teacher's max_sequence_length 1"):
+        validate_batch(ids, lengths, vocab_size=10, max_sequence_length=1)
+    assert validate_options(top_k=3, micro_batch_size=None, vocab_size=10) == (3, None)
+    for kwargs, message in (({"top_k": 11}, r"out of range \(1..10\)"), ({"top_k": True}, "must be an integer"),
+                            ({"micro_batch_size": 0}, "'micro_batch_size' = 0")):
+        with pytest.raises(BatchError, match=message):
+            validate_options(vocab_size=10, **kwargs)
+
+
+def test_ports_are_chosen_by_binding_them() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert not port_free(port, "127.0.0.1") and not port_free(port)  # "" = every address
+        with pytest.raises(OSError, match=f"no free port in {port}-{port}"):
+            find_free_port((port, port))
+        sock = listen_on_free_port("127.0.0.1", (port, port + 5))
+        try:
+            assert port < sock.getsockname()[1] <= port + 5
+        finally:
+            sock.close()
+    assert http_url("::1", 80) == "http://[::1]:80" and http_url("n1.cluster", 80) == "http://n1.cluster:80"
+    assert http_url("10.0.0.1", 8) == "http://10.0.0.1:8"
+
+
+def test_layout_shows_the_arithmetic() -> None:
+    layout = ParallelLayout(num_nodes=2, gpus_per_node=8, tensor_model_parallel_size=4,
+                            expert_model_parallel_size=4)
+    assert (layout.world_size, layout.data_parallel_size, layout.short()) == (16, 4, "TP4·PP1·CP1·EP4·ETP1")
+    layout.check("teacher 'x'")
+    with pytest.raises(LayoutError, match=r"teacher 'x': 1 nodes × 6 GPUs = 6 GPUs is not divisible by TP4"):
+        ParallelLayout(gpus_per_node=6, tensor_model_parallel_size=4).check("teacher 'x'")
+    with pytest.raises(LayoutError, match=r"16 GPUs / PP2 = 8 per stage is not divisible by EP16 × ETP1 = 16"):
+        ParallelLayout(num_nodes=2, pipeline_model_parallel_size=2, expert_model_parallel_size=16).check("teacher 'x'")
+
+
+def test_precision_spellings() -> None:
+    assert [normalise_precision(p) for p in ("bf16", "bfloat16", "torch.float32", "32", "half")] == [
+        "bf16", "bf16", "fp32", "fp32", "fp16"]
+    assert torch_dtype("bfloat16") is torch.bfloat16
+    assert from_hf_config({"torch_dtype": "float32"}) == "fp32" and from_hf_config({}) == "bf16"
+    with pytest.raises(ValueError, match="must be one of bf16, fp16, fp32, got 'fp8'"):
+        normalise_precision("fp8")
