@@ -25,16 +25,10 @@ import podium
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
 from podium.config.spec import TeacherSpec
 from podium.rendezvous import Generation
+from podium.teacher.group import TeacherWorkerGroup
 
 from .helpers import Teacher, TeacherDef, make_run
 from .test_server import MAX_BODY, check_bad_requests_then_good
-
-try:
-    from podium.teacher.group import TeacherWorkerGroup
-except ModuleNotFoundError as exc:  # the group is another part's work; until it exists this module waits
-    if exc.name != "podium.teacher.group":
-        raise
-    pytest.skip("podium.teacher.group is not there yet", allow_module_level=True)
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
