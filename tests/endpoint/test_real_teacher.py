@@ -91,7 +91,11 @@ def test_podium_client_matches_the_oracle(run: tuple[Path, Teacher], tiny_llama_
         facade = client.teacher_group("some_unlisted_agent")  # default alias -> llama
         ref = facade.get_logprobs(batch, micro_batch_size=1)["reference_logprobs"]
         np.testing.assert_allclose(ref.numpy(), expected, atol=ATOL)
-        assert facade.shutdown() is True
+        facade.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            facade.get_logprobs(batch)
+        # it closed this trainer's use of the teacher only: the teacher keeps serving
+        np.testing.assert_allclose(client.get_logprobs("math", batch)["logprobs"].numpy(), expected, atol=ATOL)
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
