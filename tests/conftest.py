@@ -1,4 +1,4 @@
-"""Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints.
+"""Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints, NeMo RL recipes.
 
 Each lives in its own module under tests/fixtures/ and is registered here as a pytest plugin.
 Under CI (``CI=true``) a skip is a failure, at collection too (``fixtures.ci_rules``): a missing
@@ -12,4 +12,5 @@ pytest_plugins = [
     "fixtures.slurm_cluster",
     "fixtures.ray_cluster",
     "fixtures.checkpoints",
+    "fixtures.recipes",
 ]
