@@ -45,6 +45,18 @@ class Batch:
     def tokens(self) -> int:
         return int(self.input_lengths.sum())
 
+    def pad(self, array: Any) -> Any:
+        """An output computed on the cut ids (``[B, longest, ...]``) padded with zeros to the caller's
+        width (numpy or torch, as given): what a group returns for this batch."""
+        missing = self.width - int(array.shape[1])
+        if missing <= 0:
+            return array
+        if hasattr(array, "new_zeros"):  # torch
+            import torch
+
+            return torch.cat([array, array.new_zeros((array.shape[0], missing, *array.shape[2:]))], dim=1)
+        return np.pad(array, [(0, 0), (0, missing)] + [(0, 0)] * (array.ndim - 2))
+
 
 def as_int_array(value: Any, name: str) -> np.ndarray:
     """An integer numpy array from a torch tensor, numpy array or nested list (no copy when possible)."""

@@ -420,6 +420,9 @@ class EndpointServer:
             if name in result and result[name] is not None:
                 value = result[name]
                 array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+                if array.shape[:2] != (batch.rows, batch.width):  # a broken group is a 500, never a wrong answer
+                    raise RuntimeError(f"the group returned {name} of shape {list(array.shape)} for a batch of "
+                                       f"{batch.rows} rows and width {batch.width}")
                 out[name] = array.astype(np.float32 if name != TOPK_INDICES else np.int64, copy=False)
         return out
 

@@ -202,7 +202,7 @@ class TeacherWorkerGroup:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is broken by an earlier failure: {self._broken}")
             ids = torch.from_numpy(batch.input_ids)
             lengths = torch.from_numpy(batch.input_lengths)
-            rows, width = batch.rows, batch.width
+            rows = batch.rows
             mbs = int(micro_batch_size or self.spec.micro_batch_size)
             dp = self.data_parallel_size
             padded = -(-rows // dp) * dp
@@ -228,14 +228,9 @@ class TeacherWorkerGroup:
             for info, out in zip(self.worker_info, results):
                 if info["is_output"]:
                     by_dp[int(info["dp_rank"])] = out
-            merged: dict[str, Any] = {}
-            for key in by_dp[0]:
-                full = torch.cat([by_dp[d][key] for d in range(dp)])[:rows]
-                if full.shape[1] < width:  # positions past the longest row come back as zeros
-                    pad = torch.zeros((rows, width - full.shape[1], *full.shape[2:]), dtype=full.dtype)
-                    full = torch.cat([full, pad], dim=1)
-                merged[key] = full.contiguous()
-            return merged
+            # positions past the longest row come back as zeros, up to the caller's width
+            return {key: batch.pad(torch.cat([by_dp[d][key] for d in range(dp)])[:rows]).contiguous()
+                    for key in by_dp[0]}
 
     # -- observability / lifecycle --------------------------------------------------------------
 

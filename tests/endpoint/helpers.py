@@ -1,7 +1,11 @@
 """Helpers for the endpoint tests: stand-in groups, a run directory, teachers behind servers.
 
 - ``FakeGroup``: the worker-group interface in numpy (deterministic formula, instant), for the
-  protocol tests (bad requests, auth, draining, ordering) where the model does not matter.
+  protocol tests (bad requests, auth, draining, ordering) where the model does not matter. It
+  records what each call received; ``wait_for_calls(n)`` waits until call ``n`` has arrived, and a
+  test can hold calls in the group (``hold``: a ``Gate``, a ``threading.Barrier``) to make "this
+  request is in the group now" or "both teachers are in a call at once" a fact, not a guess.
+- ``Gate``: holds each call until the test lets it through.
 - ``make_run``: a run dir with ``rendezvous.json`` and a 0600 token.
 - ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
   ``restart()`` brings it back under the next generation on another port.
@@ -13,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,8 +49,27 @@ def fake_logprobs(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
+class Gate:
+    """A ``FakeGroup.hold``: each call waits until the test lets it through (``release``).
+
+    A call not let through within ``timeout_s`` raises, so a test that forgets cannot hang.
+    """
+
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+        self._permits = threading.Semaphore(0)
+
+    def __call__(self) -> None:
+        if not self._permits.acquire(timeout=self.timeout_s):
+            raise TimeoutError(f"the test did not let this call through within {self.timeout_s:.0f}s")
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._permits.release()
+
+
 class FakeGroup:
-    """Numpy stand-in for ``TeacherWorkerGroup`` (records the order of calls)."""
+    """Numpy stand-in for ``TeacherWorkerGroup`` (records the order of calls and what they got)."""
 
     def __init__(self, vocab_size: int = 128, max_sequence_length: Optional[int] = 4096, delay_s: float = 0.0,
                  sequence_length_multiple: int = 1) -> None:
@@ -55,8 +78,22 @@ class FakeGroup:
         self.sequence_length_multiple = sequence_length_multiple
         self.checkpoint_path = None
         self.delay_s = delay_s
-        self.calls: list[Any] = []
+        self.calls: list[Any] = []  # ids[0, 0] of each call, in the order the calls arrived
+        self.received: list[dict[str, np.ndarray]] = []  # copies of each call's input_ids and input_lengths
+        self.hold: Optional[Callable[[], None]] = None  # called in each call once it is recorded
         self._busy = threading.Lock()
+        self._arrived = threading.Condition()
+
+    def answer(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The logprobs of the cut ids (the group's answer before it is padded to the width)."""
+        return fake_logprobs(ids, lengths)
+
+    def wait_for_calls(self, n: int, timeout_s: float = 120.0) -> None:
+        """Wait until ``n`` calls have arrived in the group (a call held by ``hold`` counts)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.calls) >= n, timeout_s):
+                raise AssertionError(f"{len(self.calls)} calls reached the group within {timeout_s:.0f}s, "
+                                     f"not {n}: {self.calls}")
 
     def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
         """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row)."""
@@ -64,18 +101,21 @@ class FakeGroup:
         assert self._busy.acquire(blocking=False), "two calls at once reached the group"
         try:
             ids, lengths = data.input_ids, data.input_lengths
-            self.calls.append(int(ids[0, 0]))
+            with self._arrived:
+                self.calls.append(int(ids[0, 0]))
+                self.received.append({"input_ids": ids.copy(), "input_lengths": lengths.copy()})
+                self._arrived.notify_all()
+            if self.hold is not None:
+                self.hold()
             if self.delay_s:
                 time.sleep(self.delay_s)
-            pad = [(0, 0), (0, data.width - ids.shape[1])]
-            out = {"logprobs": torch.from_numpy(np.pad(fake_logprobs(ids, lengths), pad))}
+            out = {"logprobs": self.answer(ids, lengths)}
             if top_k:
                 b, s = ids.shape
                 idx = (np.arange(top_k)[None, None, :] + ids[:, :, None]) % self.vocab_size
-                vals = -np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy()
-                out["topk_indices"] = torch.from_numpy(np.pad(idx.astype(np.int64), pad + [(0, 0)]))
-                out["topk_logprobs"] = torch.from_numpy(np.pad(vals, pad + [(0, 0)]))
-            return out
+                out["topk_indices"] = idx.astype(np.int64)
+                out["topk_logprobs"] = -np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy()
+            return {name: torch.from_numpy(data.pad(value)) for name, value in out.items()}
         finally:
             self._busy.release()
 

@@ -23,12 +23,13 @@ from podium.client import (
     TokenizerMismatchError,
     tokenizer_fingerprint,
 )
-from podium.protocol.tokenizer import fingerprint_from_pretrained
+from podium.client.transport import HTTPTransport
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.lifecycle import TeacherLifecycle
 from podium.launcher.signals import Signals
+from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, atomic_write_json, read_record
 
 from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
@@ -68,8 +69,8 @@ def batch(seed: int, rows: int = 4, seq: int = 16, vocab: int = 128) -> tuple[np
 @pytest.fixture()
 def two_teachers(tmp_path: Path) -> Iterator[tuple[Path, Teacher, Teacher]]:
     layout, token = make_run(tmp_path, [MATH, CHAT], default_alias="chat")
-    math = Teacher(ShiftedGroup(0.0, delay_s=0.3), layout, MATH, token).start()
-    chat = Teacher(ShiftedGroup(100.0, delay_s=0.3), layout, CHAT, token, generation=Generation(2000, 0)).start()
+    math = Teacher(ShiftedGroup(0.0), layout, MATH, token).start()
+    chat = Teacher(ShiftedGroup(100.0), layout, CHAT, token, generation=Generation(2000, 0)).start()
     yield layout.rendezvous_path, math, chat
     math.stop()
     chat.stop()
@@ -83,18 +84,25 @@ def test_routing_and_concurrent_multi_teacher_order(two_teachers: tuple[Path, Te
         agents = ["math", "chat", "code", "unlisted_agent", "math", "chat", "code", "math", "chat"]
         expected = np.stack([shifted(ids[i:i + 1], lengths[i:i + 1], 100.0 if a in ("chat", "unlisted_agent") else 0.0)[0]
                              for i, a in enumerate(agents)])
-        for _ in range(2):  # the first call also connects
-            t0 = time.perf_counter()
-            out = client.get_logprobs_by_agent({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)}, agents)
-            both = time.perf_counter() - t0
-        assert out["logprobs"].dtype == torch.float32 and out["logprobs"].shape == ids.shape
-        np.testing.assert_array_equal(out["logprobs"].numpy(), expected)
-        # the two 0.3 s teachers ran at the same time, not one after the other
-        t0 = time.perf_counter()
-        client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths})
-        one = time.perf_counter() - t0
-        assert both < 1.5 * one, (both, one)
-        topk = client.get_logprobs_by_agent({"input_ids": ids, "input_lengths": lengths}, agents, top_k=3)
+        # Each teacher's call waits in its group until the other teacher's call is there too: only
+        # calls in flight at the same time get through (one after the other, the first times out).
+        both_in_a_call = threading.Barrier(2, timeout=120)
+        math.group.hold = chat.group.hold = both_in_a_call.wait
+        try:
+            for _ in range(2):  # the first call also connects
+                out = client.get_logprobs_by_agent({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)}, agents)
+                assert out["logprobs"].dtype == torch.float32 and out["logprobs"].shape == ids.shape
+                np.testing.assert_array_equal(out["logprobs"].numpy(), expected)
+            topk = client.get_logprobs_by_agent({"input_ids": ids, "input_lengths": lengths}, agents, top_k=3)
+        finally:
+            math.group.hold = chat.group.hold = None
+        assert not both_in_a_call.broken
+        assert len(math.group.calls) == len(chat.group.calls) == 3  # one call per teacher and batch
+        # each teacher got its own rows only, in their original order
+        math_rows = [i for i, a in enumerate(agents) if a in ("math", "code")]
+        np.testing.assert_array_equal(math.group.received[0]["input_ids"], ids[math_rows])
+        np.testing.assert_array_equal(chat.group.received[0]["input_ids"],
+                                      ids[[i for i in range(len(agents)) if i not in math_rows]])
         assert topk["topk_indices"].shape == (9, 16, 3)
         np.testing.assert_array_equal(topk["topk_indices"][:, :, 0].numpy(), ids % 128)
         with pytest.raises(ValueError, match="2 agent names for a batch of 9"):
@@ -119,19 +127,36 @@ def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -
     np.testing.assert_array_equal(out["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
     topk = client.teacher_group("math", top_k=2).get_logprobs({"input_ids": ids, "input_lengths": lengths})
     assert set(topk) == {"reference_logprobs", "reference_topk_logprobs", "reference_topk_indices"}
-    assert group.shutdown() is True
+    connections = list(client.teacher("code")._transport._all)
+    assert connections and all(conn.sock is not None for conn in connections)
+    group.shutdown()
+    assert all(conn.sock is None for conn in connections)  # this trainer's connections are closed
+    group.shutdown()  # harmless when repeated
     with pytest.raises(RuntimeError, match="shut down"):
         group.get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    # the teacher keeps serving: another facade (new connections) gets the right answer
+    again = client.teacher_group("math").get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    np.testing.assert_array_equal(again["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
     client.close()
 
 
-def test_refusal_is_raised_at_once_naming_teacher_and_generation(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
-    path, _, _ = two_teachers
+def test_refusal_is_raised_at_once_naming_teacher_and_generation(two_teachers: tuple[Path, Teacher, Teacher],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path, math, _ = two_teachers
+    sent: list[tuple[str, str]] = []
+    request = HTTPTransport.request
+
+    def counting(self: HTTPTransport, method: str, url_path: str, *args: Any, **kw: Any) -> Any:
+        sent.append((method, url_path))
+        return request(self, method, url_path, *args, **kw)
+
+    monkeypatch.setattr(HTTPTransport, "request", counting)
     with podium.connect(path, **FAST) as client:
-        t0 = time.perf_counter()
         with pytest.raises(TeacherRequestError) as info:
             client.get_logprobs("math", {"input_ids": [[1, 500]], "input_lengths": [2]})
-        assert time.perf_counter() - t0 < 5
+        # at once: one infer request, no retry and no waiting for another generation
+        assert [s for s in sent if s[1].endswith("/infer")] == [("POST", "/v2/models/math/infer")], sent
+        assert math.group.calls == []  # refused by the server's checks, before the group
         text = str(info.value)
         assert "'math' (a1a1a1a1a1a1)" in text and "generation 1000:0" in text and "HTTP 400" in text
         assert "outside the vocabulary" in text

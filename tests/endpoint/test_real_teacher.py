@@ -25,16 +25,10 @@ import podium
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
 from podium.config.spec import TeacherSpec
 from podium.rendezvous import Generation
+from podium.teacher.group import TeacherWorkerGroup
 
 from .helpers import Teacher, TeacherDef, make_run
 from .test_server import MAX_BODY, check_bad_requests_then_good
-
-try:
-    from podium.teacher.group import TeacherWorkerGroup
-except ModuleNotFoundError as exc:  # the group is another part's work; until it exists this module waits
-    if exc.name != "podium.teacher.group":
-        raise
-    pytest.skip("podium.teacher.group is not there yet", allow_module_level=True)
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
@@ -97,7 +91,11 @@ def test_podium_client_matches_the_oracle(run: tuple[Path, Teacher], tiny_llama_
         facade = client.teacher_group("some_unlisted_agent")  # default alias -> llama
         ref = facade.get_logprobs(batch, micro_batch_size=1)["reference_logprobs"]
         np.testing.assert_allclose(ref.numpy(), expected, atol=ATOL)
-        assert facade.shutdown() is True
+        facade.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            facade.get_logprobs(batch)
+        # it closed this trainer's use of the teacher only: the teacher keeps serving
+        np.testing.assert_allclose(client.get_logprobs("math", batch)["logprobs"].numpy(), expected, atol=ATOL)
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])

@@ -115,7 +115,7 @@ def test_stale_generation_writer_does_not_overwrite(tmp_path: Path) -> None:
     # the old process's heartbeat stops itself and reports it once
     fenced: list[StaleGenerationError] = []
     beat = Heartbeat(old, interval_s=0.02, on_fenced=fenced.append).start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not fenced and time.monotonic() < deadline:
         time.sleep(0.01)
     beat.stop()
@@ -154,7 +154,9 @@ def test_heartbeat_refreshes(tmp_path: Path) -> None:
     assert not first.is_stale(30.0)
     assert first.is_stale(30.0, now=first.heartbeat_at + 31)
     with Heartbeat(writer, interval_s=0.05):
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60  # waits for the next beat, however slow the machine
+        while read_record(path).heartbeat_at <= first.heartbeat_at and time.monotonic() < deadline:
+            time.sleep(0.01)
     later = read_record(path)
     assert later.heartbeat_at > first.heartbeat_at and later.status is Status.READY and later.url == "http://x"
     with pytest.raises(ValueError, match="interval"):
@@ -195,61 +197,73 @@ def test_truncated_record_heals_when_rewritten(tmp_path: Path) -> None:
     assert read_record(path).url == "http://x"
 
 
+MIN_CHANGES = 20  # reads per reader that found a record rewritten since its previous read
+
+
 def test_concurrent_writers_and_readers_threads(tmp_path: Path) -> None:
+    """Readers run until the writers are done, and the writers until every reader has seen them
+    write MIN_CHANGES times: no reader can finish, or start, outside the writes."""
     paths = [tmp_path / f"t{i}" / "endpoint.json" for i in range(3)]
-    for p in paths:
+    for i, p in enumerate(paths):
         p.parent.mkdir()
-        rdv_worker.write(str(p), 10 + paths.index(p), 1)
-    stop = threading.Event()
-    results: list[dict] = []
-    writers = [threading.Thread(target=rdv_worker.write, args=(str(p), 10 + i, 150)) for i, p in enumerate(paths)]
+        rdv_worker.write(str(p), 10 + i, 1)
+    writers_done = threading.Event()
+    enough = [threading.Event() for _ in range(4)]
+    results: dict[int, dict] = {}
+    writes: dict[int, dict] = {}
 
-    def reader() -> None:
-        reads = bad = 0
-        errors = []
-        while not stop.is_set():
-            for p in paths:
-                try:
-                    rdv_worker.check(read_record(p))
-                    reads += 1
-                except (FileReadError, ValueError, KeyError) as exc:
-                    bad += 1
-                    errors.append(str(exc))
-        results.append({"reads": reads, "bad": bad, "errors": errors[:3]})
+    def reader(k: int) -> None:
+        results[k] = rdv_worker.read([str(p) for p in paths], until=writers_done.is_set,
+                                     min_changes=MIN_CHANGES, on_enough=enough[k].set)
 
-    readers = [threading.Thread(target=reader) for _ in range(4)]
+    def writer(i: int) -> None:
+        writes[i] = rdv_worker.write(str(paths[i]), 10 + i, 150, keep_going=lambda: not all(e.is_set() for e in enough))
+
+    readers = [threading.Thread(target=reader, args=(k,)) for k in range(len(enough))]
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(len(paths))]
     for t in readers + writers:
         t.start()
     for t in writers:
-        t.join()
-    stop.set()
+        t.join(rdv_worker.MAX_S + 60)
+    writers_done.set()
     for t in readers:
-        t.join()
-    assert all(r["bad"] == 0 for r in results), results
-    assert sum(r["reads"] for r in results) > 100
+        t.join(rdv_worker.MAX_S + 60)
+    assert not any(t.is_alive() for t in readers + writers)
+    assert len(results) == len(readers) and len(writes) == len(writers)
+    assert all(r["bad"] == 0 for r in results.values()), results
+    assert all(r["changes"] >= MIN_CHANGES and not r["timed_out"] for r in results.values()), results
     for i, p in enumerate(paths):
-        assert read_record(p).extra["seq"] == 149
+        assert writes[i]["writes"] >= 150
+        assert read_record(p).extra["seq"] == writes[i]["writes"] - 1
 
 
 def test_concurrent_writers_and_readers_processes(tmp_path: Path) -> None:
+    """The same across processes: readers until a writers-done file, writers until every reader's ok file."""
     paths = [tmp_path / f"t{i}" / "endpoint.json" for i in range(2)]
     for i, p in enumerate(paths):
         p.parent.mkdir()
         rdv_worker.write(str(p), 20 + i, 1)
+    done = tmp_path / "writers_done"
+    oks = [tmp_path / f"reader{k}.ok" for k in range(3)]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "read", "4", *map(str, paths)],
-                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
-    procs += [subprocess.Popen([sys.executable, str(WORKER), "write", str(p), str(20 + i), "200"],
-                               stdout=subprocess.PIPE, text=True, env=env) for i, p in enumerate(paths)]
-    outputs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0
-        outputs.append(json.loads(out.strip().splitlines()[-1]))
-    read_stats = [o for o in outputs if "reads" in o]
+    readers = [subprocess.Popen([sys.executable, str(WORKER), "read", str(done), str(ok), str(MIN_CHANGES), *map(str, paths)],
+                                stdout=subprocess.PIPE, text=True, env=env) for ok in oks]
+    writers = [subprocess.Popen([sys.executable, str(WORKER), "write", str(p), str(20 + i), "200", *map(str, oks)],
+                                stdout=subprocess.PIPE, text=True, env=env) for i, p in enumerate(paths)]
+
+    def stats(proc: subprocess.Popen) -> dict:
+        out, _ = proc.communicate(timeout=rdv_worker.MAX_S + 60)
+        assert proc.returncode == 0, proc.args
+        return json.loads(out.strip().splitlines()[-1])
+
+    try:
+        writes = [stats(proc) for proc in writers]
+    finally:
+        done.touch()
+    read_stats = [stats(proc) for proc in readers]
     assert all(o["bad"] == 0 for o in read_stats), read_stats
-    assert sum(o["reads"] for o in read_stats) > 100
+    assert all(o["changes"] >= MIN_CHANGES and not o["timed_out"] for o in read_stats), read_stats
     for i, p in enumerate(paths):
         record = read_record(p)
-        assert record.extra["seq"] == 199
+        assert writes[i]["writes"] >= 200 and record.extra["seq"] == writes[i]["writes"] - 1
         assert hashlib.sha256(record.extra["payload"].encode()).hexdigest() == record.extra["digest"]

@@ -14,11 +14,12 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import pytest
 import requests
+import torch
 
 from podium.net import listen_on_free_port as bind_socket
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
-from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
+from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
 
 MAX_BODY = 256 * 1024
 
@@ -205,14 +206,75 @@ def test_request_id_is_echoed(served: Teacher) -> None:
     assert len(requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=10).headers["X-Request-ID"]) >= 16
 
 
-def test_padding_values_do_not_matter(served: Teacher) -> None:
-    """Ids past a row's length (any value, even outside the vocabulary) are ignored, answers are 0 there."""
-    headers = {"Authorization": f"Bearer {served.token}"}
-    ids = np.array([[5, 6, 7, 999], [9, 10, -100, -100]])
-    resp = requests.post(f"{served.url}/v2/models/math/infer", data=infer_body(ids, [3, 2]), headers=headers, timeout=10)
-    assert resp.status_code == 200, resp.text
-    out = np.asarray(resp.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 4)
-    np.testing.assert_array_equal(out, fake_logprobs(np.where(ids < 0, 0, ids) % 128, [3, 2]))
+def test_padding_values_do_not_matter() -> None:
+    """Ids past a row's length (any value, even outside the vocabulary) are accepted and reach the
+    group as 0; the ids before them and the lengths reach it unchanged; the answer is the group's."""
+    group = FakeGroup(vocab_size=128, max_sequence_length=64)
+    server = _server(group)
+    try:
+        ids = np.array([[5, 6, 7, 999], [9, 10, -100, -100], [1, 2, 3, 4]])
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(ids, [3, 2, 4]),
+                             headers={"Authorization": "Bearer t0ken"}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        (got,) = group.received
+        np.testing.assert_array_equal(got["input_ids"], [[5, 6, 7, 0], [9, 10, 0, 0], [1, 2, 3, 4]])
+        np.testing.assert_array_equal(got["input_lengths"], [3, 2, 4])
+        out = np.asarray(resp.json()["outputs"][0]["data"], dtype=np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(out, fake_logprobs(got["input_ids"], got["input_lengths"]))
+    finally:
+        server.stop()
+
+
+class UnmaskedGroup(FakeGroup):
+    """Answers every position of the cut ids, padding included (no zeros past a row's length), so
+    the zeros past the longest row in the response come from padding the answer to the width."""
+
+    def answer(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        return fake_logprobs(ids, np.full(ids.shape[0], ids.shape[1]))
+
+
+class NarrowGroup(FakeGroup):
+    """A broken group: answers only the cut columns, not the caller's width."""
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+        return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths))}
+
+
+def test_a_group_answer_of_the_wrong_shape_is_a_500_never_a_wrong_answer() -> None:
+    server = _server(NarrowGroup(vocab_size=128))
+    try:
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body([[1, 2, 3, 0]], [3]),
+                             headers={"Authorization": "Bearer t0ken"}, timeout=60)
+        assert resp.status_code == 500 and "of shape [1, 3] for a batch of 1 rows and width 4" in resp.json()["error"]
+    finally:
+        server.stop()
+
+
+def test_columns_past_the_teacher_limit_are_cut_and_come_back_as_zeros() -> None:
+    """A batch wider than max_sequence_length whose rows fit: the group gets only the columns up to
+    the longest row, and the answer is padded back to the request's width with zeros."""
+    group = UnmaskedGroup(vocab_size=128, max_sequence_length=16)
+    server = _server(group)
+    try:
+        rng = np.random.default_rng(3)
+        ids = rng.integers(1, 128, (2, 40))  # padding past the lengths is not zero either
+        lengths = np.array([10, 4])
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(ids, lengths, parameters={"top_k": 2}),
+                             headers={"Authorization": "Bearer t0ken"}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        (got,) = group.received
+        assert got["input_ids"].shape == (2, 10)  # cut at the longest row, not at the limit
+        np.testing.assert_array_equal(got["input_ids"][0], ids[0, :10])
+        np.testing.assert_array_equal(got["input_ids"][1], np.r_[ids[1, :4], np.zeros(6, int)])
+        outputs = {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in resp.json()["outputs"]}
+        assert outputs["logprobs"].shape == (2, 40) and outputs["topk_indices"].shape == (2, 40, 2)
+        answered = fake_logprobs(got["input_ids"], [10, 10])  # what the group returned, padding included
+        assert np.all(answered[:, 1:] != 0)  # so any zero in the answer past column 10 is padding
+        np.testing.assert_array_equal(outputs["logprobs"][:, :10], answered)
+        for name in ("logprobs", "topk_logprobs", "topk_indices"):
+            assert not outputs[name][:, 10:].any(), name
+    finally:
+        server.stop()
 
 
 def _server(group: FakeGroup, token: str = "t0ken", **kw: Any) -> ServerThread:
@@ -223,67 +285,97 @@ def _server(group: FakeGroup, token: str = "t0ken", **kw: Any) -> ServerThread:
     return server
 
 
-def test_requests_run_one_at_a_time_in_order_and_none_is_dropped() -> None:
-    group = FakeGroup(vocab_size=128, delay_s=0.05)
-    server = _server(group)
-    try:
-        n = 12
-        results: dict[int, np.ndarray] = {}
-        errors: list[str] = []
+def _wait_until(condition: Any, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.005)
 
-        def call(i: int) -> None:
+
+def test_requests_run_one_at_a_time_in_order_and_none_is_dropped() -> None:
+    """Requests queue in arrival order behind a call the group holds; health answers meanwhile."""
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group)
+    endpoint = server.server
+    n = 12
+    results: dict[int, np.ndarray] = {}
+    errors: list[str] = []
+
+    def call(i: int) -> None:
+        try:
             ids = np.full((2, 8), 0) + np.arange(8)
             ids[0, 0] = i  # tags the request; the group records ids[0, 0] per call
             resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(ids, [8, 5]),
-                                 headers={"Authorization": "Bearer t0ken"}, timeout=60)
+                                 headers={"Authorization": "Bearer t0ken"}, timeout=120)
             if resp.status_code != 200:
-                errors.append(resp.text)
+                errors.append(f"request {i}: HTTP {resp.status_code} {resp.text}")
                 return
             out = np.asarray(resp.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 8)
             np.testing.assert_array_equal(out, fake_logprobs(ids, [8, 5]))
             results[i] = out
+        except Exception as exc:  # reported below
+            errors.append(f"request {i}: {exc!r}")
 
-        threads = []
-        for i in range(n):
-            t = threading.Thread(target=call, args=(i,))
-            t.start()
-            threads.append(t)
-            time.sleep(0.01)  # arrival order 0, 1, 2, ...
-        # health probes answer while the queue is busy
-        t0 = time.perf_counter()
-        assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
-        assert requests.get(f"{server.url}/v2/health/ready", headers={"Authorization": "Bearer t0ken"}, timeout=5).status_code == 200
-        assert time.perf_counter() - t0 < 0.5
-        for t in threads:
-            t.join()
-        assert not errors
-        assert sorted(results) == list(range(n))
-        assert group.calls == list(range(n))  # FIFO, one at a time (FakeGroup asserts no overlap)
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    try:
+        for i, thread in enumerate(threads):
+            thread.start()
+            if i == 0:
+                group.wait_for_calls(1)  # request 0 is in the group, held there
+            # request i is queued (0 runs, 1..i wait) before request i + 1 is sent: arrival order 0, 1, 2, ...
+            _wait_until(lambda: endpoint.queue_depth == i + 1 or errors, f"request {i} in the queue")
+            assert not errors, errors
+        # health probes answer while the group is provably busy: call 0 is held, the rest queued
+        assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
+        assert requests.get(f"{server.url}/v2/health/ready", headers={"Authorization": "Bearer t0ken"},
+                            timeout=60).status_code == 200
+        assert group.calls == [0] and endpoint.queue_depth == n
     finally:
+        gate.release(n)
+        for thread in threads:
+            thread.join(120)
         server.stop()
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    assert sorted(results) == list(range(n))
+    assert group.calls == list(range(n))  # FIFO, one at a time (FakeGroup asserts no overlap)
 
 
 def test_draining_answers_503_with_retry_after_and_finishes_queued_work() -> None:
-    group = FakeGroup(vocab_size=128, delay_s=0.4)
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
     server = _server(group, retry_after_s=3)
     headers = {"Authorization": "Bearer t0ken"}
+    outcome: dict[str, Any] = {}
+
+    def queued_call() -> None:
+        try:
+            outcome["status"] = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS),
+                                              headers=headers, timeout=120).status_code
+        except Exception as exc:  # reported below
+            outcome["error"] = repr(exc)
+
+    queued = threading.Thread(target=queued_call)
     try:
-        outcome: dict[str, int] = {}
-        queued = threading.Thread(target=lambda: outcome.__setitem__("status", requests.post(
-            f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=30).status_code))
         queued.start()
-        time.sleep(0.15)  # the request is in the group now
+        group.wait_for_calls(1)  # the request is in the group now, held there
         server.drain()
-        time.sleep(0.05)
-        ready = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=5)
+        ready = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=60)
         assert ready.status_code == 503 and "draining" in ready.json()["error"]
-        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=5)
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=60)
         assert resp.status_code == 503 and resp.headers["Retry-After"] == "3" and "draining" in resp.json()["error"]
-        assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
-        queued.join()
-        assert outcome["status"] == 200  # accepted before draining: answered, not dropped
+        assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
+        assert server.server.queue_depth == 1 and queued.is_alive()  # still held: not answered, not dropped
     finally:
+        gate.release()
+        queued.join(120)
         server.stop()
+    assert outcome == {"status": 200}  # accepted before draining: answered, not dropped
+    assert group.calls == [int(GOOD_IDS[0, 0])]  # the request refused while draining never reached the group
 
 
 def test_port_collision_takes_the_next_port() -> None:

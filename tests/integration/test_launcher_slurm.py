@@ -94,17 +94,17 @@ def test_concurrent_up_submit_once_and_two_runs_side_by_side(two_teachers, check
 
 
 def test_node_failing_at_start_fails_fast_naming_it(slurm_cluster, checkpoints, tmp_path) -> None:
+    """`up --wait` ends with the node's failure, not its own --timeout: stderr names the rank, the
+    node and the injected fault (a wait that timed out would say none of that)."""
     recipe = write_recipe(tmp_path / "recipe.yaml", {"wide": (checkpoints["llama"], 2)})
     run_dir = tmp_path / "run"
-    t0 = time.monotonic()
-    proc = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "120",
-                  env={"PODIUM_FAIL_NODE_RANK": "1"}, check=False)
-    elapsed = time.monotonic() - t0
+    proc = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "300",
+                  env={"PODIUM_FAIL_NODE_RANK": "1"}, check=False, timeout=420)
     try:
         assert proc.returncode != 0
+        assert "not ready after" not in proc.stderr, proc.stderr[-3000:]  # ended by the failure, not the wait
         assert "rank 1" in proc.stderr and "fault injected" in proc.stderr, proc.stderr[-3000:]
         assert any(f"node {n} (rank 1)" in proc.stderr for n in slurm_cluster.nodes), proc.stderr[-3000:]
-        assert elapsed < 90, f"failure took {elapsed:.0f}s"
     finally:
         podium("down", str(run_dir), check=False)
 

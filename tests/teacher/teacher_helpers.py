@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
 import torch
 
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
@@ -38,7 +39,26 @@ def start_group(checkpoint: Path | str, **layout: Any) -> Iterator[Any]:
     try:
         yield group
     finally:
-        assert group.shutdown() is True
+        shut_down_and_check(group)
+
+
+def shut_down_and_check(group: Any) -> None:
+    """``group.shutdown()`` and what it must have done (it returns True on every path, so its
+    value proves nothing): the placement group is removed, every worker actor is gone, a second
+    shutdown is harmless and the group refuses further calls."""
+    import ray
+
+    pg = group._placement_group
+    actors = list(group._actors)
+    assert pg is not None and actors, "the group holds no placement group or workers before shutdown"
+    group.shutdown()
+    group.shutdown()  # harmless when repeated
+    assert ray.util.placement_group_table()[pg.id.hex()]["state"] == "REMOVED"
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.info.remote(), timeout=60)
+    with pytest.raises(RuntimeError, match="shut down"):
+        group.get_logprobs(random_batch(int(group.vocab_size), [2]))
 
 
 def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, seed: int = 0, width: int | None = None) -> dict[str, torch.Tensor]:

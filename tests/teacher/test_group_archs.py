@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from podium.teacher.group import TeacherWorkerGroup
-from teacher_helpers import assert_matches_oracle, ragged_batch, start_group, teacher_cfg
+from teacher_helpers import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
@@ -59,15 +59,8 @@ def test_mistral_sliding_window(ray_cluster, tiny_mistral_checkpoint):
 def test_shutdown_releases_actors_and_placement_group_twice(ray_cluster, tiny_gpt2_checkpoint):
     group = TeacherWorkerGroup(teacher_cfg(tiny_gpt2_checkpoint))
     assert_matches_oracle(group, tiny_gpt2_checkpoint, ragged_batch(101, (4, 2), seed=1))
-    pg_id = group._placement_group.id.hex()
-    actor = group._actors[0]
-    assert group.shutdown() is True
-    assert group.shutdown() is True
-    assert ray.util.placement_group_table()[pg_id]["state"] == "REMOVED"
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.info.remote(), timeout=60)
-    with pytest.raises(RuntimeError, match="shut down"):
-        group.get_logprobs(ragged_batch(101, (4,)))
+    # removed placement group, dead workers, a harmless repeat, calls refused
+    shut_down_and_check(group)
 
 
 def test_dropped_group_is_released_by_del(ray_cluster, tiny_gpt2_checkpoint):

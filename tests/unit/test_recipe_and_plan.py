@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,21 @@ from podium.config.errors import ConfigError
 from podium.config.plan import load_plan
 from podium.config.recipe import load_recipe, resolve_section
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "nemo-rl-configs" / "examples"
-ULTRA = SHARED / "nemo_gym" / "nemotron-3-ultra" / "mopd.yaml"
-QWEN3 = SHARED / "configs" / "recipes" / "llm" / "mopd-qwen3-1.7b-3n8g-megatron-pack.yaml"
+from fixtures.recipes import ENV_VAR, find_nemo_rl_configs
+
+# In shared/nemo-rl-configs (the session fixture ``nemo_rl_configs`` finds it, or fails).
+ULTRA_RECIPE = Path("examples/nemo_gym/nemotron-3-ultra/mopd.yaml")
+QWEN3_RECIPE = Path("examples/configs/recipes/llm/mopd-qwen3-1.7b-3n8g-megatron-pack.yaml")
+
+
+@pytest.fixture(scope="module")
+def ultra(nemo_rl_configs: Path) -> Path:
+    return nemo_rl_configs / ULTRA_RECIPE
+
+
+@pytest.fixture(scope="module")
+def qwen3(nemo_rl_configs: Path) -> Path:
+    return nemo_rl_configs / QWEN3_RECIPE
 
 
 @pytest.fixture(autouse=True)
@@ -28,31 +41,46 @@ def _no_hf_home(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HOME", raising=False)
 
 
-def test_shared_recipes_exist() -> None:
-    assert ULTRA.is_file() and QWEN3.is_file(), f"expected NeMo RL recipes under {SHARED}"
+def test_shared_recipes_exist(nemo_rl_configs: Path, ultra: Path, qwen3: Path) -> None:
+    assert ultra.is_file() and qwen3.is_file(), f"expected NeMo RL recipes under {nemo_rl_configs}"
 
 
-def test_qwen3_recipe_inherits_through_defaults() -> None:
-    cfg = load_recipe(QWEN3)
+def test_recipes_are_found_through_the_variable_or_fail_naming_what_was_tried(
+        nemo_rl_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, str(nemo_rl_configs))
+    assert find_nemo_rl_configs(tmp_path / "repo") == nemo_rl_configs
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere"))
+    with pytest.raises(pytest.fail.Exception, match=rf"(?s)Tried \${ENV_VAR}:.*{re.escape(str(tmp_path))}/nowhere \(does not exist\)"):
+        find_nemo_rl_configs(tmp_path / "repo")
+    monkeypatch.delenv(ENV_VAR)
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(pytest.fail.Exception) as info:
+        find_nemo_rl_configs(tmp_path / "repo")  # not a git checkout, no shared/ beside it
+    text = str(info.value)
+    assert f"{tmp_path}/shared/nemo-rl-configs (does not exist)" in text and f"Set {ENV_VAR}=" in text, text
+
+
+def test_qwen3_recipe_inherits_through_defaults(qwen3: Path) -> None:
+    cfg = load_recipe(qwen3)
     # From grpo_math_1B.yaml (the parent), merged under the child's own values.
     assert cfg.policy.megatron_cfg.tensor_model_parallel_size == 2  # child wins
     assert "grpo" in cfg and cfg.grpo.num_prompts_per_step == 8
     assert cfg.policy.max_grad_norm == 1.0  # only in the parent
-    plan = load_plan(QWEN3)
+    plan = load_plan(qwen3)
     (teacher,) = plan.teachers
     assert teacher.model_name == "Qwen/Qwen3-1.7B"  # a hub id stays as written
     assert (teacher.num_nodes, teacher.gpus_per_node, teacher.tensor_model_parallel_size) == (1, 8, 2)
     assert teacher.data_parallel_size == 4
 
 
-def test_unread_unresolvable_parts_do_not_matter_but_read_ones_are_named() -> None:
-    cfg = load_recipe(QWEN3)
+def test_unread_unresolvable_parts_do_not_matter_but_read_ones_are_named(qwen3: Path) -> None:
+    cfg = load_recipe(qwen3)
     with pytest.raises(ConfigError, match=r"data\.train\.data_path: cannot resolve .*HF_HOME"):
         resolve_section(cfg, "data")
 
 
-def test_ultra_recipe_dedups_26_aliases_to_one_teacher() -> None:
-    plan = load_plan(ULTRA)
+def test_ultra_recipe_dedups_26_aliases_to_one_teacher(ultra: Path) -> None:
+    plan = load_plan(ultra)
     assert plan.totals == {"teachers": 1, "aliases": 26, "nodes": 4, "nodes_without_dedup": 104}
     (teacher,) = plan.teachers
     assert teacher.expert_model_parallel_size == 16 and teacher.context_parallel_size == 2
@@ -62,8 +90,8 @@ def test_ultra_recipe_dedups_26_aliases_to_one_teacher() -> None:
     }
 
 
-def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers() -> None:
-    plan = load_plan(ULTRA, ["_teachers.reasoning=/ckpt/r", "_teachers.swe=/ckpt/s"])
+def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers(ultra: Path) -> None:
+    plan = load_plan(ultra, ["_teachers.reasoning=/ckpt/r", "_teachers.swe=/ckpt/s"])
     assert plan.totals["teachers"] == 3 and plan.totals["nodes"] == 12
     by_ckpt = {t.model_name: t for t in plan.teachers}
     assert set(by_ckpt) == {"/ckpt/r", "/ckpt/s", "/path/to/general_teacher"}
@@ -73,8 +101,8 @@ def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers() -> None:
     assert plan.route("some_new_agent").model_name == "/path/to/general_teacher"
 
 
-def test_cli_plan_json_matches_contract() -> None:
-    result = CliRunner().invoke(app, ["plan", str(ULTRA), "_teachers.swe=/ckpt/s", "--json"])
+def test_cli_plan_json_matches_contract(ultra: Path) -> None:
+    result = CliRunner().invoke(app, ["plan", str(ultra), "_teachers.swe=/ckpt/s", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["totals"] == {"teachers": 2, "aliases": 26, "nodes": 8, "nodes_without_dedup": 104}
@@ -216,16 +244,16 @@ def test_launcher_overrides_that_differ_within_a_teacher_are_an_error(tmp_path: 
         load_plan(write(tmp_path, "r.yaml", text))
 
 
-def test_login_node_commands_import_nothing_heavy() -> None:
+def test_login_node_commands_import_nothing_heavy(ultra: Path) -> None:
     code = (
         "import sys, runpy; sys.argv = ['podium', 'plan', %r, '--json'];"
         "from podium.cli import app\n"
         "try: app()\n"
         "except SystemExit: pass\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'megatron', 'transformers')]\n"
-        "sys.stderr.write('HEAVY=' + ','.join(heavy))" % str(ULTRA)
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))" % str(ultra)
     )
-    for argv_code in (code, code.replace("'plan', %r, '--json'" % str(ULTRA), "'--help'")):
+    for argv_code in (code, code.replace("'plan', %r, '--json'" % str(ultra), "'--help'")):
         out = subprocess.run([sys.executable, "-c", argv_code], capture_output=True, text=True,
                              env={**os.environ, "COLUMNS": "120"})
         assert "HEAVY=" in out.stderr, out.stderr
