@@ -134,7 +134,9 @@ def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
     if s.requeue:
         options["requeue"] = True
     options.update({str(k): v for k, v in s.extra_sbatch.items()})
-    srun = ["--unbuffered", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+    # --kill-on-bad-exit=0: a task that fails does not take the others down with it; the head
+    # watches its nodes, publishes which one failed and why, and decides the job's fate.
+    srun = ["--unbuffered", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
             f"--output={files.submitit / '%j_%t_log.out'}", f"--error={files.submitit / '%j_%t_log.err'}"]
     if s.container_image:
         srun.append(f"--container-image={s.container_image}")
