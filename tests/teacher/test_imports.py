@@ -19,3 +19,21 @@ def test_teacher_modules_import_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_client_and_teacher_never_import_each_other():
+    """A trainer that imports the client loads no teacher module, and the teacher side loads no
+    client module: both sides share only ``podium.protocol``."""
+    code = (
+        "import sys, importlib\n"
+        "side, other = sys.argv[1], sys.argv[2]\n"
+        "for m in sys.argv[3:]: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m == other or m.startswith(other + '.')))\n"
+    )
+    for side, other, modules in (("client", "podium.teacher", ["podium.client", "podium.client.facade"]),
+                                 ("teacher", "podium.client", ["podium.teacher.endpoint", "podium.teacher.group",
+                                                               "podium.teacher.worker"])):
+        out = subprocess.run([sys.executable, "-c", code, side, other, *modules], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[]", f"importing the {side} side loaded {out.stdout.strip()}"
