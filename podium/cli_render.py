@@ -63,6 +63,9 @@ def status_table(rows: list, title: str = "podium status") -> Table:
         status = r.status + (f" ({r.reason})" if r.reason and r.status in ("failed", "stopped", "draining") else "")
         if r.superseded:
             status += " [dim](earlier run; requeued)[/dim]"
+        elif r.status == "failed" and r.restart:
+            failures = f"{r.restart.get('consecutive_failures')}/{r.restart.get('max_consecutive_failures')} failures"
+            status += f" [red]final after {failures}[/red]" if r.final else f" [yellow]retrying: {failures}[/yellow]"
         name = r.name if r.in_plan else f"{r.name} [dim](not in recipe)[/dim]"
         restarts = "-" if r.restarts is None else str(r.restarts)
         table.add_row(name, ", ".join(r.aliases), r.job_id or "-", r.slurm_state, restarts, r.generation or "-",

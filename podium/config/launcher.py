@@ -8,9 +8,10 @@ podium:
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
   ray:    {port_range, temp_dir_root, interface, object_store_memory_mb}
-  server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s}
+  server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s}
+  restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes}
   teachers:
-    ALIAS: {slurm: {...}, ray: {...}, server: {...}}   # merged over the above for that teacher
+    ALIAS: {slurm: {...}, ray: {...}, server: {...}, restart: {...}}   # merged over the above
 ```
 
 Every model forbids unknown keys, so a typo is an error that names its key path and lists the valid
@@ -111,10 +112,30 @@ class ServerSettings(_Strict):
         return self
 
 
+class RestartSettings(_Strict):
+    """When a teacher comes back by itself, and when it stops trying.
+
+    A *failure* (a start that fails, a join timeout, a load error, a node lost while serving)
+    requeues the job after a backoff that doubles from ``backoff_s`` up to ``max_backoff_s``;
+    ``max_consecutive_failures`` failed generations in a row end the teacher (``failed``, final).
+    A preemption or a time limit is not a failure: the job requeues at once, up to
+    ``max_requeues`` times (None: without limit). A node lost while serving is excluded from the
+    next generation's allocation when ``exclude_lost_nodes`` (and the site lets jobs change
+    their excluded nodes).
+    """
+
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    max_requeues: int | None = Field(default=None, ge=0)
+    backoff_s: float = Field(default=30.0, ge=0)
+    max_backoff_s: float = Field(default=600.0, ge=0)
+    exclude_lost_nodes: bool = True
+
+
 class TeacherLauncherOverrides(_Strict):
     slurm: dict[str, Any] = Field(default_factory=dict)
     ray: dict[str, Any] = Field(default_factory=dict)
     server: dict[str, Any] = Field(default_factory=dict)
+    restart: dict[str, Any] = Field(default_factory=dict)
 
 
 class TeacherLauncherSettings(_Strict):
@@ -125,6 +146,7 @@ class TeacherLauncherSettings(_Strict):
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)
 
 
 class LauncherSettings(TeacherLauncherSettings):

@@ -52,6 +52,8 @@ class TeacherStatus:
     heartbeat_age_s: Optional[float] = None
     submitted_at: Optional[float] = None
     timings: dict[str, float] = field(default_factory=dict)
+    restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
+    final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
     in_plan: bool = True
 
     @property
@@ -74,10 +76,12 @@ class TeacherStatus:
 
     @property
     def failed(self) -> bool:
+        """Failed for good: the job is over, or its record failed with no retry to come."""
         if self.job_kind == "done":
             return self.job_id is not None
         if self.status == "failed":
-            return not (self.superseded and self.job_kind in ("pending", "running"))
+            coming_back = self.superseded or self.final is False
+            return not (coming_back and self.job_kind in ("pending", "running"))
         return False
 
     @property
@@ -90,6 +94,8 @@ class TeacherStatus:
             return f"{self.slurm_state.lower()} ({self.status})"
         if self.superseded:
             return f"{requeued}starting"
+        if self.status == "failed" and self.final is False:
+            return f"failed, retrying ({self.restart.get('why', 'requeued')})"
         return self.status
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +104,8 @@ class TeacherStatus:
                 "restarts": self.restarts,
                 "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
                 "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
-                "timings": self.timings, "submitted_at": self.submitted_at}
+                "timings": self.timings, "restart": self.restart, "final": self.final,
+                "submitted_at": self.submitted_at}
 
 
 @dataclass
@@ -183,6 +190,8 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
             row.generation = str(endpoint.generation)
             row.heartbeat_age_s = round(endpoint.age(), 1)
             row.timings = dict(endpoint.extra.get("timings", {}))
+            row.restart = dict(endpoint.extra.get("restart", {}))
+            row.final = endpoint.extra.get("final")
             if probe and endpoint.url and endpoint.status is Status.READY:
                 row.health = _probe(endpoint.url)
         rows.append(row)

@@ -16,9 +16,13 @@ path (in the teacher's folder)       written by      holds
 ``submitit/``                        submitit        ``%j_submission.sh`` (the script as submitted),
                                                      ``%j_%t_log.out/err`` (node tasks),
                                                      ``controller.log`` (local controller)
-``nodes/<job>-<restart>/head.json``  node rank 0     Ray head address of that generation
+``nodes/<job>-<restart>/head.json``  node rank 0     Ray head address of that generation (0600)
+``nodes/<job>-<restart>/ray_token``  node rank 0     that generation's Ray auth token (0600)
 ``nodes/<job>-<restart>/<rank>.json`` node <rank>    that node's state: host, ip, pid, ports, log,
-                                                     ``failed`` + error when its start failed
+                                                     ``failed`` + error when its start failed (0600)
+``restarts.json``                    the head        how each generation ended, failures in a
+                                                     row, requeues, excluded nodes
+                                                     (:mod:`podium.launcher.restarts`)
 ``stop.request``                     ``down``        asks the head of the job it names
                                                      (``job_id``) to stop; ignored by other jobs
 ===================================  ==============  ==============================================
@@ -38,6 +42,8 @@ SUBMITIT_DIR = "submitit"
 NODES_DIR = "nodes"
 HEAD_FILE = "head.json"
 STOP_FILE = "stop.request"
+RESTARTS_FILE = "restarts.json"
+RAY_TOKEN_FILE = "ray_token"
 PLAN_FILE = "plan.json"  # in the run dir: the resolved plan
 RECIPE_FILE = "recipe.yaml"  # in the run dir: the resolved recipe (as loaded, overrides applied)
 CLAIM_STALE_S = 120.0
@@ -78,6 +84,10 @@ class TeacherFiles:
         return self.folder / ENDPOINT_FILE
 
     @property
+    def restarts(self) -> Path:
+        return self.folder / RESTARTS_FILE
+
+    @property
     def stop_request(self) -> Path:
         return self.folder / STOP_FILE
 
@@ -86,6 +96,10 @@ class TeacherFiles:
 
     def head(self, job_id: int | str, restart: int) -> Path:
         return self.generation_dir(job_id, restart) / HEAD_FILE
+
+    def ray_token(self, job_id: int | str, restart: int) -> Path:
+        """The generation's Ray auth token (0600; written by the head, read by every node)."""
+        return self.generation_dir(job_id, restart) / RAY_TOKEN_FILE
 
     def node(self, job_id: int | str, restart: int, rank: int) -> Path:
         return self.generation_dir(job_id, restart) / f"{rank}.json"

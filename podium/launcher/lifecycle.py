@@ -4,8 +4,9 @@ Only the head node's task has a :class:`TeacherLifecycle`. It publishes every st
 generation passes through, keeps the heartbeat, watches the stop signals while serving and drains
 the endpoint before it says ``stopped``::
 
-    starting -> loading -> ready -> draining -> stopped
-          \\________________\\________\\__________-> failed (with the error), from any state
+    starting -> loading -> ready -> draining -> stopped (why; whether the job requeues)
+          \\________________\\________\\__________-> failed (the error, the node at fault, and
+                                                    the restart decision: retried or final)
 
 The endpoint (:mod:`podium.teacher.endpoint`) only serves and reports (its URL, model metadata,
 queue); readiness is set here, right before ``ready`` is published, so a trainer that reads
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.signals import Signals
 from podium.rendezvous.atomic import try_read_json
 from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, StaleGenerationError, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podium.launcher.restarts import Decision, RestartLedger
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,8 @@ class TeacherLifecycle:
     def __init__(self, spec: TeacherSpec, files: TeacherFiles, generation: Generation, signals: Signals) -> None:
         self.spec, self.files, self.generation, self.signals = spec, files, generation, signals
         self.timings: dict[str, float] = {"task_start": time.time()}
+        self.fault: Optional[tuple[str, Optional[str]]] = None  # (reason, node) the watchdog found
+        self._server: Any = None
         self.writer = RecordWriter(files.endpoint, teacher_key=spec.key, teacher_name=spec.name,
                                    generation=generation, aliases=spec.aliases,
                                    stale_after_s=spec.launcher.server.stale_after_s)
@@ -68,7 +74,7 @@ class TeacherLifecycle:
             self.writer.publish(status, reason=reason, timings=dict(self.timings), **fields)
         except StaleGenerationError as exc:
             logger.error("%s", exc)
-            self.signals.request_stop(f"fenced: {exc}")
+            self.signals.request_stop(f"fenced: {exc}", kind="cancel")
             return False
         except OSError as exc:
             if not best_effort:
@@ -77,19 +83,33 @@ class TeacherLifecycle:
             return False
         return True
 
-    def fail(self, exc: BaseException) -> None:
-        """Publish ``failed`` with the error (or ``stopped`` when a stop signal ended the start)."""
-        try:
-            if self.signals.stop.is_set() and isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                self.publish(Status.STOPPED, best_effort=True)
-            else:
-                self.publish(Status.FAILED, reason=f"{type(exc).__name__}: {exc}"[:2000], best_effort=True)
-        except Exception:  # the original error matters more
-            logger.exception("could not publish the failure")
+    def fault_found(self, reason: str, node: Optional[str]) -> None:
+        """The watchdog found the generation broken: readiness off at once (new requests get 503
+        and retry elsewhere), then a stop with no drain; :meth:`end` publishes ``failed``."""
+        if self.fault is not None:
+            return
+        self.fault = (reason, node)
+        self.stamp("fault")
+        if self._server is not None:
+            self._server.set_ready(False, reason)
+        self.signals.request_stop(reason, kind="fault", requeue=True)
 
-    def serve(self, group: Any, *, host: str, token: str, drain_s: float,
-              on_ready: Optional[Callable[[str], None]] = None) -> None:
-        """Serve ``group`` until a stop: endpoint up, ``ready``, heartbeat; then drain, ``stopped``."""
+    def end(self, outcome: str, reason: str, decision: "Decision", ledger: "RestartLedger") -> None:
+        """Publish how the generation ended: ``failed`` (with the restart decision, so a reader
+        knows whether it comes back) or ``stopped`` (with why, and whether it requeues)."""
+        restart = {**decision.to_json(), "consecutive_failures": ledger.consecutive_failures,
+                   "requeues": ledger.requeues, "max_consecutive_failures": self.spec.launcher.restart.max_consecutive_failures}
+        fields = {"final": decision.final, "will_retry": decision.requeue, "restart": restart}
+        if outcome == "failed":
+            text = f"{reason} ({decision.why})"
+            self.publish(Status.FAILED, reason=text[:2000], best_effort=True, **fields)
+        else:
+            text = reason if not decision.requeue or "requeu" in reason else f"{reason}; requeueing"
+            self.publish(Status.STOPPED, reason=text, best_effort=True, **fields)
+
+    def serve(self, group: Any, *, host: str, token: str, on_ready: Optional[Callable[[str], None]] = None) -> None:
+        """Serve ``group`` until a stop: endpoint up, ``ready``, heartbeat; then ``draining`` and the
+        drain the stop allows (none for a fault or a cancel). :meth:`end` says how it ended."""
         from podium.protocol.tokenizer import fingerprint_from_pretrained
         from podium.teacher.endpoint import EndpointConfig, ServerThread
 
@@ -101,6 +121,7 @@ class TeacherLifecycle:
                                 model_name=self.spec.model_name, tokenizer_fingerprint=fingerprint,
                                 tokenizer_vocab_size=tokenizer_size)
         server = ServerThread(group, config)
+        self._server = server
         heartbeat: Optional[Heartbeat] = None
         try:
             url = server.start()
@@ -108,18 +129,20 @@ class TeacherLifecycle:
             if not self.publish(Status.READY, url=url, model=server.server.model_info()):
                 return
             heartbeat = Heartbeat(self.writer, server_cfg.heartbeat_s,
-                                  on_fenced=lambda exc: self.signals.request_stop(f"fenced: {exc}")).start()
+                                  on_fenced=lambda exc: self.signals.request_stop(f"fenced: {exc}", kind="cancel")).start()
             if on_ready is not None:
                 on_ready(url)
             while not self.signals.stop.wait(STOP_FILE_POLL_S):
                 self._check_stop_file()
+            intent = self.signals.intent()
+            drain_s = 0.0 if intent is None or intent.urgent else intent.drain_s()
             logger.warning("generation %s: %s: draining (up to %.0fs for queued requests)",
                            self.generation, self.signals.describe(), drain_s)
-            server.set_ready(False, "draining")
+            server.set_ready(False, self.fault[0] if self.fault else "draining")
             server.drain()
-            self.publish(Status.DRAINING, best_effort=True)
+            if self.fault is None:  # a fault is published as failed by end(), at once
+                self.publish(Status.DRAINING, best_effort=True)
             server.stop(grace_s=drain_s)
-            self.publish(Status.STOPPED, best_effort=True)
         except BaseException:
             server.stop(grace_s=0)
             raise
@@ -133,7 +156,7 @@ class TeacherLifecycle:
         found = try_read_json(self.files.stop_request)
         if found.ok and str(found.data.get("job_id")) == str(self.generation.job_id):
             logger.warning("stop requested by %s", self.files.stop_request)
-            self.signals.request_stop(f"stop requested by {self.files.stop_request.name}")
+            self.signals.request_stop(f"stop requested by {self.files.stop_request.name} (podium down)")
 
 
 def _fingerprint(compute: Callable[[str], tuple], path: Optional[str]) -> tuple[Optional[str], Optional[int]]:

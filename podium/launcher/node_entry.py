@@ -66,7 +66,9 @@ from podium.launcher.backends import Backend, NodeContext, backend_for  # noqa: 
 from podium.launcher.cleanup import sweep_temp_dirs  # noqa: E402
 from podium.launcher.files import TeacherFiles  # noqa: E402
 from podium.launcher.lifecycle import TeacherLifecycle  # noqa: E402
+from podium.launcher.restarts import Decision, RestartLedger, decide, excluded_after  # noqa: E402
 from podium.launcher.signals import Signals  # noqa: E402
+from podium.launcher.watchdog import WatchedNode, Watchdog  # noqa: E402
 from podium.rendezvous.atomic import atomic_write_json, try_read_json  # noqa: E402
 from podium.rendezvous.records import Status  # noqa: E402
 
@@ -82,6 +84,10 @@ HEAD_DONE_STATES = frozenset({"stopped", "ended", "failed"})
 class NodeStartError(RuntimeError):
     """A node of the job could not start or join; the message names the node and its log."""
 
+    def __init__(self, message: str, node: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.node = node  # the host at fault, when it is another node
+
 
 def _log_setup() -> None:
     root = logging.getLogger()
@@ -90,8 +96,12 @@ def _log_setup() -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+ADDRESS_FILE_MODE = 0o600  # files that name a node's address and ports: the owner's only
+
+
 class NodeState:
-    """This task's ``nodes/<job>-<restart>/<rank>.json`` (only this task writes it)."""
+    """This task's ``nodes/<job>-<restart>/<rank>.json`` (only this task writes it; 0600: it names
+    the node's address and ports)."""
 
     def __init__(self, files: TeacherFiles, ctx: NodeContext) -> None:
         self.path = files.node(ctx.job_id, ctx.restart, ctx.rank)
@@ -102,7 +112,7 @@ class NodeState:
     def write(self, state: str, **fields: Any) -> None:
         self.fields.update(fields)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.path, {"state": state, **self.fields, "time": time.time()})
+        atomic_write_json(self.path, {"state": state, **self.fields, "time": time.time()}, mode=ADDRESS_FILE_MODE)
 
 
 def run_node(teacher_dir: str) -> None:
@@ -120,23 +130,18 @@ def run_node(teacher_dir: str) -> None:
     spec = TeacherSpec.read(files.spec)
     backend = backend_for(spec.launcher.cluster)
     ctx = backend.node_context()
+    signals.set_classifier(lambda name: backend.stop_intent(ctx, name, spec), spec.launcher.server.drain_s)
     node = _NodeRun(spec, files, backend, ctx, signals)
-    try:
-        node.run()
-    except BaseException:
-        if not (signals.requeue and backend.requeues):
-            raise
-        # Failed while it was being preempted: the job must still come back.
-        logger.exception("generation %s failed during its stop; requeueing it anyway", ctx.generation)
-        node.finish()
-        _exit_now(1)
-    node.finish()
-    if signals.received and backend.exit_fast_after_signal:
+    decision = node.run()
+    code = node.finish(decision)
+    if backend.exit_fast_after_signal and (signals.received or (decision is not None and decision.requeue)):
         # Slurm is ending this task (a requeue, a cancel, a preemption) and SIGKILLs it KillWait
         # seconds after its SIGTERM: the teardown is done, so leave now rather than through the
         # interpreter's exit (torch's and Ray's finalizers sometimes outlast KillWait, and the job
-        # stays COMPLETING, so not requeued, until they end). No submitit result for this run.
-        _exit_now(0)
+        # stays COMPLETING, so not requeued, until they end).
+        _exit_now(code)
+    if code:
+        raise SystemExit(code)
 
 
 def _exit_now(code: int) -> None:
@@ -160,17 +165,23 @@ class _NodeRun:
         self.log_path = files.task_log(ctx.job_id, ctx.rank)
         self.ray_proc: Optional[rb.RayNodeProcess] = None
         self.temp: Optional[Path] = None
-        self.drain_s = spec.launcher.server.drain_s
+        self.token_path: Optional[Path] = None
+        self.ledger: Optional[RestartLedger] = None
 
     # ------------------------------------------------------------------ the task
 
-    def run(self) -> None:
+    def run(self) -> Optional[Decision]:
+        """Start, serve or join, tear down. The head returns what comes next (its ending has been
+        published); a worker rank returns None, or raises what made it fail."""
         ctx, spec, files = self.ctx, self.spec, self.files
         logger.info("teacher %r (%s) node %s rank %d/%d generation %s", spec.name, spec.key, ctx.host,
                     ctx.rank, ctx.num_nodes, ctx.generation)
-        if self.signals.received:
-            logger.warning("a stop signal came before the task started: %s", self.signals.describe())
+        lifecycle = TeacherLifecycle(spec, files, ctx.generation, self.signals) if ctx.rank == 0 else None
+        error: Optional[BaseException] = None
+        decision: Optional[Decision] = None
         try:
+            if self.signals.stop.is_set():
+                logger.warning("a stop signal came before the task started: %s", self.signals.describe())
             for path in sweep_temp_dirs(files, keep=(ctx.job_id, ctx.restart)):
                 logger.info("swept %s (an ended generation's Ray temp dir)", path)
             if os.environ.get("PODIUM_FAIL_NODE_RANK") == str(ctx.rank):
@@ -184,25 +195,60 @@ class _NodeRun:
             common = dict(ip=ip, ports=ports, temp=self.temp, num_cpus=cpus, num_gpus=gpus,
                           object_store_memory_mb=ray_cfg.object_store_memory_mb)
             self.state.write("starting", ip=ip, ports=ports.to_dict(), temp=str(self.temp), log=str(self.log_path))
-            if ctx.rank == 0:
-                _HeadRun(self, common).run()
+            if lifecycle is not None:
+                decision = _HeadRun(self, common, lifecycle).run()
             else:
                 self._run_worker(common)
         except BaseException as exc:
-            msg = f"node {ctx.host} (rank {ctx.rank}) failed: {type(exc).__name__}: {exc}"
-            logger.error("%s (log %s)", msg, self.log_path)
-            try:
-                self.state.write("failed", error=msg)
-            except OSError:
-                pass
-            self.teardown()
-            raise
+            error = exc
+            self.failed(exc)
+        if lifecycle is not None and decision is None:  # failed before the head could start
+            decision = self._end(lifecycle, error)
         self.teardown()
+        if lifecycle is None and error is not None:
+            raise error
+        return decision
+
+    def failed(self, exc: BaseException) -> None:
+        """Record in this node's state that its task failed (worker ranks watch the head's)."""
+        msg = f"node {self.ctx.host} (rank {self.ctx.rank}) failed: {type(exc).__name__}: {exc}"
+        logger.error("%s (log %s)", msg, self.log_path)
+        try:
+            self.state.write("failed", error=msg)
+        except OSError:
+            pass
+
+    def _end(self, lifecycle: TeacherLifecycle, error: Optional[BaseException]) -> Decision:
+        """How this generation ended, per the restart policy, published; the decision."""
+        intent = self.signals.intent()
+        node: Optional[str] = None
+        if lifecycle.fault is not None:
+            outcome, (reason, node) = "failed", lifecycle.fault
+        elif intent is not None and (intent.requeue or error is None or isinstance(error, (KeyboardInterrupt, SystemExit))):
+            # A stop: a failure while being preempted still brings the job back.
+            outcome = {"preempt": "preempted", "signal": "preempted", "time_limit": "time_limit"}.get(intent.kind, "stopped")
+            reason = self.signals.describe()
+        elif error is not None:
+            outcome, reason, node = "failed", f"{type(error).__name__}: {error}", getattr(error, "node", None)
+        else:
+            outcome, reason = "stopped", "ended"
+        settings = self.spec.launcher.restart
+        ledger = RestartLedger.read(self.files).ended(str(self.ctx.generation), outcome, reason, node)
+        if outcome == "failed":
+            ledger = excluded_after(ledger, node, settings)
+        decision = decide(ledger, outcome, settings, can_requeue=self.backend.requeues)
+        try:
+            ledger.write(self.files)
+        except OSError as exc:
+            logger.error("could not write %s: %s", self.files.restarts, exc)
+        self.ledger = ledger
+        lifecycle.end(outcome, reason, decision, ledger)
+        return decision
 
     def start_ray(self, common: dict[str, Any], head_address: Optional[str] = None) -> rb.RayNodeProcess:
         ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
         cmd = rb.start_command(head=head_address is None, head_address=head_address, **common)
-        self.ray_proc = rb.RayNodeProcess(cmd, ray_log)
+        self.ray_proc = rb.RayNodeProcess(cmd, ray_log, token_path=self.token_path)
         self.state.write("ray_starting", ray=self.ray_proc.ref.to_dict())
         return self.ray_proc
 
@@ -231,6 +277,7 @@ class _NodeRun:
         head = self._wait_head_file()
         if head is None:
             return
+        self.token_path = Path(head["token_path"])
         ray_proc = self.start_ray(common, head_address=head["address"])
         self.state.write("started")
         while not self.signals.stop.wait(0.5):
@@ -257,83 +304,95 @@ class _NodeRun:
         return None
 
     def _wait_head_done(self) -> None:
-        """Keep this node's Ray until the head has drained (its queued requests may need it)."""
+        """Keep this node's Ray until the head has drained (its queued requests may need it), for
+        as long as the stop allows: until the drain's end on a preemption or a time limit, a few
+        seconds on a cancel or when Slurm requeues the job itself."""
         head_file = self.files.node(self.ctx.job_id, self.ctx.restart, 0)
-        bound = URGENT_HEAD_WAIT_S if self.signals.urgent.is_set() else self.drain_s + 10.0
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
+        intent = self.signals.intent()
+        until = time.time() + (URGENT_HEAD_WAIT_S if intent is None or intent.urgent
+                               else intent.drain_s() + URGENT_HEAD_WAIT_S)
+        while time.time() < until:
             found = try_read_json(head_file)
             if found.ok and found.data.get("state") in HEAD_DONE_STATES:
                 return
-            if self.signals.urgent.is_set():
-                deadline = min(deadline, time.monotonic() + URGENT_HEAD_WAIT_S)
             time.sleep(0.1)
-        logger.warning("head did not finish draining within %.0fs; ending this node's Ray", bound)
+        logger.warning("head did not finish draining in time; ending this node's Ray")
 
-    # ------------------------------------------------------------------ requeue
+    # ------------------------------------------------------------------ what comes next
 
-    def finish(self) -> None:
-        """After the teardown: rank 0 of a drained Slurm job requeues it.
+    def finish(self, decision: Optional[Decision]) -> int:
+        """After the teardown: the head asks for the next generation when the decision says so.
+        Returns the task's exit code (non-zero when the teacher failed for good).
 
-        If the requeue is refused, it stays until Slurm ends it: a task that ends by itself inside
-        a preemption's grace time ends its job, and Slurm does not requeue a job that ended.
+        If a requeue is refused, the task stays until Slurm ends it: a task that ends by itself
+        inside a preemption's grace time ends its job, and Slurm does not requeue a job that ended.
         """
-        signals, ctx = self.signals, self.ctx
-        if not signals.requeue or not self.backend.requeues or ctx.rank != 0:
-            return
-        logger.warning("requeueing job %s: generation %s ends, %s:%d comes next", ctx.job_id,
-                       ctx.generation, ctx.job_id, ctx.restart + 1)
-        refused = self.backend.requeue(ctx)
+        if decision is None:  # a worker rank: the head decides
+            return 0
+        if not decision.requeue:
+            return 1 if decision.final else 0
+        ctx = self.ctx
+        exclude = self.ledger.excluded_nodes if self.ledger is not None else ()
+        logger.warning("requeueing job %s: generation %s ends, %s:%d comes next (%s)", ctx.job_id,
+                       ctx.generation, ctx.job_id, ctx.restart + 1, decision.why)
+        refused = self.backend.requeue(ctx, exclude=exclude, delay_s=decision.delay_s)
         if refused is None:
             logger.info("job %s requeued", ctx.job_id)
-            return
+            return 0
         logger.error("requeue of job %s refused: %s", ctx.job_id, refused)
-        if not signals.urgent.wait(REQUEUE_REFUSED_WAIT_S):
+        if not self.signals.urgent.wait(REQUEUE_REFUSED_WAIT_S):
             logger.error("Slurm did not end the job within %.0fs of the refused requeue; exiting",
                          REQUEUE_REFUSED_WAIT_S)
+        return 1
 
 
 class _HeadRun:
     """Rank 0: Ray head, driver, group and endpoint of this generation; its lifecycle publishes."""
 
-    def __init__(self, node: _NodeRun, common: dict[str, Any]) -> None:
+    def __init__(self, node: _NodeRun, common: dict[str, Any], lifecycle: TeacherLifecycle) -> None:
         self.node = node
         self.common = common
         self.spec, self.files, self.ctx, self.signals = node.spec, node.files, node.ctx, node.signals
-        self.lifecycle = TeacherLifecycle(self.spec, self.files, self.ctx.generation, self.signals)
+        self.lifecycle = lifecycle
         self.group: Any = None
+        self.joined: list[WatchedNode] = []
 
-    def run(self) -> None:
-        lifecycle = self.lifecycle
+    def run(self) -> Decision:
+        """Start and serve until a stop or a failure; publish how it ended (before the group and
+        the driver go down, so trainers learn of a fault at once); the decision."""
+        error: Optional[BaseException] = None
         try:
             if not self.signals.stop.is_set():
-                lifecycle.publish(Status.STARTING)
+                self.lifecycle.publish(Status.STARTING)
                 self._start()
-            if self.signals.stop.is_set():
-                lifecycle.publish(Status.STOPPED)  # stopped before it served: reason says why
-            else:
+            if not self.signals.stop.is_set():
                 self._serve()
         except BaseException as exc:
-            lifecycle.fail(exc)
-            raise
+            error = exc
+            self.node.failed(exc)
+        try:
+            return self.node._end(self.lifecycle, error)
         finally:
             self._disconnect()
 
     def _start(self) -> None:
         ports: rb.RayPorts = self.common["ports"]
         ip: str = self.common["ip"]
+        generation_dir = self.files.generation_dir(self.ctx.job_id, self.ctx.restart)
+        generation_dir.mkdir(parents=True, exist_ok=True)
+        self.node.token_path = rb.write_auth_token(self.files.ray_token(self.ctx.job_id, self.ctx.restart))
         ray_proc = self.node.start_ray(self.common)
         rb.wait_port(ip, ports.gcs, timeout_s=120, alive=ray_proc)
         address = f"{ip}:{ports.gcs}"
         self.lifecycle.stamp("gcs_up")
-        head_path = self.files.head(self.ctx.job_id, self.ctx.restart)
-        head_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(head_path, {"address": address, "generation": str(self.ctx.generation),
-                                      "host": self.ctx.host, "ports": ports.to_dict(), "time": time.time()})
+        atomic_write_json(self.files.head(self.ctx.job_id, self.ctx.restart),
+                          {"address": address, "generation": str(self.ctx.generation), "host": self.ctx.host,
+                           "ports": ports.to_dict(), "token_path": str(self.node.token_path), "time": time.time()},
+                          mode=ADDRESS_FILE_MODE)
         self.node.state.write("started")
         if self.signals.stop.is_set():
             return
-        os.environ.update(rb.RAY_ENV)
+        os.environ.update(rb.ray_env({}, token_path=self.node.token_path))
         import ray
 
         # ray.init installs its own SIGTERM handler (exit 1): keep stop signals pending until ours
@@ -363,13 +422,14 @@ class _HeadRun:
             if len(alive) >= ctx.num_nodes:
                 logger.info("all %d Ray nodes joined: %s", ctx.num_nodes,
                             ", ".join(n.get("NodeManagerAddress", "?") for n in alive))
+                self.joined = self._watched_nodes()
                 return
             for rank in range(1, ctx.num_nodes):
                 state = try_read_json(files.node(ctx.job_id, ctx.restart, rank))
                 if state.ok and state.data.get("state") == "failed":
                     raise NodeStartError(
                         f"node {state.data.get('host')} (rank {rank}) failed at start: "
-                        f"{state.data.get('error')}; log {state.data.get('log')}")
+                        f"{state.data.get('error')}; log {state.data.get('log')}", node=state.data.get("host"))
             if not ray_proc.alive():
                 raise NodeStartError(f"head node {ctx.host}: {ray_proc.describe_exit()}")
             if time.monotonic() > deadline:
@@ -378,6 +438,15 @@ class _HeadRun:
                     f"node states in {files.generation_dir(ctx.job_id, ctx.restart)}")
             time.sleep(0.1)
 
+    def _watched_nodes(self) -> list[WatchedNode]:
+        """Every node of this generation as its task recorded it (rank, host, Ray address)."""
+        out = []
+        for rank in range(self.ctx.num_nodes):
+            state = try_read_json(self.files.node(self.ctx.job_id, self.ctx.restart, rank))
+            if state.ok and state.data.get("ip"):
+                out.append(WatchedNode(rank, str(state.data.get("host")), str(state.data["ip"])))
+        return out
+
     def _serve(self) -> None:
         from podium.rendezvous.layout import RunLayout
         from podium.rendezvous.token import read_token
@@ -385,12 +454,24 @@ class _HeadRun:
         interface = self.spec.launcher.server.interface
         host = rb.node_ip(interface) if interface else self.common["ip"]
         token = read_token(RunLayout(self.files.run_dir).auth_token_path)
+        ray_proc = self.node.ray_proc
+        watchdog = Watchdog(files=self.files, job_id=self.ctx.job_id, restart=self.ctx.restart, nodes=self.joined,
+                            group=self.group, on_fault=self.lifecycle.fault_found,
+                            head_alive=lambda: None if ray_proc is None or ray_proc.alive() else ray_proc.describe_exit())
 
         def on_ready(url: str) -> None:
             self.node.state.write("serving", url=url)
+            try:
+                RestartLedger.read(self.files).ready().write(self.files)
+            except OSError as exc:
+                logger.warning("could not reset the failure count in %s: %s", self.files.restarts, exc)
+            watchdog.start()
             logger.info("teacher %r ready at %s", self.spec.name, url)
 
-        self.lifecycle.serve(self.group, host=host, token=token, drain_s=self.node.drain_s, on_ready=on_ready)
+        try:
+            self.lifecycle.serve(self.group, host=host, token=token, on_ready=on_ready)
+        finally:
+            watchdog.stop()
 
     def _disconnect(self) -> None:
         """Group down and the driver out of Ray (before Ray itself is ended: a driver whose raylet

@@ -65,7 +65,31 @@ NAMED_PORTS = ("gcs", "node_manager", "object_manager", "metrics_export", "dashb
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    # The GCS marks a node whose raylet is gone dead after 3 failed checks 1 s apart (Ray's
+    # defaults take 15-30 s): the head's watchdog then sees a lost node within seconds.
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
 }
+AUTH_TOKEN_BYTES = 32
+
+
+def write_auth_token(path: Path) -> Path:
+    """A new Ray auth token for one generation, in a 0600 file (never on a command line): every
+    node of the job and the head's driver present it (``RAY_AUTH_MODE=token``), and Ray refuses
+    any other process that reaches the job's ports."""
+    import secrets
+
+    from podium.rendezvous.atomic import atomic_write_bytes
+
+    atomic_write_bytes(path, secrets.token_hex(AUTH_TOKEN_BYTES).encode(), mode=0o600)
+    return path
+
+
+def auth_env(token_path: Path) -> dict[str, str]:
+    """The environment that makes a Ray process (node or driver) use the job's token."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
 
 
 class RayStartError(RuntimeError):
@@ -173,23 +197,26 @@ def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus:
     return cmd
 
 
-def ray_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def ray_env(base: Optional[Mapping[str, str]] = None, token_path: Optional[Path] = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(RAY_ENV)
+    if token_path is not None:
+        env.update(auth_env(token_path))
     return env
 
 
 class RayNodeProcess:
     """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
 
-    def __init__(self, cmd: list[str], log_path: Path) -> None:
+    def __init__(self, cmd: list[str], log_path: Path, token_path: Optional[Path] = None) -> None:
         self.cmd = cmd
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
+        # 0600: the log names the node's address and ports
+        self._log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         logger.info("starting Ray: %s (log %s)", " ".join(cmd), log_path)
         with stop_signals_blocked():  # inherited by every Ray process of this node
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ray_env(),
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ray_env(token_path=token_path),
                                          start_new_session=True)
         self.ref = ProcRef.of(self.proc.pid)
 

@@ -1,17 +1,24 @@
-"""The stop signals of a node task, turned into events the task's threads wait on.
+"""The stop signals of a node task, and what each one means for the generation.
 
-==========================  ==================================================================
-what arrives                meaning
-==========================  ==================================================================
-SIGUSR1 / SIGUSR2           ``--signal`` (the time limit ahead) or a preemption with
-                            ``preempt_send_user_signal``: drain, then requeue
-SIGTERM / SIGINT            ``scancel``, ``scontrol requeue``, the end of a preemption's grace
-                            time: ``urgent``, tear down now
-the stop file               ``podium down`` for a job that cannot be signalled (local)
-==========================  ==================================================================
+The handler only records the signal and sets ``stop``; what the stop *means* is asked once, from a
+thread, of the teacher's backend (:meth:`Signals.intent`), because the same SIGTERM is a cancel, a
+preemption or a time limit depending on what the scheduler is doing (on Slurm: ``scontrol show
+job``, see :func:`podium.launcher.backends.slurm.SlurmBackend.stop_intent`):
 
-The handler only records and sets events: everything else happens in the threads that wait on
-them. Signals that arrive before the handlers are installed wait, blocked, until they are
+==========================  ==============  =======  ===============================================
+what happened               kind            requeue  drain
+==========================  ==============  =======  ===============================================
+SIGUSR1/SIGUSR2 (--signal)  ``signal``      yes      up to ``server.drain_s``, ending before the
+                                                     job's end time
+SIGTERM, preempted          ``preempt``     yes      until the grace time is nearly over
+SIGTERM, time limit ahead   ``time_limit``  yes      until the end time is nearly there
+SIGTERM, requeued by Slurm  ``requeued``    no       none: Slurm brings the next generation
+SIGTERM/SIGINT otherwise    ``cancel``      no       none (``scancel``: KillWait follows)
+the stop file               ``down``        no       up to ``server.drain_s``
+a fault found by the head   ``fault``       policy   none: the generation is broken
+==========================  ==============  =======  ===============================================
+
+Signals that arrive before the handlers are installed wait, blocked, until they are
 (:mod:`podium.launcher.procs`).
 """
 
@@ -20,20 +27,50 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
+
+
+@dataclass(frozen=True)
+class StopIntent:
+    """What a stop means: its kind, whether this generation requeues its job when it is done, and
+    until when (wall clock) it may drain; ``why`` is the sentence the record and logs show."""
+
+    kind: str
+    requeue: bool
+    drain_until: float
+    why: str
+
+    @property
+    def urgent(self) -> bool:
+        return self.kind in URGENT_KINDS
+
+    def drain_s(self, now: Optional[float] = None) -> float:
+        return max(0.0, self.drain_until - (time.time() if now is None else now))
+
+
+Classifier = Callable[[str], StopIntent]
 
 
 class Signals:
-    """SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 (and the stop file) -> one stop event."""
+    """SIGTERM / SIGINT / SIGUSR1 / SIGUSR2, the stop file and faults -> one stop event and its intent."""
 
     HANDLED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, classify: Optional[Classifier] = None, drain_s: float = 10.0) -> None:
         self.stop = threading.Event()
         self.urgent = threading.Event()
-        self.requeue = False
         self.received: list[tuple[str, float]] = []
-        self.stop_requested_by: Optional[str] = None  # the stop file (``podium down``, local)
+        self._classify = classify
+        self._drain_s = drain_s
+        self._intent: Optional[StopIntent] = None
+        self._lock = threading.Lock()
+
+    def set_classifier(self, classify: Classifier, drain_s: float) -> None:
+        """What stops mean, once the task knows its backend and settings (signals come earlier)."""
+        self._classify, self._drain_s = classify, drain_s
 
     def install(self) -> None:
         for sig in self.HANDLED:
@@ -41,15 +78,45 @@ class Signals:
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received.append((signal.Signals(signum).name, time.time()))
-        if signum in (signal.SIGUSR1, signal.SIGUSR2):
-            self.requeue = True
-        else:
-            self.urgent.set()
         self.stop.set()
 
-    def request_stop(self, why: str) -> None:
-        self.stop_requested_by = why
+    def request_stop(self, why: str, *, kind: str = "down", requeue: bool = False) -> None:
+        """Stop for a reason of podium's own (the stop file, a fault the head found)."""
+        drain = 0.0 if kind in URGENT_KINDS else self._drain_s
+        self._set(StopIntent(kind, requeue, time.time() + drain, why))
         self.stop.set()
+
+    def _set(self, intent: StopIntent) -> None:
+        with self._lock:
+            if self._intent is None:
+                self._intent = intent
+                if intent.urgent:
+                    self.urgent.set()
+
+    def intent(self) -> Optional[StopIntent]:
+        """What the stop means (None while no stop was asked for); classified once."""
+        if not self.stop.is_set():
+            return None
+        if self._intent is None and self.received:
+            name = self.received[0][0]
+            try:
+                intent = self._classify(name) if self._classify is not None else None
+            except Exception as exc:  # the scheduler could not be asked: assume the safe reading
+                intent = None
+                why = f"{name}, not classified ({type(exc).__name__}: {exc})"
+            else:
+                why = name
+            if intent is None:
+                user = name in ("SIGUSR1", "SIGUSR2")
+                intent = StopIntent("signal" if user else "cancel", user,
+                                    time.time() + (self._drain_s if user else 0.0), f"stopped by {why}")
+            self._set(intent)
+        return self._intent
+
+    @property
+    def requeue(self) -> bool:
+        intent = self.intent()
+        return intent is not None and intent.requeue
 
     @property
     def first(self) -> Optional[tuple[str, float]]:
@@ -57,8 +124,9 @@ class Signals:
 
     def describe(self) -> str:
         """Why this generation stops, for the record's ``reason`` and the logs."""
-        if self.received:
-            names = " then ".join(dict.fromkeys(name for name, _ in self.received))
-            what = "preempted or near its time limit" if self.requeue else "stopped by Slurm"
-            return f"{what} ({names})" + ("; requeueing" if self.requeue else "")
-        return self.stop_requested_by or "stop requested"
+        intent = self.intent()
+        if intent is None:
+            return "stop requested"
+        names = " then ".join(dict.fromkeys(name for name, _ in self.received))
+        return intent.why + (f" ({names})" if names and names not in intent.why else "") + (
+            "; requeueing" if intent.requeue else "")

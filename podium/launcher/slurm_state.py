@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -198,6 +199,32 @@ def _safe_nodes(text: str) -> list[str]:
     except ValueError as exc:
         logger.warning("%s", exc)
         return []
+
+
+_SCONTROL_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9:/_]*)=(.*?)(?=\s[A-Za-z][A-Za-z0-9:/_]*=|\s*$)")
+NO_TIME = ("None", "Unknown", "(null)", "")
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """``scontrol show job -o JOB`` (one line of ``Key=Value``) as a dict; values may hold spaces
+    and ``=`` (``TRES=cpu=4,node=2``). Empty text gives ``{}``."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return {key: value for key, value in _SCONTROL_FIELD.findall(line)}
+
+
+def slurm_time(value: Optional[str]) -> Optional[float]:
+    """``2026-12-01T20:05:42`` (Slurm's local time) as a Unix time; None for ``None``/``Unknown``."""
+    if value is None or value in NO_TIME:
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def show_job(job_id: str, timeout_s: float = 10.0) -> dict[str, str]:
+    """``scontrol show job -o`` of one job (``SlurmQueryError`` when scontrol fails)."""
+    return parse_scontrol_job(_run(["scontrol", "show", "job", "-o", str(job_id)], None, timeout_s))
 
 
 def query_states(job_ids: Sequence[str], env: Mapping[str, str] | None = None,

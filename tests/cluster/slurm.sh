@@ -7,6 +7,7 @@
 #   eval "$(bash tests/cluster/slurm.sh env)"   # sbatch/squeue/sacct/submitit now use it
 #   bash tests/cluster/slurm.sh status   # exit 0 when all four nodes answer
 #   bash tests/cluster/slurm.sh stop     # cancels jobs, ends only the daemons it started (by PID)
+#   bash tests/cluster/slurm.sh preempt-mode user-signal|sigterm   # how preemption signals jobs
 #
 # Everything lives under ${PODIUM_SLURM_DIR:-/tmp/podium-slurm}; the only system file touched is
 # /etc/hosts (four lines tagged with $HOSTS_TAG, removed on stop). No systemd: each daemon runs in
@@ -521,18 +522,39 @@ cmd_env() {
     printf 'export PODIUM_SLURM_DIR=%q\n' "$STATE"
 }
 
+cmd_preempt_mode() {
+    # Preemption sends the job's --signal (user-signal: SlurmctldParameters=preempt_send_user_signal,
+    # the default of this cluster) or Slurm's own SIGTERM, then SIGKILL after GraceTime (sigterm:
+    # Slurm's default). A cluster-wide setting: rewritten in slurm.conf and applied with
+    # `scontrol reconfigure`; `start` always renders user-signal again.
+    local mode=$1 line
+    case $mode in
+        user-signal) line="SlurmctldParameters=preempt_send_user_signal" ;;
+        sigterm) line="#SlurmctldParameters=preempt_send_user_signal" ;;
+        *) die "preempt-mode takes user-signal or sigterm, got '$mode'" ;;
+    esac
+    [[ -f $CONF ]] || die "no cluster configured at $CONF (start it first)"
+    sed -i -E "s|^#?SlurmctldParameters=preempt_send_user_signal\$|$line|" "$CONF"
+    grep -qxF "$line" "$CONF" || die "could not set '$line' in $CONF"
+    SLURM_CONF=$CONF scontrol reconfigure
+    local now
+    now=$(SLURM_CONF=$CONF scontrol show config | awk -F'= *' '/^SlurmctldParameters/ {print $2}')
+    log "preemption mode $mode (SlurmctldParameters = $now)"
+}
+
 usage() {
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 main() {
-    (( $# == 1 )) || usage
+    (( $# >= 1 )) || usage
     case $1 in
         start) cmd_start ;;
         stop) cmd_stop ;;
         status) cmd_status ;;
         env) cmd_env ;;
+        preempt-mode) (( $# == 2 )) || usage; cmd_preempt_mode "$2" ;;
         *) usage ;;
     esac
 }

@@ -28,6 +28,7 @@ from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.lifecycle import TeacherLifecycle
+from podium.launcher.restarts import Decision, RestartLedger
 from podium.launcher.signals import Signals
 from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, atomic_write_json, read_record
@@ -342,7 +343,7 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     group.checkpoint_path = str(saved)  # the lifecycle finds the tokenizer next to the checkpoint
     urls: list[str] = []
     thread = threading.Thread(target=lifecycle.serve, args=(group,),
-                              kwargs=dict(host="127.0.0.1", token=token, drain_s=5, on_ready=urls.append))
+                              kwargs=dict(host="127.0.0.1", token=token, on_ready=urls.append))
     thread.start()
     try:
         _wait(lambda: urls)
@@ -365,8 +366,11 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     finally:
         signals.request_stop("test over")
         thread.join(30)
+    assert read_record(files.endpoint).status is Status.DRAINING  # serve drained; how it ended comes next
+    lifecycle.end("stopped", signals.describe(), Decision(False, False, 0.0, "stopped"), RestartLedger())
     final = read_record(files.endpoint)
     assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
+    assert final.extra["final"] is False and final.extra["will_retry"] is False
     assert final.extra["timings"]["draining"] <= final.extra["timings"]["stopped"]
 
 

@@ -15,7 +15,9 @@ method                     runs on             does
 ``log_paths(f, job, n)``   login node          where the node tasks write
 ``node_context()``         in the allocation   rank, node count, generation, host
 ``node_address(iface)``    in the allocation   the address Ray and the endpoint use
-``requeue(ctx)``           in the allocation   ask for the next generation; why not, if not
+``requeue(ctx, ...)``      in the allocation   ask for the next generation; why not, if not
+``stop_intent(ctx, sig)``  in the allocation   what a stop signal means (cancel, preemption,
+                                               time limit, ...): :mod:`podium.launcher.signals`
 =========================  ==================  ============================================
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import abc
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Optional, Sequence
@@ -32,6 +35,7 @@ from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.procs import shim_command
+from podium.launcher.signals import StopIntent
 from podium.launcher.slurm_state import JobState
 from podium.rendezvous.records import Generation
 
@@ -119,9 +123,17 @@ class Backend(abc.ABC):
 
         return node_ip(interface)
 
-    def requeue(self, ctx: NodeContext) -> Optional[str]:
-        """Ask for the next generation of this job; None when asked, else why it was not."""
+    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> Optional[str]:
+        """Ask for the next generation of this job (not on the ``exclude`` nodes, not before
+        ``delay_s``); None when asked, else why it was not."""
         return f"cluster {self.name!r} does not requeue jobs"
+
+    def stop_intent(self, ctx: NodeContext, signal_name: str, spec: TeacherSpec) -> StopIntent:
+        """What a stop signal means here (see :mod:`podium.launcher.signals`)."""
+        user = signal_name in ("SIGUSR1", "SIGUSR2")
+        drain = spec.launcher.server.drain_s if user else 0.0
+        return StopIntent("signal" if user else "cancel", user and self.requeues, time.time() + drain,
+                          f"stopped by {signal_name}")
 
 
 def host_name() -> str:

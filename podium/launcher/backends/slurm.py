@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -39,7 +40,8 @@ from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState, SlurmQueryError, query_states
+from podium.launcher.signals import StopIntent
+from podium.launcher.slurm_state import JobState, SlurmQueryError, query_states, show_job, slurm_time
 
 logger = logging.getLogger(__name__)
 
@@ -209,12 +211,60 @@ class SlurmBackend(Backend):
         return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
                            restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
 
-    def requeue(self, ctx: NodeContext) -> Optional[str]:
-        try:
-            proc = subprocess.run(["scontrol", "requeue", ctx.job_id], capture_output=True, text=True,
-                                  timeout=REQUEUE_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return str(exc)
-        if proc.returncode == 0:
-            return None
-        return proc.stderr.strip() or f"scontrol requeue exited {proc.returncode}"
+    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> Optional[str]:
+        """``scontrol requeue``, then (best effort: a site may refuse it) the nodes to avoid and the
+        earliest start of the next generation, which Slurm accepts once the job is requeued."""
+        refused = _scontrol(["requeue", ctx.job_id])
+        if refused is not None:
+            return refused
+        update = []
+        if exclude:
+            update.append(f"ExcNodeList={','.join(exclude)}")
+        if delay_s > 0:
+            update.append(f"StartTime=now+{int(round(delay_s))}")
+        if update:
+            problem = _scontrol(["update", f"JobId={ctx.job_id}", *update])
+            if problem is not None:
+                logger.warning("job %s requeued, but %s was refused: %s", ctx.job_id, " ".join(update), problem)
+        return None
+
+    def stop_intent(self, ctx: NodeContext, signal_name: str, spec: TeacherSpec) -> StopIntent:
+        """Classify a stop by asking Slurm what it is doing to the job (measured on Slurm 22.05):
+
+        - ``Restarts`` above this generation's: Slurm requeues it itself (``scontrol requeue``);
+        - ``PreemptTime`` set: preempted; ``EndTime`` is the end of the grace time;
+        - SIGTERM within ``signal_lead_s`` of ``EndTime``: the time limit (``--signal=TERM@lead``);
+        - a user signal: ``--signal`` at the time limit or a preemption with ``preempt_send_user_signal``;
+        - any other SIGTERM/SIGINT: a cancel (``scancel``; KillWait's SIGKILL follows).
+        """
+        info = show_job(ctx.job_id)
+        now = time.time()
+        end = slurm_time(info.get("EndTime"))
+        until = (end - STOP_MARGIN_S) if end is not None else now
+        if int(info.get("Restarts") or 0) > ctx.restart:
+            return StopIntent("requeued", False, now, "requeued by Slurm")
+        if slurm_time(info.get("PreemptTime")) is not None:
+            return StopIntent("preempt", True, until, "preempted")
+        lead = spec.launcher.slurm.signal_lead_s
+        if signal_name in ("SIGUSR1", "SIGUSR2"):
+            return StopIntent("signal", True, min(until, now + spec.launcher.server.drain_s),
+                              "preempted or near its time limit")
+        if signal_name == "SIGTERM" and end is not None and end - now <= lead + TIME_LIMIT_SLACK_S \
+                and info.get("JobState") == "RUNNING":
+            return StopIntent("time_limit", True, until, "near its time limit")
+        return StopIntent("cancel", False, now, "stopped by Slurm")
+
+
+STOP_MARGIN_S = 8.0  # a drain ends this long before Slurm's end time: teardown and requeue fit
+TIME_LIMIT_SLACK_S = 30.0  # a TERM this close to (lead before) the end time is the time limit's
+
+
+def _scontrol(args: list[str]) -> Optional[str]:
+    """Run ``scontrol ARGS``; None on success, else what it said."""
+    try:
+        proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode == 0:
+        return None
+    return proc.stderr.strip() or f"scontrol {args[0]} exited {proc.returncode}"

@@ -1,0 +1,117 @@
+"""The head's watch over its whole job while it serves: a lost node or a broken group, found in seconds.
+
+Every ``interval_s`` the :class:`Watchdog` thread checks, in order:
+
+=================================  ==========================================================
+check                              a fault when
+=================================  ==========================================================
+the head's own ``ray start``       it has exited
+each node Ray counted at start     Ray marks it dead (its raylet is gone; the GCS health check
+                                   is tuned to notice in about 3 s, :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
+each worker node task              its ``<rank>.json`` says ``failed`` or ``ended`` while the
+                                   head still serves
+the teacher group                  a call found a worker dead (``group.broken``)
+=================================  ==========================================================
+
+The first fault found is handed to ``on_fault(reason, node)`` once (``node``: the host at fault,
+when there is one) and the watch ends; the lifecycle turns readiness off, publishes ``failed``
+naming the node and the restart policy decides what comes next.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from podium.launcher.files import TeacherFiles
+from podium.rendezvous.atomic import try_read_json
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+TASK_DONE_STATES = frozenset({"failed", "ended"})
+
+
+@dataclass(frozen=True)
+class WatchedNode:
+    rank: int
+    host: str
+    ip: str
+
+
+Fault = tuple[str, Optional[str]]  # (reason, host at fault)
+
+
+class Watchdog:
+    """Checks the job's nodes and group every ``interval_s`` until stopped or a fault is found."""
+
+    def __init__(self, *, files: TeacherFiles, job_id: str, restart: int, nodes: list[WatchedNode],
+                 group: Any, head_alive: Callable[[], Optional[str]],
+                 on_fault: Callable[[str, Optional[str]], None], interval_s: float = WATCH_INTERVAL_S) -> None:
+        self.files, self.job_id, self.restart = files, job_id, restart
+        self.nodes = nodes
+        self.group = group
+        self.head_alive = head_alive  # None while the head's Ray runs, else why it does not
+        self.on_fault = on_fault
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="podium-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                fault = self.check()
+            except Exception as exc:  # a check that cannot run is logged, not a fault
+                logger.warning("watchdog check failed: %s: %s", type(exc).__name__, exc)
+                continue
+            if fault is not None and not self._stop.is_set():
+                logger.error("fault: %s", fault[0])
+                self.on_fault(*fault)
+                return
+
+    def check(self) -> Optional[Fault]:
+        """The first fault found now, or None."""
+        head = self.head_alive()
+        if head is not None:
+            return f"head node: {head}", None
+        fault = self._ray_nodes()
+        if fault is not None:
+            return fault
+        for node in self.nodes:
+            if node.rank == 0:
+                continue
+            state = try_read_json(self.files.node(self.job_id, self.restart, node.rank))
+            if state.ok and state.data.get("state") in TASK_DONE_STATES:
+                detail = state.data.get("error") or state.data.get("stop") or "no error recorded"
+                return (f"node {node.host} (rank {node.rank}) task {state.data['state']} while serving: {detail}",
+                        node.host)
+        broken = getattr(self.group, "broken", None)
+        if broken:
+            return f"teacher group broken: {broken}", None
+        return None
+
+    def _ray_nodes(self) -> Optional[Fault]:
+        import ray
+
+        by_ip: dict[str, dict] = {}
+        for info in ray.nodes():
+            ip = info.get("NodeManagerAddress")
+            if ip and (info.get("Alive") or ip not in by_ip):
+                by_ip[ip] = info
+        for node in self.nodes:
+            info = by_ip.get(node.ip)
+            if info is None or not info.get("Alive"):
+                why = (info or {}).get("DeathReasonMessage") or "Ray marked it dead"
+                return f"node {node.host} (rank {node.rank}, {node.ip}) lost: {why}", node.host
+        return None
