@@ -234,6 +234,11 @@ class TeacherWorkerGroup:
 
     # -- observability / lifecycle --------------------------------------------------------------
 
+    @property
+    def broken(self) -> str | None:
+        """Why this group can serve no more (the error of the call that broke it), or None."""
+        return self._broken
+
     def memory(self) -> list[dict[str, int]]:
         """Peak and current RSS of every worker (bytes), in rank order."""
         import ray
