@@ -26,8 +26,8 @@ POST   /v2/models/<name>[/versions/<v>]/infer      yes    logprobs (+ top-k) for
 =====  ==========================================  =====  ========================================
 
 ``<name>`` may be the teacher's served name (its first alias), any of its aliases, or its key.
-Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and,
-from an infer, ``X-Podium-Generation``.
+Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and
+``X-Podium-Generation`` (errors too: a client tells which generation answered).
 """
 
 from __future__ import annotations
@@ -333,6 +333,8 @@ class EndpointServer:
             logger.exception("request %s %s failed", request.method, request.path)
             response = _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
         response.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
+        if self.config.generation is not None and GENERATION_HEADER not in response.headers:
+            response.headers[GENERATION_HEADER] = str(self.config.generation)  # errors too: who answered
         return response
 
     @web.middleware
