@@ -95,9 +95,12 @@ class PodiumClient:
         *,
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
+        timeout_s: Optional[float] = None,
     ) -> dict[str, Any]:
-        """Logprobs of ``data`` from the teacher of ``alias_or_agent_name``, like the in-process group."""
-        return self.teacher(alias_or_agent_name).get_logprobs(data, top_k=top_k, micro_batch_size=micro_batch_size)
+        """Logprobs of ``data`` from the teacher of ``alias_or_agent_name``, like the in-process group;
+        ``timeout_s``: this call's deadline (default ``ClientOptions.call_timeout_s``)."""
+        return self.teacher(alias_or_agent_name).get_logprobs(data, top_k=top_k, micro_batch_size=micro_batch_size,
+                                                              timeout_s=timeout_s)
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -114,11 +117,13 @@ class PodiumClient:
         *,
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
+        timeout_s: Optional[float] = None,
     ) -> dict[str, Any]:
         """Logprobs of a batch whose row ``b`` belongs to ``agent_names[b]``.
 
-        Rows are grouped by teacher, the teachers are called concurrently, and the answers are put
-        back in the original row order.
+        Rows are grouped by teacher, the teachers are called concurrently (each within ``timeout_s``,
+        default ``ClientOptions.call_timeout_s``), and the answers are put back in the original row
+        order.
         """
         ids, lengths = batch_inputs(data)
         if len(agent_names) != ids.shape[0]:
@@ -128,13 +133,14 @@ class PodiumClient:
             groups.setdefault(self.resolve(agent), []).append(row)
         if len(groups) == 1:
             (key,) = groups
-            result = self.teacher(key).get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size)
+            result = self.teacher(key).get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size,
+                                                           timeout_s=timeout_s)
             return convert_outputs(result, self.options.return_type)
         pool = self._executor()
         futures = {
             key: pool.submit(
                 self.teacher(key).get_logprobs_arrays,
-                ids[rows], lengths[rows], top_k=top_k, micro_batch_size=micro_batch_size,
+                ids[rows], lengths[rows], top_k=top_k, micro_batch_size=micro_batch_size, timeout_s=timeout_s,
             )
             for key, rows in groups.items()
         }
@@ -205,7 +211,7 @@ def connect(path: str | Path, **kwargs: Any) -> PodiumClient:
     """Connect to a run: ``path`` is ``<run_dir>/rendezvous.json`` (or the run dir).
 
     Keyword arguments: ``token`` (default: read ``<run_dir>/auth_token``), ``options`` (a
-    :class:`ClientOptions`) or any of its fields directly (``ready_timeout_s=...``), and
+    :class:`ClientOptions`) or any of its fields directly (``call_timeout_s=...``), and
     ``tokenizer`` (a HF tokenizer every teacher is checked against when first reached).
     """
     return PodiumClient(path, **kwargs)

@@ -32,18 +32,28 @@ class TeacherServerError(PodiumClientError):
 
 
 class TeacherUnavailableError(PodiumClientError, TimeoutError):
-    """The teacher did not become ready (again) within the client's ready timeout."""
+    """No answer from the teacher in time: the call's deadline (``call_timeout_s`` or the call's
+    ``timeout_s``) or the ready timeout passed while the teacher was down, restarting, not ready or
+    not answering. ``generation``: the last one seen (None when no record was read); ``seen``: what
+    was seen, oldest first; ``waited_s``: how long the call waited; ``limit``: which limit ended it."""
 
-    def __init__(self, teacher: str, timeout_s: float, seen: Sequence[str]) -> None:
+    def __init__(self, teacher: str, generation: Optional[str], waited_s: float, seen: Sequence[str],
+                 limit: str = "") -> None:
         self.teacher = teacher
-        self.timeout_s = timeout_s
+        self.generation = generation
+        self.waited_s = waited_s
+        self.timeout_s = waited_s  # the name this error had before it said which limit ended the wait
         self.seen = list(seen)
+        self.limit = limit
         history = "; ".join(self.seen[-6:]) or "nothing"
-        super().__init__(f"teacher {teacher} not ready after {timeout_s:.0f}s; last seen: {history}")
+        ended = f" ({limit})" if limit else ""
+        super().__init__(f"teacher {teacher} unavailable after {waited_s:.1f}s{ended}; last generation "
+                         f"{generation or 'none'}; seen: {history}")
 
 
 class TeacherFailedError(PodiumClientError):
-    """The teacher's record says ``failed``: it will not serve this generation."""
+    """The teacher's record says ``failed`` for good (``podium.client.teacher.failure_is_final``):
+    no generation will come back to serve."""
 
     def __init__(self, teacher: str, generation: str, reason: Optional[str]) -> None:
         self.teacher = teacher

@@ -2,10 +2,22 @@
 
 Owns :class:`TeacherClient`: it reads the teacher's endpoint record, confirms the endpoint with a
 health probe (records can be stale), sends ``get_logprobs`` as an Open Inference Protocol request
-with binary tensors over a keep-alive connection, and when the call meets a connection error, a 503
-or a new generation, re-reads the record, waits (up to ``ready_timeout_s``) for a ready endpoint and
-sends the same request again; the teacher is deterministic, so a retry gives the same answer.
-Refusals (4xx) are raised at once; errors name the teacher, its generation and what was seen.
+with binary tensors over a keep-alive connection, and follows restarts: the teacher is
+deterministic, so the same request sent again gives the same answer.
+
+Each call has one deadline (``ClientOptions.call_timeout_s``, or the call's ``timeout_s``) that
+every wait and every exchange of the call stays within (an exchange's socket timeouts are never
+longer than what is left). Within it (:meth:`TeacherClient._call`):
+
+- a connection error or a timeout of an exchange, and a 503, are retried: the record is re-read
+  and the call waits (also at most ``ready_timeout_s`` at a time) for a ready endpoint;
+- a 5xx other than 503 is retried only when the generation that answered it is gone since
+  (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
+- a 4xx is never retried (:class:`TeacherRequestError`);
+- a ``failed`` record ends the call only when that failure is final (:func:`failure_is_final`,
+  :class:`TeacherFailedError`); otherwise the call waits for the next generation;
+- when the deadline passes: :class:`TeacherUnavailableError` naming the teacher, the last
+  generation seen, how long it waited and what it saw.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -57,9 +69,13 @@ logger = logging.getLogger(__name__)
 class ClientOptions:
     """How patient and how fast the client is (all times in seconds)."""
 
-    ready_timeout_s: float = 3600.0  # waiting for a (re)started teacher to be ready
+    call_timeout_s: float = 1800.0  # one call, all retries and waits included (per-call override: timeout_s)
+    ready_timeout_s: float = 3600.0  # one wait for a (re)started teacher to be ready (within the call's)
     connect_timeout_s: float = 10.0
-    request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included
+    request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included (within the call's)
+    keepalive_idle_s: float = 30.0  # TCP keepalive: first probe after this much silence on a connection,
+    keepalive_interval_s: float = 10.0  # then one every this often,
+    keepalive_count: int = 3  # and the connection is dropped after this many unanswered
     poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
     max_poll_interval_s: float = 2.0
     stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
@@ -73,6 +89,66 @@ def convert_outputs(outputs: Mapping[str, np.ndarray], return_type: str) -> dict
     import torch
 
     return {name: torch.from_numpy(array) for name, array in outputs.items()}
+
+
+def failure_is_final(record: EndpointRecord) -> bool:
+    """Whether a ``failed`` record means no generation of the teacher will come back.
+
+    The record's ``extra["final"]`` says so when present (the launcher's verdict); without it, a
+    failure is final unless ``extra["will_retry"]`` is true (the job will requeue). The one place
+    that reads this from a record."""
+    if record.status is not Status.FAILED:
+        return False
+    extra = record.extra or {}
+    if "final" in extra:
+        return bool(extra["final"])
+    return not extra.get("will_retry")
+
+
+@dataclass
+class _Call:
+    """One call's deadline and what it saw (for :class:`TeacherUnavailableError`)."""
+
+    teacher: str
+    limit_s: float
+    ready_timeout_s: float
+    started: float = field(default_factory=time.monotonic)
+    seen: list[str] = field(default_factory=list)
+    generation: Optional[str] = None
+    waiting_since: Optional[float] = None  # when the teacher was found unusable (the ready timeout runs)
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.limit_s
+
+    def left(self) -> float:
+        """Seconds left before the call's deadline (or the ready timeout, while waiting)."""
+        end = self.deadline
+        if self.waiting_since is not None:
+            end = min(end, self.waiting_since + self.ready_timeout_s)
+        return end - time.monotonic()
+
+    def note(self, event: str) -> None:
+        event = " ".join(event.split())  # one line
+        if not self.seen or self.seen[-1] != event:
+            self.seen.append(event)
+            del self.seen[:-20]
+
+    def unusable(self) -> None:
+        """The teacher cannot answer now: from here the ready timeout runs too (until it can)."""
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def usable(self) -> None:
+        self.waiting_since = None
+
+    def unavailable(self) -> TeacherUnavailableError:
+        now = time.monotonic()
+        if now >= self.deadline or self.waiting_since is None:
+            limit = f"call deadline {self.limit_s:g}s"
+        else:
+            limit = f"not ready within ready_timeout_s {self.ready_timeout_s:g}s"
+        return TeacherUnavailableError(self.teacher, self.generation, now - self.started, self.seen, limit)
 
 
 class TeacherClient:
@@ -115,10 +191,10 @@ class TeacherClient:
 
     # ------------------------------------------------------------------ finding the endpoint
 
-    def _probe(self, record: EndpointRecord, transport: HTTPTransport) -> Optional[str]:
+    def _probe(self, record: EndpointRecord, transport: HTTPTransport, call: _Call) -> Optional[str]:
         """None when the endpoint answers ready for the record's generation, else what was seen."""
         try:
-            resp = transport.request("GET", HEALTH_READY)
+            resp = transport.request("GET", HEALTH_READY, timeout_s=max(call.left(), 0.0))
         except TransportError as exc:
             return f"probe failed: {exc}"
         if resp.status != 200:
@@ -131,23 +207,27 @@ class TeacherClient:
             return f"probe found generation {served} at {record.url}, record says {record.generation}"
         return None
 
-    def _wait_ready(self, deadline: float, seen: list[str]) -> tuple[EndpointRecord, HTTPTransport]:
+    def _wait_ready(self, call: _Call) -> tuple[EndpointRecord, HTTPTransport]:
         interval = self.options.poll_interval_s
         while True:
             now = time.time()
             try:
                 record = read_record(self.record_path)
             except FileReadError as exc:
-                _note(seen, f"record {exc.kind}: {exc.detail}")
+                call.note(f"record {exc.kind}: {exc.detail}")
                 record = None
             if record is not None:
                 gen = str(record.generation)
-                if record.status is Status.FAILED:
-                    raise TeacherFailedError(self.label, gen, record.reason)
+                call.generation = gen
                 stale = record.is_stale(self.options.stale_after_s, now)
-                if record.status is Status.READY and record.url:
+                if record.status is Status.FAILED:
+                    if failure_is_final(record):
+                        raise TeacherFailedError(self.label, gen, record.reason)
+                    call.note(f"generation {gen} failed ({record.reason or 'no reason given'}); "
+                              "the teacher will retry")
+                elif record.status is Status.READY and record.url:
                     transport = self._transport_for(record)
-                    problem = self._probe(record, transport)
+                    problem = self._probe(record, transport, call)
                     if problem is None:
                         if stale:
                             logger.warning("teacher %s: record is stale (no heartbeat for %.0fs) but the "
@@ -156,15 +236,17 @@ class TeacherClient:
                         return record, transport
                     if transport is not self._transport:
                         transport.close()
-                    _note(seen, f"generation {gen} ready at {record.url} but {problem}"
-                          + (f" (stale: no heartbeat for {record.age(now):.0f}s)" if stale else ""))
+                    call.note(f"generation {gen} ready at {record.url} but {problem}"
+                              + (f" (stale: no heartbeat for {record.age(now):.0f}s)" if stale else ""))
                 else:
-                    _note(seen, f"generation {gen} {record.status.value}"
-                          + (f" ({record.reason})" if record.reason else "")
-                          + (f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""))
-            if time.time() >= deadline:
-                raise TeacherUnavailableError(self.label, self.options.ready_timeout_s, seen)
-            time.sleep(min(interval, max(0.0, deadline - time.time())))
+                    call.note(f"generation {gen} {record.status.value}"
+                              + (f" ({record.reason})" if record.reason else "")
+                              + (f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""))
+            call.unusable()
+            left = call.left()
+            if left <= 0:
+                raise call.unavailable()
+            time.sleep(min(interval, left))
             interval = min(interval * 2, self.options.max_poll_interval_s)
 
     def _transport_for(self, record: EndpointRecord) -> HTTPTransport:
@@ -172,23 +254,32 @@ class TeacherClient:
         current = self._transport
         if current is not None and current.url == record.url:
             return current
+        o = self.options
         return HTTPTransport(
             record.url,
             self._token,
-            connect_timeout_s=self.options.connect_timeout_s,
-            read_timeout_s=self.options.request_timeout_s,
+            connect_timeout_s=o.connect_timeout_s,
+            read_timeout_s=o.request_timeout_s,
+            keepalive=(o.keepalive_idle_s, o.keepalive_interval_s, o.keepalive_count),
         )
 
-    def _endpoint(self, deadline: Optional[float], seen: list[str]) -> tuple[EndpointRecord, HTTPTransport]:
-        with self._lock:
+    def _endpoint(self, call: _Call) -> tuple[EndpointRecord, HTTPTransport]:
+        # another thread may hold the lock while it waits for the teacher: wait for it only as
+        # long as this call may
+        if not self._lock.acquire(timeout=max(call.left(), 0.0)):
+            call.note("another call of this client was waiting for the teacher")
+            raise call.unavailable()
+        try:
             if self._record is not None and self._transport is not None:
                 return self._record, self._transport
-            record, transport = self._wait_ready(deadline or time.time() + self.options.ready_timeout_s, seen)
+            record, transport = self._wait_ready(call)
             if self._transport is not None and self._transport is not transport:
                 self._transport.close()
             self._record, self._transport = record, transport
             logger.info("teacher %s: using generation %s at %s", self.label, record.generation, record.url)
             return record, transport
+        finally:
+            self._lock.release()
 
     def _forget(self, record: EndpointRecord) -> None:
         """Drop the cached endpoint (if it is still ``record``): the next call re-reads the record."""
@@ -196,11 +287,15 @@ class TeacherClient:
             if self._record is record:
                 self._record = None
 
+    def _new_call(self, timeout_s: Optional[float]) -> _Call:
+        limit = self.options.call_timeout_s if timeout_s is None else float(timeout_s)
+        return _Call(self.label, limit, self.options.ready_timeout_s)
+
     def wait_ready(self, timeout_s: Optional[float] = None) -> EndpointRecord:
-        """Block until the teacher is ready; return its record."""
-        seen: list[str] = []
-        deadline = time.time() + (self.options.ready_timeout_s if timeout_s is None else timeout_s)
-        return self._endpoint(deadline, seen)[0]
+        """Block until the teacher is ready (at most ``timeout_s``, default ``ready_timeout_s``);
+        return its record."""
+        limit = self.options.ready_timeout_s if timeout_s is None else float(timeout_s)
+        return self._endpoint(_Call(self.label, limit, limit))[0]
 
     # ------------------------------------------------------------------ tokenizer safety
 
@@ -216,32 +311,63 @@ class TeacherClient:
 
     # ------------------------------------------------------------------ calls
 
-    def _call(self, method: str, path: str, body: Optional[list] = None, headers: Optional[dict] = None) -> tuple[HTTPResponse, EndpointRecord]:
-        """One request with restart following; returns a 2xx response."""
-        seen: list[str] = []
-        deadline: Optional[float] = None
+    def _answerer_gone(self, answered: EndpointRecord, resp: HTTPResponse) -> Optional[str]:
+        """After a 5xx: what says the generation that answered it is gone since (None: nothing).
+
+        The record is re-read: it names another generation, or that generation is not ready any
+        more (failed, draining, stopped). Then the error came from a teacher that broke under the
+        request, and the next generation can answer it; else the error is the request's own."""
+        gen = resp.header(GENERATION_HEADER) or str(answered.generation)
+        try:
+            now = read_record(self.record_path)
+        except FileReadError:
+            return None
+        if str(now.generation) != gen:
+            return f"the record now says generation {now.generation} ({now.status.value})"
+        if now.status is not Status.READY:
+            return f"its record now says {now.status.value}" + (f" ({now.reason})" if now.reason else "")
+        return None
+
+    def _call(self, method: str, path: str, body: Optional[list] = None, headers: Optional[dict] = None,
+              timeout_s: Optional[float] = None) -> tuple[HTTPResponse, EndpointRecord]:
+        """One request with restart following, within one deadline (see the module doc); returns
+        a 2xx response."""
+        call = self._new_call(timeout_s)
         while True:
-            record, transport = self._endpoint(deadline, seen)
+            if call.left() <= 0:
+                raise call.unavailable()
+            record, transport = self._endpoint(call)
+            call.usable()
             gen = str(record.generation)
+            call.generation = gen
             try:
-                resp = transport.request(method, path, body, headers)
+                resp = transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
             except TransportError as exc:
-                _note(seen, f"generation {gen} at {record.url}: {exc}")
+                call.note(f"generation {gen} at {record.url}: {exc}")
                 logger.warning("teacher %s generation %s: %s; re-reading the record", self.label, gen, exc)
                 self._forget(record)
-                deadline = deadline or time.time() + self.options.ready_timeout_s
+                call.unusable()
                 continue
             if resp.status == 503:
-                _note(seen, f"generation {gen} at {record.url}: HTTP 503 {_error_text(resp)}")
+                call.note(f"generation {gen} at {record.url}: HTTP 503 {_error_text(resp)}")
                 logger.info("teacher %s generation %s answered 503; waiting for a ready endpoint", self.label, gen)
                 self._forget(record)
-                deadline = deadline or time.time() + self.options.ready_timeout_s
+                call.unusable()
                 retry_after = _retry_after(resp)
                 if retry_after:
-                    time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, deadline - time.time())))
+                    time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, call.left())))
                 continue
             if 400 <= resp.status < 500:
                 raise TeacherRequestError(self.label, gen, resp.status, _error_text(resp))
+            if resp.status >= 500:
+                gone = self._answerer_gone(record, resp)
+                if gone is not None:
+                    call.note(f"generation {gen} at {record.url}: HTTP {resp.status} {_error_text(resp)}; {gone}")
+                    logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", self.label, gen,
+                                   resp.status, gone)
+                    self._forget(record)
+                    call.unusable()
+                    continue
             if resp.status >= 300:
                 raise TeacherServerError(self.label, gen, resp.status, _error_text(resp))
             served = resp.header(GENERATION_HEADER)
@@ -251,9 +377,9 @@ class TeacherClient:
                 self._forget(record)
             return resp, record
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self, *, timeout_s: Optional[float] = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
-        resp, _ = self._call("GET", model_path(self.name))
+        resp, _ = self._call("GET", model_path(self.name), timeout_s=timeout_s)
         return json.loads(bytes(resp.body))
 
     def get_logprobs(
@@ -263,10 +389,13 @@ class TeacherClient:
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
         request_id: Optional[str] = None,
+        timeout_s: Optional[float] = None,
     ) -> dict[str, Any]:
-        """``{"logprobs": float32 [B, S]}`` (+ ``topk_logprobs``, ``topk_indices`` with ``top_k``)."""
+        """``{"logprobs": float32 [B, S]}`` (+ ``topk_logprobs``, ``topk_indices`` with ``top_k``);
+        ``timeout_s``: this call's deadline (default ``call_timeout_s``)."""
         ids, lengths = batch_inputs(data)
-        result = self.get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size, request_id=request_id)
+        result = self.get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size,
+                                          request_id=request_id, timeout_s=timeout_s)
         return convert_outputs(result, self.options.return_type)
 
     def get_logprobs_arrays(
@@ -277,6 +406,7 @@ class TeacherClient:
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
         request_id: Optional[str] = None,
+        timeout_s: Optional[float] = None,
     ) -> dict[str, np.ndarray]:
         """:meth:`get_logprobs` on numpy arrays, returning numpy arrays (views of the response buffer)."""
         outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
@@ -298,7 +428,7 @@ class TeacherClient:
                    "Content-Type": oip.BINARY_CONTENT_TYPE if header_len is not None else oip.JSON_CONTENT_TYPE}
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)
-        resp, record = self._call("POST", infer_path(self.name), chunks, headers)
+        resp, record = self._call("POST", infer_path(self.name), chunks, headers, timeout_s)
         try:
             decoded = oip.decode_response(
                 resp.body, oip.parse_header_length(resp.header(oip.HEADER_LENGTH), len(resp.body))
@@ -347,12 +477,6 @@ def check_tokenizer_against(
             raise TokenizerMismatchError(
                 f"{where}: tokenizer fingerprint {teacher_fp} != trainer's {fingerprint} (different vocabularies)"
             )
-
-
-def _note(seen: list[str], event: str) -> None:
-    if not seen or seen[-1] != event:
-        seen.append(event)
-        del seen[:-20]
 
 
 def _error_text(resp: HTTPResponse) -> str:

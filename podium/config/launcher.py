@@ -97,6 +97,7 @@ class ServerSettings(_Strict):
     heartbeat_s: float = Field(default=10.0, gt=0)
     stale_after_s: float = Field(default=60.0, gt=0)
     drain_s: float = Field(default=10.0, ge=0)  # on preemption, queued requests get this long
+    max_queue: int = Field(default=64, gt=0)  # infer requests queued or running at once; beyond: 503 + Retry-After
 
     @field_validator("port_range")
     @classmethod

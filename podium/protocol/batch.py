@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from podium.protocol.names import INPUT_IDS, INPUT_LENGTHS, MICRO_BATCH_SIZE, TOP_K
+from podium.protocol.oip import brief
 
 
 class BatchError(ValueError):
@@ -130,7 +131,7 @@ def _int_option(value: Any, name: str, lo: int, hi: Optional[int]) -> Optional[i
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise BatchError(f"parameter {name!r} must be an integer, got {value!r}")
+        raise BatchError(f"parameter {name!r} must be an integer, got {brief(value)}")
     value = int(value)
     if value < lo or (hi is not None and value > hi):
         bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"

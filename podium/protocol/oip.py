@@ -10,7 +10,11 @@ tensors appear in the header. An output is sent binary when its requested-output
 ``parameters.binary_data: true``, or when the request parameter ``binary_data_output`` is true.
 
 Every malformed body is an :class:`OIPError` carrying the HTTP status and a message that says what
-is wrong. Only numpy is imported.
+is wrong, including bodies built to exhaust the decoder: JSON nested too deep, shapes of more than
+:data:`MAX_RANK` dimensions, shapes with more elements than the body has bytes. A server reading a
+binary request can check the header before it reads (or allocates room for) the tensor bytes:
+:func:`parse_request_head` returns a :class:`RequestHead` whose ``binary_bytes`` is what the
+declared binary tensors need. Only numpy is imported.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -47,6 +52,18 @@ DATATYPES: dict[str, np.dtype] = {
 _BY_DTYPE = {dt.newbyteorder("="): name for name, dt in DATATYPES.items()}
 
 Buffer = Union[bytes, bytearray, memoryview]
+
+# The protocol's tensors have at most 3 dimensions; numpy's limit is 64. More than this is refused.
+MAX_RANK = 8
+MAX_ID_LENGTH = 256  # a request id travels back in the X-Request-ID header
+
+_brief_repr = reprlib.Repr()
+_brief_repr.maxlevel, _brief_repr.maxlist, _brief_repr.maxstring, _brief_repr.maxother = 3, 8, 60, 60
+
+
+def brief(value: Any) -> str:
+    """A short repr of a client-sent value for an error message (bounded in depth and length)."""
+    return _brief_repr.repr(value)
 
 
 class OIPError(ValueError):
@@ -119,42 +136,61 @@ def parse_header_length(value: Optional[str], body_length: int) -> Optional[int]
     try:
         length = int(value)
     except ValueError:
-        raise OIPError(f"{HEADER_LENGTH} is not an integer: {value!r}") from None
+        raise OIPError(f"{HEADER_LENGTH} is not an integer: {brief(value)}") from None
     if length < 0 or length > body_length:
         raise OIPError(f"{HEADER_LENGTH} {length} is outside the body of {body_length} bytes")
     return length
 
 
-def _split(body: Buffer, header_length: Optional[int]) -> tuple[dict[str, Any], memoryview]:
-    view = memoryview(body)
-    if header_length is None:
-        header_bytes, binary = view, view[:0]
-    else:
-        header_bytes, binary = view[:header_length], view[header_length:]
+def _parse_json(raw: Buffer, binary_follows: bool) -> dict[str, Any]:
+    """The JSON header as a dict; a nesting too deep for the parser is a 400, not a RecursionError."""
     try:
-        header = json.loads(bytes(header_bytes))
+        header = json.loads(bytes(raw))
+    except RecursionError:
+        raise OIPError("malformed JSON: nesting too deep (the protocol nests a few levels; this body "
+                       "nests beyond what the parser allows)") from None
     except UnicodeDecodeError:
         raise OIPError("body is not UTF-8 JSON (binary tensors need the Inference-Header-Content-Length header)") from None
     except json.JSONDecodeError as exc:
         hint = ""
-        if header_length is None and exc.msg == "Extra data":
+        if not binary_follows and exc.msg == "Extra data":
             hint = f" (binary tensors after the JSON need the {HEADER_LENGTH} header)"
         raise OIPError(f"malformed JSON: {exc.msg} at char {exc.pos}{hint}") from None
     if not isinstance(header, dict):
         raise OIPError(f"body must be a JSON object, got {type(header).__name__}")
-    return header, binary
+    return header
 
 
-def _shape(name: str, raw: Any) -> tuple[int, ...]:
+def _shape(name: str, raw: Any, body_length: int) -> tuple[int, ...]:
+    """A shape checked: integers, at most :data:`MAX_RANK` of them, none negative, and no more
+    elements (an empty dimension counted as 1) than the body has bytes: every value takes at least
+    one byte of the body, JSON or binary, so a larger shape cannot be its data's."""
     if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise OIPError(f"tensor {name!r}: shape must be a list of integers, got {raw!r}")
+        raise OIPError(f"tensor {name!r}: shape must be a list of integers, got {brief(raw)}")
+    if len(raw) > MAX_RANK:
+        raise OIPError(f"tensor {name!r}: shape has {len(raw)} dimensions; at most {MAX_RANK} are accepted")
     if any(d < 0 for d in raw):
         raise OIPError(f"tensor {name!r}: negative dimension in shape {raw}")
+    cells = math.prod(max(d, 1) for d in raw)
+    if cells > body_length:
+        raise OIPError(f"tensor {name!r}: shape {raw} has {cells} elements, more than the {body_length}-byte "
+                       "body can hold")
     return tuple(raw)
+
+
+def _nesting(data: Any, limit: int) -> int:
+    """How deep ``data``'s first elements nest, counted up to ``limit + 1``."""
+    depth = 0
+    while isinstance(data, list) and depth <= limit:
+        depth += 1
+        data = data[0] if data else None
+    return depth
 
 
 def _from_json_data(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     dtype = DATATYPES[datatype]
+    if _nesting(data, max(len(shape), 1)) > max(len(shape), 1):
+        raise OIPError(f"tensor {name!r}: data nests deeper than its shape {list(shape)}")
     try:
         values = np.asarray(data)
     except ValueError as exc:  # ragged nested lists
@@ -177,14 +213,23 @@ def _from_json_data(name: str, datatype: str, shape: tuple[int, ...], data: Any)
     return values.astype(dtype, copy=False).reshape(shape)
 
 
-def _decode_tensors(
-    entries: Any, binary: memoryview, what: str
-) -> tuple[list[Tensor], int]:
-    if not isinstance(entries, list):
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a header, checked but not decoded: its bytes may not have been read yet."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: dict[str, Any]
+    binary_size: Optional[int]  # bytes in the binary part; None: the values are in ``data``
+    data: Any = None
+
+
+def _entries(raw: Any, what: str, body_length: int) -> list[TensorEntry]:
+    if not isinstance(raw, list):
         raise OIPError(f"'{what}' must be a list of tensors")
-    tensors: list[Tensor] = []
-    offset = 0
-    for i, entry in enumerate(entries):
+    entries: list[TensorEntry] = []
+    for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise OIPError(f"{what}[{i}] must be an object")
         name = entry.get("name")
@@ -193,87 +238,147 @@ def _decode_tensors(
         datatype = entry.get("datatype")
         if datatype not in DATATYPES:
             raise OIPError(
-                f"tensor {name!r}: unsupported datatype {datatype!r} (supported: {', '.join(DATATYPES)})"
+                f"tensor {name!r}: unsupported datatype {brief(datatype)} (supported: {', '.join(DATATYPES)})"
             )
-        shape = _shape(name, entry.get("shape"))
+        shape = _shape(name, entry.get("shape"), body_length)
         params = entry.get("parameters") or {}
         if not isinstance(params, dict):
             raise OIPError(f"tensor {name!r}: parameters must be an object")
         size = params.get("binary_data_size")
         if size is not None:
-            dtype = DATATYPES[datatype]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise OIPError(f"tensor {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
-            expected = math.prod(shape) * dtype.itemsize
+                raise OIPError(f"tensor {name!r}: binary_data_size must be a non-negative integer, got {brief(size)}")
+            expected = math.prod(shape) * DATATYPES[datatype].itemsize
             if size != expected:
                 raise OIPError(
                     f"tensor {name!r}: binary_data_size {size} != {expected} bytes for {datatype} {list(shape)}"
                 )
-            if offset + size > len(binary):
-                raise OIPError(
-                    f"tensor {name!r}: binary data ends at byte {offset + size} but only {len(binary)} "
-                    "binary bytes follow the JSON header"
-                )
-            array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
-            offset += size
+            entries.append(TensorEntry(name, datatype, shape, params, size))
         elif "data" in entry:
-            array = _from_json_data(name, datatype, shape, entry["data"])
+            entries.append(TensorEntry(name, datatype, shape, params, None, entry["data"]))
         else:
             raise OIPError(f"tensor {name!r}: neither 'data' nor parameters.binary_data_size")
-        tensors.append(Tensor(name, datatype, shape, array, params))
-    return tensors, offset
+    return entries
+
+
+def _check_binary_length(entries: Sequence[TensorEntry], available: int, status: int = 400) -> None:
+    offset = 0
+    for entry in entries:
+        if entry.binary_size is not None:
+            offset += entry.binary_size
+            if offset > available:
+                raise OIPError(f"tensor {entry.name!r}: binary data ends at byte {offset} but only {available} "
+                               "binary bytes follow the JSON header", status)
+    if offset != available:
+        raise OIPError(f"binary data sizes add up to {offset} bytes but {available} bytes follow the JSON header",
+                       status)
+
+
+def _decode_entries(entries: Sequence[TensorEntry], binary: memoryview) -> list[Tensor]:
+    """The tensors; binary ones are numpy views into ``binary`` (writable when it is)."""
+    tensors: list[Tensor] = []
+    offset = 0
+    for e in entries:
+        if e.binary_size is not None:
+            array = np.frombuffer(binary[offset: offset + e.binary_size], dtype=DATATYPES[e.datatype]).reshape(e.shape)
+            offset += e.binary_size
+        else:
+            array = _from_json_data(e.name, e.datatype, e.shape, e.data)
+        tensors.append(Tensor(e.name, e.datatype, e.shape, array, e.parameters))
+    return tensors
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    """An infer request's JSON header, checked, before its binary tensor bytes are read.
+
+    ``binary_bytes`` is what the declared binary tensors need: a reader compares it with what the
+    body holds (:meth:`check_binary_length`) before it allocates room for them, then
+    :meth:`decode` makes the request of those bytes."""
+
+    header: dict[str, Any]
+    inputs: tuple[TensorEntry, ...]
+
+    @property
+    def binary_bytes(self) -> int:
+        return sum(e.binary_size for e in self.inputs if e.binary_size is not None)
+
+    def check_binary_length(self, available: int) -> None:
+        """:class:`OIPError` naming the tensor and the numbers unless ``available`` bytes are exactly
+        what the binary tensors need."""
+        _check_binary_length(self.inputs, available)
+
+    def decode(self, binary: Buffer = b"") -> InferRequest:
+        """The request, its binary inputs numpy views into ``binary`` (no copy)."""
+        view = memoryview(binary)
+        self.check_binary_length(view.nbytes)
+        inputs: dict[str, Tensor] = {}
+        for t in _decode_entries(self.inputs, view):
+            if t.name in inputs:
+                raise OIPError(f"input {t.name!r} given twice")
+            inputs[t.name] = t
+        header = self.header
+        outputs: Optional[list[RequestedOutput]] = None
+        if header.get("outputs") is not None:
+            if not isinstance(header["outputs"], list):
+                raise OIPError("'outputs' must be a list")
+            outputs = []
+            for i, out in enumerate(header["outputs"]):
+                if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                    raise OIPError(f"outputs[{i}] must be an object with a name")
+                params = out.get("parameters") or {}
+                if not isinstance(params, dict):
+                    raise OIPError(f"output {out['name']!r}: parameters must be an object")
+                binary_flag = params.get("binary_data")
+                outputs.append(RequestedOutput(out["name"], None if binary_flag is None else bool(binary_flag), params))
+        parameters = header.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise OIPError("'parameters' must be an object")
+        request_id = header.get("id")
+        if request_id is not None:
+            if not isinstance(request_id, str):
+                raise OIPError("'id' must be a string")
+            if len(request_id) > MAX_ID_LENGTH or not request_id.isprintable():
+                raise OIPError(f"'id' must be printable and at most {MAX_ID_LENGTH} characters, got {brief(request_id)}")
+        return InferRequest(request_id, inputs, outputs, parameters)
+
+
+def parse_request_head(raw: Buffer, *, body_length: int, binary_follows: bool) -> RequestHead:
+    """The JSON header ``raw`` of a request body of ``body_length`` bytes, checked (shapes, binary
+    sizes) without the binary part; ``binary_follows``: the body has an
+    ``Inference-Header-Content-Length`` (binary bytes may follow)."""
+    header = _parse_json(raw, binary_follows)
+    if "inputs" not in header:
+        raise OIPError("request has no 'inputs'")
+    return RequestHead(header, tuple(_entries(header["inputs"], "inputs", body_length)))
 
 
 def decode_request(body: Buffer, header_length: Optional[int] = None) -> InferRequest:
     """Parse an infer request body (JSON, or JSON header + binary tensors)."""
-    header, binary = _split(body, header_length)
-    if "inputs" not in header:
-        raise OIPError("request has no 'inputs'")
-    tensors, used = _decode_tensors(header["inputs"], binary, "inputs")
-    if used != len(binary):
-        raise OIPError(
-            f"binary data sizes add up to {used} bytes but {len(binary)} bytes follow the JSON header"
-        )
-    inputs: dict[str, Tensor] = {}
-    for t in tensors:
-        if t.name in inputs:
-            raise OIPError(f"input {t.name!r} given twice")
-        inputs[t.name] = t
-    outputs: Optional[list[RequestedOutput]] = None
-    if header.get("outputs") is not None:
-        if not isinstance(header["outputs"], list):
-            raise OIPError("'outputs' must be a list")
-        outputs = []
-        for i, out in enumerate(header["outputs"]):
-            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-                raise OIPError(f"outputs[{i}] must be an object with a name")
-            params = out.get("parameters") or {}
-            if not isinstance(params, dict):
-                raise OIPError(f"output {out['name']!r}: parameters must be an object")
-            binary_flag = params.get("binary_data")
-            outputs.append(RequestedOutput(out["name"], None if binary_flag is None else bool(binary_flag), params))
-    parameters = header.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise OIPError("'parameters' must be an object")
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise OIPError("'id' must be a string")
-    return InferRequest(request_id, inputs, outputs, parameters)
+    view = memoryview(body)
+    split = view.nbytes if header_length is None else header_length
+    head = parse_request_head(view[:split], body_length=view.nbytes, binary_follows=header_length is not None)
+    return head.decode(view[split:])
 
 
 def decode_response(body: Buffer, header_length: Optional[int] = None) -> InferResponse:
     """Parse an infer response body; binary outputs are numpy views into ``body``."""
-    header, binary = _split(body, header_length)
+    view = memoryview(body)
+    split = view.nbytes if header_length is None else header_length
+    header = _parse_json(view[:split], header_length is not None)
     if "error" in header and "outputs" not in header:
         raise OIPError(str(header["error"]), status=500)
-    tensors, used = _decode_tensors(header.get("outputs", []), binary, "outputs")
-    if used != len(binary):
-        raise OIPError(f"response binary sizes add up to {used} bytes but {len(binary)} follow the header", 502)
+    entries = _entries(header.get("outputs", []), "outputs", view.nbytes)
+    binary = view[split:]
+    try:
+        _check_binary_length(entries, binary.nbytes, status=502)
+    except OIPError as exc:
+        raise OIPError(f"response: {exc.message}", 502) from None
     return InferResponse(
         header.get("id"),
         header.get("model_name"),
         header.get("model_version"),
-        {t.name: t.array for t in tensors},
+        {t.name: t.array for t in _decode_entries(entries, binary)},
         header.get("parameters") or {},
     )
 

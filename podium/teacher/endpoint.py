@@ -2,11 +2,15 @@
 
 Owns the aiohttp server on the teacher's head node: routes, bearer-token auth, request validation
 (every bad request is a 4xx JSON ``{"error": ...}`` and the server keeps serving; the batch rule
-itself is ``podium.protocol.batch``), the in-order queue in front of the group (one call at a time,
-on an executor thread so health probes answer while the group computes), readiness (set by the
-owner of the teacher's lifecycle, ``podium.launcher.lifecycle``, with a reason when it is false),
-draining (503 + ``Retry-After``), and binding a free port of a range. It serves and reports; it
-publishes nothing: the lifecycle owns the endpoint record. The wire codec is ``podium.protocol.oip``.
+itself is ``podium.protocol.batch``), reading a body (a binary request's declared tensor sizes are
+checked against ``Content-Length`` before room for them is allocated), the bounded in-order queue in
+front of the group (``max_queue`` requests at once, beyond it 503 + ``Retry-After``; one group call
+at a time, on an executor thread so health probes answer while the group computes; a request whose
+client went away leaves the queue and never reaches the group), readiness (set by the owner of the
+teacher's lifecycle, ``podium.launcher.lifecycle``, with a reason when it is false), what a group
+failure is answered with (:meth:`EndpointServer.failure`), draining (503 + ``Retry-After``), and
+binding a free port of a range. It serves and reports; it publishes nothing: the lifecycle owns the
+endpoint record. The wire codec is ``podium.protocol.oip``.
 
 =====  ==========================================  =====  ========================================
 verb   route                                       auth   answer
@@ -22,8 +26,8 @@ POST   /v2/models/<name>[/versions/<v>]/infer      yes    logprobs (+ top-k) for
 =====  ==========================================  =====  ========================================
 
 ``<name>`` may be the teacher's served name (its first alias), any of its aliases, or its key.
-Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and,
-from an infer, ``X-Podium-Generation``.
+Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and
+``X-Podium-Generation`` (errors too: a client tells which generation answered).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PORT_RANGE = (23000, 23999)
 DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024
 DEFAULT_RETRY_AFTER_S = 5
+DEFAULT_MAX_QUEUE = 64
 # Per-request storage key for the request id (typed key where aiohttp has them).
 _REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
 
@@ -83,7 +88,9 @@ class LogprobGroup(Protocol):
     """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in.
 
     ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns
-    ``logprobs`` ``[B, width]`` (+ ``topk_logprobs``/``topk_indices`` with ``top_k``)."""
+    ``logprobs`` ``[B, width]`` (+ ``topk_logprobs``/``topk_indices`` with ``top_k``). A group may
+    also have ``broken``: ``None``, or why it can serve no more (a worker died); the endpoint then
+    answers not ready, and a failed call 503 (see :meth:`EndpointServer.failure`)."""
 
     vocab_size: int
     max_sequence_length: Optional[int]
@@ -116,6 +123,7 @@ class EndpointConfig:
     advertise_host: Optional[str] = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests admitted at once (reading, queued, computing)
     max_top_k: Optional[int] = None  # default: the vocabulary size
     model_name: Optional[str] = None
     tokenizer_fingerprint: Optional[str] = None
@@ -128,6 +136,20 @@ class EndpointConfig:
         lo, hi = self.port_range
         if not (0 <= lo <= hi <= 65535):
             raise ValueError(f"endpoint: bad port range {lo}-{hi}")
+        if self.max_queue < 1:
+            raise ValueError(f"endpoint: max_queue must be >= 1, got {self.max_queue}")
+
+
+def _buffer(size: int) -> bytearray:
+    """Room for ``size`` bytes of a request body (one place, so a test can watch what is allocated)."""
+    return bytearray(size)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # the loop is closed: the server is gone, nothing left to count
+        pass
 
 
 def _json_error(status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> web.Response:
@@ -152,8 +174,10 @@ class EndpointServer:
         self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
         self._not_ready_reason = "starting"
         self._draining = False
-        self._pending = 0
+        self._admitted = 0  # requests holding a queue slot: reading their body, queued or computing
+        self._pending = 0  # group calls submitted and not finished (queued or computing)
         self._served = 0
+        self.abandoned = 0  # requests whose client went away before its answer
         self._idle: Optional[asyncio.Event] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-infer")
         self._runner: Optional[web.AppRunner] = None
@@ -164,8 +188,23 @@ class EndpointServer:
     # ------------------------------------------------------------------ lifecycle
 
     @property
+    def broken(self) -> Optional[str]:
+        """Why the group can serve no more, when it says so (its ``broken``), else None."""
+        broken = getattr(self.group, "broken", None)
+        return str(broken) if broken else None
+
+    def _why_not_ready(self) -> Optional[str]:
+        """None when ready; else why not (the one place that decides readiness)."""
+        if self._draining:
+            return "draining"
+        if not self._ready:
+            return self._not_ready_reason
+        broken = self.broken
+        return f"group broken: {broken}" if broken else None
+
+    @property
     def ready(self) -> bool:
-        return self._ready and not self._draining
+        return self._why_not_ready() is None
 
     @property
     def draining(self) -> bool:
@@ -173,7 +212,20 @@ class EndpointServer:
 
     @property
     def queue_depth(self) -> int:
+        """Group calls queued or computing (requests still reading their body not included)."""
         return self._pending
+
+    @property
+    def served(self) -> int:
+        """Requests answered 200."""
+        return self._served
+
+    def _update_idle(self) -> None:
+        if self._idle is not None:
+            if self._admitted == 0 and self._pending == 0:
+                self._idle.set()
+            else:
+                self._idle.clear()
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as the teacher's lifecycle sees it; ``reason`` says why it is not ready."""
@@ -212,7 +264,10 @@ class EndpointServer:
         self._idle.set()
         self._sock = listen_on_free_port(self.config.host, self.config.port_range)
         self.port = self._sock.getsockname()[1]
-        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        # handler_cancellation: a request whose client went away is cancelled (aiohttp >= 3.9 does
+        # not by default), so a queued one leaves the queue instead of computing for nobody.
+        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                                     handler_cancellation=True)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
         host = self.config.advertise_host or self.config.host
@@ -278,6 +333,8 @@ class EndpointServer:
             logger.exception("request %s %s failed", request.method, request.path)
             response = _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
         response.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
+        if self.config.generation is not None and GENERATION_HEADER not in response.headers:
+            response.headers[GENERATION_HEADER] = str(self.config.generation)  # errors too: who answered
         return response
 
     @web.middleware
@@ -302,10 +359,38 @@ class EndpointServer:
         if version is not None and version != self.config.model_version:
             raise RequestError(404, f"model {name!r} has no version {version!r} (versions: {self.config.model_version})")
 
+    def _retry_after(self) -> dict[str, str]:
+        return {RETRY_AFTER: str(self.config.retry_after_s)}
+
     def _not_ready(self) -> RequestError:
-        what = "draining" if self._draining else f"not ready ({self._not_ready_reason})"
-        return RequestError(503, f"teacher {self.config.served_name!r} is {what}",
-                            {RETRY_AFTER: str(self.config.retry_after_s)})
+        why = self._why_not_ready()
+        what = "draining" if why == "draining" else f"not ready ({why})"
+        return RequestError(503, f"teacher {self.config.served_name!r} is {what}", self._retry_after())
+
+    def failure(self, exc: Exception) -> RequestError:
+        """What a group call that raised ``exc`` is answered with.
+
+        - ``ValueError``: 400, the group refuses what it cannot serve (a layout's limit, say);
+        - any other error while the teacher is no longer ready (the lifecycle said so with
+          :meth:`set_ready`, it is draining, or the group says it is ``broken``): 503 +
+          ``Retry-After``, "teacher ... is unavailable: <cause>". The group broke under the request
+          (a worker died, a node was lost); the same request succeeds on the next generation, and
+          the client retries it there;
+        - any other error while the teacher is still ready: 500. The group still works, so this
+          request itself failed it (a bug): retrying it would fail the same way.
+
+        Readiness is read when the failure is answered, so a lifecycle that marks the teacher not
+        ready while the call is failing (or a group that marks itself broken as it raises, as
+        ``TeacherWorkerGroup`` does) turns the answer into a 503.
+        """
+        name = self.config.served_name
+        cause = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ValueError):
+            return RequestError(400, f"rejected by the teacher: {exc}")
+        why = self._why_not_ready()
+        if why is not None:
+            return RequestError(503, f"teacher {name!r} is unavailable ({why}): {cause}", self._retry_after())
+        return RequestError(500, f"teacher {name!r} failed: {cause}")
 
     async def _live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -344,6 +429,10 @@ class EndpointServer:
                 "ready": self.ready,
                 "draining": self._draining,
                 "queue_depth": self._pending,
+                "admitted": self._admitted,
+                "max_queue": self.config.max_queue,
+                "abandoned": self.abandoned,
+                "served": self._served,
             },
         }
 
@@ -355,30 +444,53 @@ class EndpointServer:
         self._check_model(request)
         return await self._ready_route(request)
 
-    async def _read_body(self, request: web.Request) -> bytearray:
-        """The whole body, in one writable buffer (numpy views of it need no copy for the group)."""
+    async def _read_into(self, request: web.Request, size: int, length: int, got: int) -> bytearray:
+        """The next ``size`` bytes of a body of ``length`` (``got`` read before), in a new buffer."""
+        buf = _buffer(size)
+        view = memoryview(buf)
+        filled = 0
+        while filled < size:
+            chunk = await request.content.read(size - filled)
+            if not chunk:
+                raise RequestError(400, f"body ended after {got + filled} of the {length} bytes its Content-Length "
+                                   "announced")
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        return buf
+
+    async def _read_request(self, request: web.Request) -> oip.InferRequest:
+        """Read and decode an infer request.
+
+        With the binary extension, the JSON header (``Inference-Header-Content-Length`` bytes) is
+        read and checked first; ``Content-Length`` must then be exactly the header plus the bytes
+        its binary tensors declare, else 400 naming the tensor and the numbers, before room for
+        those bytes is allocated. The binary part goes into one writable buffer: the tensors are
+        numpy views of it and reach the group without a copy.
+        """
         limit = self.config.max_body_bytes
         length = request.content_length
+        header_value = request.headers.get(oip.HEADER_LENGTH)
         if length is not None and length > limit:
             raise RequestError(413, f"request body of {length} bytes is larger than the limit of {limit} bytes")
         if length is None:  # chunked: aiohttp enforces client_max_size while reading
             try:
-                return bytearray(await request.read())
+                body = bytearray(await request.read())
             except web.HTTPRequestEntityTooLarge:
                 raise RequestError(413, f"request body is larger than the limit of {limit} bytes") from None
-        body = bytearray(length)
-        view = memoryview(body)
-        got = 0
-        while got < length:
-            chunk = await request.content.readany()
-            if not chunk:
-                break
-            take = min(len(chunk), length - got)
-            view[got:got + take] = chunk[:take]
-            got += take
-        if got != length:
-            raise RequestError(400, f"body ended after {got} of the {length} bytes its Content-Length announced")
-        return body
+            return oip.decode_request(body, oip.parse_header_length(header_value, len(body)))
+        header_length = oip.parse_header_length(header_value, length)
+        if header_length is None:
+            return oip.decode_request(await self._read_into(request, length, length, 0))
+        raw = await self._read_into(request, header_length, length, 0)
+        head = oip.parse_request_head(raw, body_length=length, binary_follows=True)
+        available = length - header_length
+        try:
+            head.check_binary_length(available)
+        except oip.OIPError as exc:
+            raise RequestError(400, f"{exc.message} (Content-Length {length} = {header_length} bytes of JSON header "
+                               f"+ {available}; the binary tensors declare {head.binary_bytes})") from None
+        binary = await self._read_into(request, available, length, header_length)
+        return head.decode(binary)
 
     def _validate(self, req: oip.InferRequest) -> tuple[Batch, Optional[int], Optional[int], list[str]]:
         """Check an infer request against the model; return (batch, top_k, micro_batch_size, outputs)."""
@@ -430,28 +542,58 @@ class EndpointServer:
         self._check_model(request)
         if not self.ready:
             raise self._not_ready()
-        body = await self._read_body(request)
-        header_length = oip.parse_header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
-        req = oip.decode_request(body, header_length)
+        limit = self.config.max_queue
+        if self._admitted >= limit:
+            raise RequestError(503, f"teacher {self.config.served_name!r} queue is full: {self._admitted} requests "
+                               f"queued or running (max_queue {limit}); retry later", self._retry_after())
+        self._admitted += 1  # a slot from before the body is read: at most max_queue bodies in memory
+        self._update_idle()
+        try:
+            return await self._admitted_infer(request)
+        finally:
+            self._admitted -= 1
+            self._update_idle()
+
+    async def _run(self, batch: Batch, top_k: Optional[int], micro: Optional[int],
+                   request_id: str) -> dict[str, np.ndarray]:
+        """The group call, queued in arrival order. Cancelled (its client went away) while queued,
+        it leaves the queue and never reaches the group; while computing, it finishes and its
+        answer is dropped. Either way it counts in :attr:`abandoned`."""
+        loop = asyncio.get_running_loop()
+        job = self._executor.submit(self._compute, batch, top_k, micro)
+        self._pending += 1
+        self._update_idle()
+
+        def finished() -> None:
+            self._pending -= 1
+            self._update_idle()
+
+        job.add_done_callback(lambda _: _call_soon(loop, finished))
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            self.abandoned += 1
+            if job.cancel():
+                logger.info("request %s: the client went away while it was queued; dropped before the group",
+                            request_id)
+            else:
+                logger.info("request %s: the client went away while the group computes it; the answer will "
+                            "not be sent", request_id)
+            raise
+        except Exception as exc:
+            answer = self.failure(exc)
+            if answer.status >= 500:
+                logger.exception("teacher %r: get_logprobs failed (request %s): HTTP %d", self.config.served_name,
+                                 request_id, answer.status)
+            raise answer from None
+
+    async def _admitted_infer(self, request: web.Request) -> web.Response:
+        req = await self._read_request(request)
         request_id = req.id or request[_REQUEST_ID]
         request[_REQUEST_ID] = request_id
         batch, top_k, micro, outputs = self._validate(req)
-        assert self._idle is not None
-        loop = asyncio.get_running_loop()
-        self._pending += 1
-        self._idle.clear()
         started = time.perf_counter()
-        try:
-            result = await loop.run_in_executor(self._executor, self._compute, batch, top_k, micro)
-        except ValueError as exc:  # the group refuses what it cannot serve (a layout's limit, say)
-            raise RequestError(400, f"rejected by the teacher: {exc}") from None
-        except Exception as exc:
-            logger.exception("teacher %r: get_logprobs failed (request %s)", self.config.served_name, request_id)
-            raise RequestError(500, f"teacher {self.config.served_name!r} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            self._pending -= 1
-            if self._pending == 0:
-                self._idle.set()
+        result = await self._run(batch, top_k, micro, request_id)
         self._served += 1
         logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
         missing = [name for name in outputs if name not in result]

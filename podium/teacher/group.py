@@ -236,7 +236,7 @@ class TeacherWorkerGroup:
 
     @property
     def broken(self) -> str | None:
-        """Why the group cannot serve any more (a worker died in a call), or None."""
+        """Why this group can serve no more (the error of the call that broke it), or None."""
         return self._broken
 
     def memory(self) -> list[dict[str, int]]:

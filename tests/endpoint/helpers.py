@@ -8,7 +8,8 @@
 - ``Gate``: holds each call until the test lets it through.
 - ``make_run``: a run dir with ``rendezvous.json`` and a 0600 token.
 - ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
-  ``restart()`` brings it back under the next generation on another port.
+  ``restart()`` brings it back under the next generation on another port; ``successor()`` starts
+  the next generation while this one still serves (a lifecycle that replaced a broken one).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from podium.rendezvous import (
     Heartbeat,
     RecordWriter,
     RunLayout,
+    StaleGenerationError,
     Status,
     build_rendezvous,
     create_token,
@@ -176,15 +178,30 @@ class Teacher:
         self.heartbeat = Heartbeat(self.writer, self.heartbeat_s).start()
         return self
 
-    def stop(self, status: Status = Status.STOPPED) -> None:
+    def _publish(self, status: Status) -> None:
         if self.writer is not None and not self.writer.fenced:
-            self.writer.publish(Status.DRAINING)
+            try:
+                self.writer.publish(status)
+            except StaleGenerationError:  # a successor's record is there: it is not ours to write
+                pass
+
+    def stop(self, status: Status = Status.STOPPED) -> None:
+        self._publish(Status.DRAINING)
         if self.server is not None:
             self.server.stop(grace_s=10)
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        if self.writer is not None and not self.writer.fenced:
-            self.writer.publish(status)
+        self._publish(status)
+
+    def successor(self, group: Any = None) -> "Teacher":
+        """The next generation (``group``, default this one's) started on another port while this
+        one still serves; its record replaces this one's."""
+        g = self.generation
+        old_port = self.server.port if self.server else PORT_RANGE[0]
+        nxt = Teacher(group if group is not None else self.group, self.layout, self.definition, self.token,
+                      Generation(g.job_id, g.restart + 1), (old_port + 1, PORT_RANGE[1]), self.heartbeat_s,
+                      self.config_overrides)
+        return nxt.start()
 
     def restart(self, *, port_range: Optional[tuple[int, int]] = None, gap_s: float = 0.0) -> "Teacher":
         """Stop, then come back under the next generation (other port unless ``port_range`` says)."""

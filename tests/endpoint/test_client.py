@@ -19,10 +19,12 @@ import podium
 from podium.client import (
     TeacherFailedError,
     TeacherRequestError,
+    TeacherServerError,
     TeacherUnavailableError,
     TokenizerMismatchError,
     tokenizer_fingerprint,
 )
+from podium.client.teacher import failure_is_final
 from podium.client.transport import HTTPTransport
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
@@ -33,7 +35,7 @@ from podium.launcher.signals import Signals
 from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, atomic_write_json, read_record
 
-from .helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
+from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
 
 MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
 CHAT = TeacherDef("b2b2b2b2b2b2", "chat", ("chat",))
@@ -230,8 +232,10 @@ def test_timeout_says_which_teacher_generation_and_what_was_seen(tmp_path: Path)
     with pytest.raises(TeacherUnavailableError) as info:
         client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
     text = str(info.value)
-    assert "teacher 'math' (a1a1a1a1a1a1) not ready after 1s" in text
+    assert "teacher 'math' (a1a1a1a1a1a1) unavailable after" in text and "\n" not in text
+    assert "(not ready within ready_timeout_s 0.6s); last generation 1000:0; seen: " in text
     assert "generation 1000:0 at http://127.0.0.1:" in text and "generation 1000:0 stopped" in text
+    assert info.value.generation == "1000:0" and info.value.waited_s >= 0.6 and isinstance(info.value, TimeoutError)
     # a record that says failed ends the wait at once, with its reason
     writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name="math",
                           generation=Generation(1000, 1))
@@ -391,3 +395,205 @@ def test_importing_the_client_stays_light() -> None:
             "assert not heavy & set(sys.modules), heavy & set(sys.modules); import podium.client; "
             "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), {'torch', 'ray', 'megatron'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+# --------------------------------------------------------------------------- deadlines and retry rules
+
+
+class BreakingGroup(FakeGroup):
+    """Fails the call whose ``input_ids[0, 0]`` is 13, after the hold (a worker dies under it)."""
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k)
+        if int(data.input_ids[0, 0]) == 13:
+            raise RuntimeError("worker 3 died")
+        return out
+
+
+@pytest.fixture()
+def exchanges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, Any]]:
+    """(url, path, status or the exception's name) of every infer exchange the client makes."""
+    seen: list[tuple[str, str, Any]] = []
+    request = HTTPTransport.request
+
+    def recording(self: HTTPTransport, method: str, url_path: str, *args: Any, **kw: Any) -> Any:
+        try:
+            resp = request(self, method, url_path, *args, **kw)
+        except Exception as exc:
+            if url_path.endswith("/infer"):
+                seen.append((self.url, url_path, type(exc).__name__))
+            raise
+        if url_path.endswith("/infer"):
+            seen.append((self.url, url_path, resp.status))
+        return resp
+
+    monkeypatch.setattr(HTTPTransport, "request", recording)
+    return seen
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = fn()
+        except BaseException as exc:  # reported by the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_hung_teacher_ends_the_call_at_its_deadline_and_leaves_no_copy_queued(
+        tmp_path: Path, exchanges: list) -> None:
+    """The group holds (another trainer's call is in it) while the teacher keeps answering ready:
+    the call ends at its deadline with TeacherUnavailableError, and every copy of it the client
+    sent left the server's queue when the client gave up; none reached the group."""
+    import requests
+
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    group = FakeGroup()
+    gate = Gate()
+    group.hold = gate
+    teacher = Teacher(group, layout, MATH, token).start()
+    endpoint = teacher.server.server
+    blocker, blocked = _in_thread(lambda: requests.post(
+        f"{teacher.url}/v2/models/math/infer", timeout=120, headers={"Authorization": f"Bearer {token}"},
+        json={"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, 2]},
+                         {"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}]}))
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    try:
+        group.wait_for_calls(1)  # the other trainer's call is in the group, held there
+        with pytest.raises(TeacherUnavailableError) as info:
+            client.get_logprobs("math", {"input_ids": [[2, 3]], "input_lengths": [2]}, timeout_s=1.0)
+        text = str(info.value)
+        assert "teacher 'math' (a1a1a1a1a1a1) unavailable after" in text and "(call deadline 1s)" in text
+        assert "last generation 1000:0" in text and "timed out" in text and "\n" not in text
+        assert info.value.generation == "1000:0" and info.value.waited_s >= 1.0
+        sent = len(exchanges)
+        assert sent >= 1 and all(status == "TransportError" for *_, status in exchanges), exchanges
+        _wait(lambda: endpoint.abandoned == sent and endpoint.queue_depth == 1)  # only the held call is left
+    finally:
+        gate.release(10)
+        blocker.join(120)
+        client.close()
+    try:
+        assert blocked["result"].status_code == 200, blocked
+        _wait(lambda: endpoint.queue_depth == 0)
+        assert group.calls == [1]  # the client's request never reached the group
+    finally:
+        teacher.stop()
+
+
+def test_a_5xx_from_a_generation_that_has_since_changed_is_retried_on_the_next(
+        tmp_path: Path, exchanges: list) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    old_group = BreakingGroup()
+    gate = Gate()
+    old_group.hold = gate
+    old = Teacher(old_group, layout, MATH, token).start()
+    new: Optional[Teacher] = None
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    ids, lengths = np.array([[13, 4, 5]]), np.array([3])
+    call, outcome = _in_thread(lambda: client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths}))
+    try:
+        old_group.wait_for_calls(1)  # in the old generation's group, which will fail it
+        new = old.successor(FakeGroup())  # the lifecycle replaced it: the record names 1000:1
+        gate.release()
+        call.join(120)
+        assert "error" not in outcome, outcome
+        np.testing.assert_array_equal(outcome["result"]["logprobs"].numpy(), fake_logprobs(ids, lengths))
+        assert [(url, status) for url, _, status in exchanges] == [(old.url, 500), (new.url, 200)]
+        assert old_group.calls == [13] and new.group.calls == [13]
+        assert client.teacher("math").record.generation == Generation(1000, 1)
+    finally:
+        gate.release(2)
+        call.join(120)
+        client.close()
+        old.stop()
+        if new is not None:
+            new.stop()
+
+
+def test_a_5xx_from_the_same_generation_is_raised_not_retried(tmp_path: Path, exchanges: list) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    teacher = Teacher(BreakingGroup(), layout, MATH, token).start()
+    try:
+        with podium.connect(layout.rendezvous_path, **FAST) as client:
+            with pytest.raises(TeacherServerError) as info:
+                client.get_logprobs("math", {"input_ids": [[13, 4]], "input_lengths": [2]})
+        text = str(info.value)
+        assert "'math' (a1a1a1a1a1a1) (generation 1000:0) failed: HTTP 500" in text and "worker 3 died" in text
+        assert [status for *_, status in exchanges] == [500]  # once: the same generation would fail it again
+        assert teacher.group.calls == [13]
+    finally:
+        teacher.stop()
+
+
+def test_a_503_from_a_teacher_broken_under_the_request_is_retried_on_the_next_generation(
+        tmp_path: Path, exchanges: list) -> None:
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    old_group = BreakingGroup()
+    gate = Gate()
+    old_group.hold = gate
+    old = Teacher(old_group, layout, MATH, token).start()
+    new: Optional[Teacher] = None
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    ids, lengths = np.array([[13, 7]]), np.array([2])
+    call, outcome = _in_thread(lambda: client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths}))
+    try:
+        old_group.wait_for_calls(1)
+        old.server.set_ready(False, "node n2 (rank 1) lost")  # the lifecycle finds the group broken
+        gate.release()
+        _wait(lambda: [status for *_, status in exchanges] == [503] or outcome)  # answered 503; the client waits
+        assert not outcome, outcome
+        new = old.successor(FakeGroup())
+        call.join(120)
+        assert "error" not in outcome, outcome
+        np.testing.assert_array_equal(outcome["result"]["logprobs"].numpy(), fake_logprobs(ids, lengths))
+        assert [(url, status) for url, _, status in exchanges] == [(old.url, 503), (new.url, 200)]
+    finally:
+        gate.release(2)
+        call.join(120)
+        client.close()
+        old.stop()
+        if new is not None:
+            new.stop()
+
+
+def test_only_a_final_failure_ends_a_call(tmp_path: Path) -> None:
+    """A ``failed`` record the launcher will retry keeps the call waiting (to its deadline here);
+    one marked final raises TeacherFailedError at once."""
+    layout, _ = make_run(tmp_path, [MATH], default_alias="math")
+    writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name="math",
+                          generation=Generation(1000, 0))
+    record = writer.publish(Status.FAILED, reason="node n2 lost", will_retry=True)
+    assert not failure_is_final(record)
+    with podium.connect(layout.rendezvous_path, **FAST) as client:
+        with pytest.raises(TeacherUnavailableError, match=r"generation 1000:0 failed \(node n2 lost\); the teacher "
+                                                          r"will retry"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]}, timeout_s=0.3)
+        record = writer.publish(Status.FAILED, reason="node n2 lost again", final=True)
+        assert failure_is_final(record)
+        with pytest.raises(TeacherFailedError, match="generation 1000:0 failed: node n2 lost again"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+    plain = writer.publish(Status.FAILED, reason="checkpoint not found", final=False)
+    assert not failure_is_final(plain)  # final: false says it outright
+    assert failure_is_final(plain.model_copy(update={"extra": {}}))  # no word either way: final
+    assert not failure_is_final(plain.model_copy(update={"status": Status.READY}))
+
+
+def test_client_sockets_have_tcp_keepalive(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
+    import socket
+
+    path, _, _ = two_teachers
+    with podium.connect(path, keepalive_idle_s=7, keepalive_interval_s=3, keepalive_count=4, **FAST) as client:
+        client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        (conn,) = client.teacher("math")._transport._all
+        sock = conn.sock
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 7
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 3
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 4

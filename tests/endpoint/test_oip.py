@@ -70,7 +70,17 @@ def test_json_nested_data_and_binary_output_default() -> None:
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "parameters": {"binary_data_size": 8}}]},
          b"\0" * 12, 0, "add up to 8"),
         ({"outputs": []}, b"", None, "no 'inputs'"),
-        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [[1, 2], [3]]}]}, b"", None, "regular"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3]]}]}, b"", None, "regular"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [[1]]}]}, b"", None,
+         r"data nests deeper than its shape \[1\]"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1] * 65, "data": [1]}]}, b"", None,
+         "shape has 65 dimensions; at most 8"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2**40, 2**40], "data": [1]}]}, b"", None,
+         "more than the .*-byte body can hold"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [0, 2**70], "data": []}]}, b"", None,
+         "more than the .*-byte body can hold"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [1]}], "id": "a\r\nX-Evil: 1"}, b"", None,
+         "'id' must be printable"),
     ],
 )
 def test_malformed_requests(header: dict, binary: bytes, header_len, message: str) -> None:
@@ -79,6 +89,29 @@ def test_malformed_requests(header: dict, binary: bytes, header_len, message: st
     with pytest.raises(oip.OIPError, match=message) as info:
         oip.decode_request(body, len(head) if header_len is not None else None)
     assert info.value.status == 400
+
+
+def test_deep_nesting_is_a_400_not_a_recursion_error() -> None:
+    deep = b'{"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": ' + b"[" * 10_000 + b"]" * 10_000 + b"}]}"
+    with pytest.raises(oip.OIPError, match="nesting too deep") as info:
+        oip.decode_request(deep)
+    assert info.value.status == 400
+
+
+def test_request_head_says_what_the_binary_tensors_need_before_they_are_read() -> None:
+    ids, lengths = np.arange(8, dtype=np.int64).reshape(2, 4), np.array([4, 3], dtype=np.int64)
+    chunks, header_len = oip.encode_request([("input_ids", ids), ("input_lengths", lengths)])
+    body = bytearray(oip.join(chunks))
+    head = oip.parse_request_head(body[:header_len], body_length=len(body), binary_follows=True)
+    assert head.binary_bytes == 64 + 16 == len(body) - header_len
+    with pytest.raises(oip.OIPError, match="add up to 80 bytes but 1000 bytes follow"):
+        head.check_binary_length(1000)
+    with pytest.raises(oip.OIPError, match="'input_lengths': binary data ends at byte 80 but only 70"):
+        head.check_binary_length(70)
+    req = head.decode(memoryview(body)[header_len:])
+    got = req.inputs["input_ids"].array
+    np.testing.assert_array_equal(got, ids)
+    assert got.flags.writeable and np.shares_memory(got, np.frombuffer(body, dtype=np.uint8))  # a view, no copy
 
 
 def test_header_length_and_json_errors() -> None:

@@ -6,7 +6,9 @@ table runs against the real Megatron group in ``test_real_teacher.py``.
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
 import time
 from typing import Any, Iterator, Optional
@@ -48,12 +50,32 @@ GOOD_IDS = np.array([[5, 6, 7, 8], [9, 10, 0, 0]])
 GOOD_LENS = np.array([4, 2])
 
 
+def json_tensors(ids: dict, lengths: Optional[dict] = None, **extra: Any) -> bytes:
+    """A JSON body from raw tensor entries (``lengths`` defaults to one valid row of length 1)."""
+    lengths = lengths or {"datatype": "INT64", "shape": [1], "data": [1]}
+    return json.dumps({"inputs": [{"name": "input_ids", **ids}, {"name": "input_lengths", **lengths}], **extra}).encode()
+
+
+def declared_body(shape: list[int], size: int, payload: bytes) -> tuple[bytes, int]:
+    """A binary body whose header declares ``input_ids`` of ``shape`` and ``size`` bytes, followed by
+    ``payload`` (whatever the test wants to send) and nothing for ``input_lengths``."""
+    head = json.dumps({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": shape, "parameters": {"binary_data_size": size}},
+        {"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [1]}]}).encode()
+    return head + payload, len(head)
+
+
 def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str, str, dict, bytes, int, str]]:
     """(case, method, path suffix, headers, body, status, message) for every kind of bad request."""
     ok_ids, ok_lens = GOOD_IDS, GOOD_LENS
     bin_ok, hl = binary_body(ok_ids, ok_lens)
     bad_sizes, hl_bad = binary_body(ok_ids, ok_lens, sizes=(8, 16))
     trailing, hl_tr = binary_body(ok_ids, ok_lens, trailing=b"\0" * 8)
+    short, hl_short = binary_body(ok_ids, ok_lens)
+    short = short[:hl_short + 40]  # the header declares 64 + 16 bytes; 40 follow
+    ten_gb, hl_10g = declared_body([1, 10 * 2**30 // 8], 10 * 2**30, b"\0" * 64)
+    deep = b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": ' + b"[" * 10_000 + \
+        b"]" * 10_000 + b"}]}"
     hdr = "Inference-Header-Content-Length"
     infer = "/infer"
     return [
@@ -106,6 +128,27 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
          400, "need the request parameter 'top_k'"),
         ("body over the limit", "POST", infer, {}, b"{" + b" " * (max_body + 10) + b"}", 413,
          f"larger than the limit of {max_body} bytes"),
+        ("65 dimensions", "POST", infer, {}, json_tensors({"datatype": "INT64", "shape": [1] * 65, "data": [1]}), 400,
+         "tensor 'input_ids': shape has 65 dimensions; at most 8"),
+        ("JSON nested 10,000 deep", "POST", infer, {}, deep, 400, "nesting too deep"),
+        ("data nested deeper than the shape", "POST", infer, {},
+         json_tensors({"datatype": "INT64", "shape": [1, 1], "data": [[[[1]]]]}), 400,
+         "'input_ids': data nests deeper than its shape [1, 1]"),
+        ("shape product past the body", "POST", infer, {},
+         json_tensors({"datatype": "INT64", "shape": [2**40, 2**40], "data": [1]}), 400,
+         f"'input_ids': shape [{2**40}, {2**40}] has {2**80} elements, more than the"),
+        ("shape past int64", "POST", infer, {}, json_tensors({"datatype": "INT64", "shape": [0, 2**70], "data": []}), 400,
+         "more than the"),
+        ("10 GB declared, 64 bytes sent", "POST", infer, {hdr: str(hl_10g)}, ten_gb, 400,
+         "'input_ids': shape [1, 1342177280] has 1342177280 elements, more than the"),
+        ("binary body shorter than declared", "POST", infer, {hdr: str(hl_short)}, short, 400,
+         f"'input_ids': binary data ends at byte 64 but only 40 binary bytes follow the JSON header "
+         f"(Content-Length {hl_short + 40} = {hl_short} bytes of JSON header + 40; the binary tensors declare 80)"),
+        ("id with a newline", "POST", infer, {}, infer_body(ok_ids, ok_lens, id="a\r\nX-Injected: 1"), 400,
+         "'id' must be printable"),
+        ("top_k deeply nested", "POST", infer, {},
+         infer_body(ok_ids, ok_lens, parameters={"top_k": json.loads("[" * 500 + "]" * 500)}), 400,
+         "'top_k' must be an integer, got [[[[...]]]]"),
         ("GET on infer", "GET", infer, {}, b"", 405, "not allowed"),
         ("unknown route", "GET", "/v2/nothing/here", {}, b"", 404, "no route"),
     ]
@@ -440,3 +483,203 @@ def test_readiness_is_the_lifecycles_to_set_and_says_why_not() -> None:
         assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
     finally:
         server.stop(grace_s=0)
+
+
+# --------------------------------------------------------------------------- body, queue, disconnects, failures
+
+AUTH = {"Authorization": "Bearer t0ken"}
+
+
+def _tagged(tag: int) -> bytes:
+    """A good JSON infer body whose ``input_ids[0, 0]`` is ``tag`` (what ``FakeGroup.calls`` records)."""
+    ids = GOOD_IDS.copy()
+    ids[0, 0] = tag
+    return infer_body(ids, GOOD_LENS)
+
+
+def _raw_infer(server: ServerThread, body: bytes) -> socket.socket:
+    """An infer request sent whole on a raw connection the test closes when it wants (no answer read)."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    head = (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer t0ken\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    return sock
+
+
+def _post_in_thread(server: ServerThread, body: bytes, outcome: dict[int, Any], key: int) -> threading.Thread:
+    def call() -> None:
+        try:
+            resp = requests.post(f"{server.url}/v2/models/m/infer", data=body, headers=AUTH, timeout=120)
+            outcome[key] = (resp.status_code, resp.text)
+        except Exception as exc:  # reported by the test
+            outcome[key] = (None, repr(exc))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def test_a_body_that_disagrees_with_its_declared_tensors_is_refused_before_room_for_it_is_allocated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Content-Length announces the whole limit, the header declares 80 bytes of tensors, and only
+    the header and those 80 bytes are sent: the answer comes at once (the server did not wait for the
+    announced body) and the only buffer allocated is the header's."""
+    from podium.teacher import endpoint
+
+    allocated: list[int] = []
+    real = endpoint._buffer
+    monkeypatch.setattr(endpoint, "_buffer", lambda size: allocated.append(size) or real(size))
+    server = _server(FakeGroup(), max_body_bytes=MAX_BODY)
+    try:
+        body, header_len = binary_body(GOOD_IDS, GOOD_LENS)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.putrequest("POST", "/v2/models/m/infer")
+        for name, value in {**AUTH, "Content-Length": str(MAX_BODY),
+                            "Inference-Header-Content-Length": str(header_len)}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        conn.send(body)  # the rest of the announced body never comes
+        resp = conn.getresponse()
+        error = json.loads(resp.read())["error"]
+        conn.close()
+        assert resp.status == 400, error
+        assert (f"binary data sizes add up to 80 bytes but {MAX_BODY - header_len} bytes follow the JSON header "
+                f"(Content-Length {MAX_BODY} = {header_len} bytes of JSON header") in error
+        assert allocated == [header_len]  # never room for the announced body
+        # a good binary request: header, then one buffer of exactly its tensors, which the group gets
+        allocated.clear()
+        ok = requests.post(f"{server.url}/v2/models/m/infer", data=body, timeout=60,
+                           headers={**AUTH, "Inference-Header-Content-Length": str(header_len)})
+        assert ok.status_code == 200 and allocated == [header_len, 80]
+    finally:
+        server.stop()
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_are_answered() -> None:
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group, max_queue=3, retry_after_s=4)
+    endpoint = server.server
+    outcome: dict[int, Any] = {}
+    threads: list[threading.Thread] = []
+    try:
+        for i in range(3):
+            threads.append(_post_in_thread(server, _tagged(i), outcome, i))
+            if i == 0:
+                group.wait_for_calls(1)  # request 0 is in the group, held there
+            _wait_until(lambda: endpoint.queue_depth == i + 1 or outcome, f"request {i} in the queue")
+        full = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(99), headers=AUTH, timeout=60)
+        assert full.status_code == 503 and full.headers["Retry-After"] == "4"
+        assert "queue is full: 3 requests queued or running (max_queue 3)" in full.json()["error"]
+        meta = requests.get(f"{server.url}/v2/models/m", headers=AUTH, timeout=60).json()["podium"]
+        assert meta["queue_depth"] == 3 and meta["max_queue"] == 3
+        assert requests.get(f"{server.url}/v2/health/ready", headers=AUTH, timeout=60).status_code == 200
+    finally:
+        gate.release(4)
+        for thread in threads:
+            thread.join(120)
+        server.stop()
+    assert {i: status for i, (status, _) in outcome.items()} == {0: 200, 1: 200, 2: 200}, outcome
+    assert group.calls == [0, 1, 2]  # the refused request never reached the group
+
+
+def test_a_queued_request_whose_client_went_away_never_reaches_the_group() -> None:
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group)
+    endpoint = server.server
+    outcome: dict[int, Any] = {}
+    a = _post_in_thread(server, _tagged(1), outcome, 1)
+    try:
+        group.wait_for_calls(1)  # A is in the group, held there
+        b = _raw_infer(server, _tagged(2))
+        _wait_until(lambda: endpoint.queue_depth == 2, "B queued behind A")
+        b.close()  # B's client goes away before B runs
+        _wait_until(lambda: endpoint.abandoned == 1 and endpoint.queue_depth == 1, "B out of the queue")
+        meta = requests.get(f"{server.url}/v2/models/m", headers=AUTH, timeout=60).json()["podium"]
+        assert meta["abandoned"] == 1 and meta["queue_depth"] == 1
+    finally:
+        gate.release(2)  # enough for B too: a B that wrongly reached the group would not hang the test
+        a.join(120)
+    try:
+        assert outcome[1][0] == 200, outcome
+        _wait_until(lambda: endpoint.queue_depth == 0, "the queue empty")
+        assert group.calls == [1] and endpoint.abandoned == 1 and endpoint.served == 1
+    finally:
+        server.stop()
+
+
+def test_a_computing_request_whose_client_went_away_finishes_and_its_answer_is_not_sent() -> None:
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group)
+    endpoint = server.server
+    try:
+        a = _raw_infer(server, _tagged(1))
+        group.wait_for_calls(1)  # A is in the group, held there
+        a.close()
+        _wait_until(lambda: endpoint.abandoned == 1, "A counted abandoned")
+        assert endpoint.queue_depth == 1  # the group still computes it: it cannot be taken back
+        gate.release()
+        _wait_until(lambda: endpoint.queue_depth == 0, "A's group call finished")
+        assert endpoint.served == 0  # computed, never answered
+        gate.release()
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(2), headers=AUTH, timeout=60)
+        assert resp.status_code == 200 and group.calls == [1, 2] and endpoint.served == 1
+    finally:
+        gate.release(2)
+        server.stop()
+
+
+class BreakingGroup(FakeGroup):
+    """A group whose call for tag 13 fails after the hold (a worker dies under it); ``marks_broken``:
+    it then says it is broken, as ``TeacherWorkerGroup`` does."""
+
+    def __init__(self, marks_broken: bool = False, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.marks_broken = marks_broken
+        self.broken: Optional[str] = None
+
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k)
+        if int(data.input_ids[0, 0]) == 13:
+            if self.marks_broken:
+                self.broken = "ActorDiedError: worker 3 died"
+            raise RuntimeError("worker 3 died")
+        return out
+
+
+def test_a_failure_after_the_teacher_was_marked_not_ready_is_a_503_to_retry_elsewhere() -> None:
+    group = BreakingGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group, retry_after_s=2)
+    outcome: dict[int, Any] = {}
+    try:
+        call = _post_in_thread(server, _tagged(13), outcome, 13)
+        group.wait_for_calls(1)
+        server.set_ready(False, "node n2 (rank 1) lost")  # the lifecycle finds the group broken
+        gate.release()
+        call.join(120)
+        status, text = outcome[13]
+        assert status == 503, text
+        assert "teacher 'm' is unavailable (node n2 (rank 1) lost): RuntimeError: worker 3 died" in json.loads(text)["error"]
+        assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
+    finally:
+        gate.release(2)
+        server.stop()
+
+
+def test_a_group_that_says_it_is_broken_makes_the_failure_a_503_and_the_teacher_not_ready() -> None:
+    server = _server(BreakingGroup(marks_broken=True, vocab_size=128))
+    try:
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(13), headers=AUTH, timeout=60)
+        assert resp.status_code == 503 and resp.headers["Retry-After"]
+        assert "unavailable (group broken: ActorDiedError: worker 3 died): RuntimeError" in resp.json()["error"]
+        ready = requests.get(f"{server.url}/v2/health/ready", headers=AUTH, timeout=60)
+        assert ready.status_code == 503 and "not ready (group broken: ActorDiedError" in ready.json()["error"]
+    finally:
+        server.stop()
