@@ -104,7 +104,7 @@ def up(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else ./podium-runs/<recipe>)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else $PODIUM_RUNS_DIR or ~/podium-runs, /<recipe stem>-<hash of the recipe's path>)."),
     wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
     replace: bool = typer.Option(False, "--replace", help="Stop teachers of this run dir that the recipe no longer has."),
@@ -237,7 +237,7 @@ def render(
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
     teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
 ) -> None:
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""

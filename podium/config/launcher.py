@@ -3,7 +3,7 @@
 ```yaml
 podium:
   cluster: slurm            # slurm | local (submitit's local executor, no Slurm needed)
-  run_dir: ./podium-runs/NAME
+  run_dir: /shared/podium/NAME  # default: $PODIUM_RUNS_DIR or ~/podium-runs, /<recipe stem>-<hash8>
   slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
