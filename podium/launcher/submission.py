@@ -1,9 +1,10 @@
 """Submitting one teacher's job, once: the claim, the backend's submission, the job record.
 
 :func:`ensure_submitted` is idempotent: a teacher whose recorded job is pending or running is
-reattached; otherwise one process wins an O_EXCL claim file in the teacher's folder and submits
+reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.launcher.claims`:
+numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
-``job.json`` (no fcntl locks: shared filesystems differ in lock support). While it submits, the
+``job.json``. While it submits, the
 SLURM_* / SBATCH_* / SUBMITIT_* variables of an enclosing job (``podium up`` inside an sbatch
 script) are cleared (:func:`clean_submit_env`; ``SLURM_CONF`` is kept so ``sbatch`` finds its
 cluster).
@@ -12,19 +13,17 @@ cluster).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Iterator, Mapping
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, backend_for, job_states
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.claims import try_claim
+from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.rendezvous.atomic import try_read_json
 
 logger = logging.getLogger(__name__)
 
@@ -64,30 +63,6 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
     return job_id
 
 
-def _claim(files: TeacherFiles) -> bool:
-    """Create the claim file exclusively; False when another live ``up`` holds it."""
-    payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
-    try:
-        fd = os.open(files.claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        found = try_read_json(files.claim)
-        # Age from the file itself: a claim just created has no payload yet and is not stale.
-        try:
-            age = time.time() - files.claim.stat().st_mtime
-        except FileNotFoundError:
-            return False
-        same_host_dead = (found.ok and found.data.get("host") == socket.gethostname()
-                          and not Path(f"/proc/{found.data.get('pid')}").exists())
-        if age > CLAIM_STALE_S or same_host_dead:
-            logger.warning("removing stale claim %s (age %.0fs)", files.claim, age)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(files.claim)
-        return False
-    with os.fdopen(fd, "w") as handle:
-        handle.write(payload)
-    return True
-
-
 def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 120.0) -> tuple[JobRecord, str]:
     """The teacher's live job, submitting one only if none is pending or running.
 
@@ -100,7 +75,8 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
             state = job_states([record]).get(record.job_id)
             if state is not None and state.alive:
                 return record, "reattached"
-        if _claim(files):
+        claim = try_claim(files)
+        if claim is not None:
             try:
                 fresh = JobRecord.read(files)  # another `up` may have finished just before our claim
                 if fresh is not None and (record is None or fresh.job_id != record.job_id):
@@ -117,9 +93,8 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 new.write(files)
                 return new, "resubmitted" if record else "submitted"
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(files.claim)
+                claim.release()
         if time.monotonic() > deadline:
-            raise SubmitError(f"teacher {spec.name!r}: another `podium up` holds {files.claim} "
-                              f"for more than {timeout_s:.0f}s")
+            raise SubmitError(f"teacher {spec.name!r}: another `podium up` holds its submit claim in "
+                              f"{files.folder} for more than {timeout_s:.0f}s")
         time.sleep(0.2)

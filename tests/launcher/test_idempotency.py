@@ -11,6 +11,7 @@ import pytest
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
+from podium.launcher.claims import claim_state
 from podium.launcher.backends.slurm import SlurmBackend
 from podium.launcher.files import TeacherFiles
 from podium.launcher.slurm_state import JobState
@@ -50,7 +51,8 @@ def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
         t.join()
     assert calls == ["100"]
     assert sorted(a for _, a in results) == ["reattached"] * 3 + ["submitted"]
-    assert not files.claim.exists()
+    assert files.claim_numbers() == [0]  # one claim was taken, and released
+    assert claim_state(files, 0) == "released"
 
 
 def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
@@ -68,10 +70,11 @@ def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
 def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
     files = TeacherFiles(tmp_path / "t")
     files.folder.mkdir(parents=True)
-    files.claim.write_text('{"pid": 999999999, "host": "elsewhere", "time": 0}')
+    files.claim(3).write_text('{"pid": 999999999, "host": "elsewhere", "time": 0}')
     old = time.time() - 3600  # a claim's age is its file's age
-    os.utime(files.claim, (old, old))
+    os.utime(files.claim(3), (old, old))
     assert submission.ensure_submitted(SPEC, files, timeout_s=10)[1] == "submitted"
+    assert files.claim_numbers() == [4]  # taken over as claim 4; claim 3 removed
 
 
 def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, monkeypatch) -> None:
