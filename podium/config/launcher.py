@@ -42,6 +42,8 @@ def _port_range(value: Any) -> tuple[int, int]:
     return (lo, hi)
 
 
+# sbatch options podium sets itself and finds its jobs by (backends/slurm.py job_name, job_comment).
+RESERVED_SBATCH = frozenset({"comment", "job-name"})
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
 
@@ -66,6 +68,15 @@ class SlurmSettings(_Strict):
     signal: Literal["USR1", "USR2", "TERM"] = "USR2"
     signal_lead_s: int = Field(default=120, ge=0)  # how long before the end the signal comes
     python: str | None = None  # interpreter on the compute nodes; default: the one running podium
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _not_the_identity(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & RESERVED_SBATCH)
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by podium (the job's name and --comment are how "
+                             f"`podium up` finds a teacher's job); remove them from extra_sbatch")
+        return value
 
     @field_validator("time")
     @classmethod

@@ -228,6 +228,15 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
             continue
         selected.append((spec, files, JobRecord.of(files, spec.launcher.cluster)))
     records = [rec for _, _, rec in selected if rec is not None]
+    # Live jobs of these teachers that no job.json names (an `up` died between sbatch and job.json).
+    for spec, files, rec in selected:
+        for job_id in backend_for(spec.launcher.cluster).find_live(spec, files):
+            if rec is None or job_id != rec.job_id:
+                logger.warning("teacher %r: job %s carries its identity but %s does not name it: "
+                               "cancelled too", spec.name, job_id, files.job)
+                records.append(JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
+                                         cluster=spec.launcher.cluster, submitted_at=0.0,
+                                         folder=str(files.submitit), submitted_by="found by down"))
     for _, files, rec in selected:
         if rec is not None:  # a job that cannot be signalled (or misses the signal) stops by this
             atomic_write_json(files.stop_request, {"job_id": rec.job_id, "time": time.time(), "pid": os.getpid()})

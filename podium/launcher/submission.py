@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, backend_for, job_states
@@ -63,33 +63,66 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
     return job_id
 
 
+def _alive(record: Optional[JobRecord]) -> bool:
+    if record is None:
+        return False
+    state = job_states([record]).get(record.job_id)
+    return state is not None and state.alive
+
+
+def _adopt(spec: TeacherSpec, files: TeacherFiles, found: list[str],
+           record: Optional[JobRecord]) -> JobRecord:
+    """Record a live job of this teacher that ``job.json`` does not name (its ``up`` died between
+    the submission and ``job.json``): no second job is submitted."""
+    job_id = max(found, key=lambda j: (len(j), j))  # the newest (Slurm ids grow)
+    others = [j for j in found if j != job_id]
+    if others:
+        logger.warning("teacher %r: jobs %s also carry its identity; %s is adopted, the others are left "
+                       "running (cancel them yourself)", spec.name, ", ".join(others), job_id)
+    logger.warning("teacher %r: job %s runs but %s did not name it (an interrupted `podium up`?): "
+                   "adopted", spec.name, job_id, files.job)
+    previous = [*record.previous_job_ids, record.job_id] if record and record.job_id != job_id else []
+    adopted = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
+                        cluster=spec.launcher.cluster, submitted_at=time.time(), folder=str(files.submitit),
+                        previous_job_ids=previous, submitted_by=f"adopted by {_me()}")
+    adopted.write(files)
+    return adopted
+
+
+def _me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 120.0) -> tuple[JobRecord, str]:
     """The teacher's live job, submitting one only if none is pending or running.
 
-    Returns ``(record, action)`` with action ``reattached``, ``submitted`` or ``resubmitted``.
+    Returns ``(record, action)`` with action ``reattached``, ``submitted`` or ``resubmitted``. When
+    ``job.json`` is missing or names a job that has ended, the backend is asked for live jobs that
+    carry the teacher's identity (:meth:`Backend.find_live`) before anything is submitted: one found
+    is adopted (``job.json`` written, ``reattached``).
     """
     deadline = time.monotonic() + timeout_s
     while True:
         record = JobRecord.read(files)
-        if record is not None:
-            state = job_states([record]).get(record.job_id)
-            if state is not None and state.alive:
-                return record, "reattached"
+        if _alive(record):
+            return record, "reattached"
         claim = try_claim(files)
         if claim is not None:
             try:
                 fresh = JobRecord.read(files)  # another `up` may have finished just before our claim
                 if fresh is not None and (record is None or fresh.job_id != record.job_id):
-                    state = job_states([fresh]).get(fresh.job_id)
-                    if state is not None and state.alive:
+                    if _alive(fresh):
                         return fresh, "reattached"
                     record = fresh
+                found = backend_for(spec.launcher.cluster).find_live(spec, files)
+                if found:
+                    return _adopt(spec, files, found, record), "reattached"
                 job_id = submit(spec, files)
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),
                                 folder=str(files.submitit), previous_job_ids=previous,
-                                submitted_by=f"{socket.gethostname()}:{os.getpid()}")
+                                submitted_by=_me())
                 new.write(files)
                 return new, "resubmitted" if record else "submitted"
             finally:
