@@ -4,7 +4,8 @@
 reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.launcher.claims`:
 numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
-``job.json``. While it submits, the
+``job.json``. Every job carries the teacher's identity, so a job whose ``job.json`` was never
+written is found (``Backend.find_live``) and adopted rather than submitted again. While it submits, the
 SLURM_* / SBATCH_* / SUBMITIT_* variables of an enclosing job (``podium up`` inside an sbatch
 script) are cleared (:func:`clean_submit_env`; ``SLURM_CONF`` is kept so ``sbatch`` finds its
 cluster).
@@ -26,6 +27,13 @@ from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
+
+# Fault injection for tests (as PODIUM_FAIL_NODE_RANK in node_entry): PODIUM_FAULT=exit-after-submit
+# ends `up` with os._exit(FAULT_EXIT_CODE) right after the backend returned a job id, before
+# job.json is written (what a crash, a kill or a lost login session does at the worst moment).
+FAULT_ENV = "PODIUM_FAULT"
+FAULTS = frozenset({"exit-after-submit"})
+FAULT_EXIT_CODE = 17
 
 KEEP_ENV = frozenset({"SLURM_CONF"})
 CLEAN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_", "PMI_", "PMIX_")
@@ -61,6 +69,19 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
         job_id = backend.submit(submission)
     logger.info("teacher %r: submitted job %s (%s)", spec.name, job_id, backend.name)
     return job_id
+
+
+def _check_fault_env() -> None:
+    value = os.environ.get(FAULT_ENV)
+    if value and value not in FAULTS:
+        raise SubmitError(f"{FAULT_ENV}={value!r}: unknown fault (known: {', '.join(sorted(FAULTS))})")
+
+
+def _fault(name: str, detail: str) -> None:
+    """End this process at once when ``PODIUM_FAULT`` names this fault (tests only)."""
+    if os.environ.get(FAULT_ENV) == name:
+        os.write(2, f"podium: fault injected by {FAULT_ENV}={name}: {detail}\n".encode())
+        os._exit(FAULT_EXIT_CODE)
 
 
 def _alive(record: Optional[JobRecord]) -> bool:
@@ -101,6 +122,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
     carry the teacher's identity (:meth:`Backend.find_live`) before anything is submitted: one found
     is adopted (``job.json`` written, ``reattached``).
     """
+    _check_fault_env()
     deadline = time.monotonic() + timeout_s
     while True:
         record = JobRecord.read(files)
@@ -118,6 +140,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 if found:
                     return _adopt(spec, files, found, record), "reattached"
                 job_id = submit(spec, files)
+                _fault("exit-after-submit", f"teacher {spec.name!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),
