@@ -20,7 +20,9 @@ preemption with USR2 two minutes ahead).
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -148,6 +150,45 @@ class LauncherSettings(TeacherLauncherSettings):
         base = self.model_dump(mode="python", exclude={"teachers"})
         merged = parse_launcher(merge_with_override(base, dict(overrides)), where)
         return TeacherLauncherSettings.model_validate(merged.model_dump(mode="python", exclude={"teachers"}))
+
+
+# Not compared between a live job and the recipe: where the run lives is the run dir itself.
+NOT_COMPARED = frozenset({"run_dir"})
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """One launcher setting that differs between a live job and the plan (``key``: ``slurm.time``)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={_shown(self.old)}, the recipe now says {_shown(self.new)}"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def launcher_changes(old: TeacherLauncherSettings, new: TeacherLauncherSettings) -> list[SettingChange]:
+    """The settings ``new`` changes from ``old`` (dotted keys, sorted; ``run_dir`` not compared)."""
+    before, after = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    return [SettingChange(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if key.split(".", 1)[0] not in NOT_COMPARED and before.get(key) != after.get(key)]
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):  # an empty mapping (extra_sbatch: {}) adds no key
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def parse_launcher(raw: Mapping[str, Any] | None, where: str = SECTION) -> LauncherSettings:

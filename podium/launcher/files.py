@@ -9,12 +9,16 @@ path (in the teacher's folder)       written by      holds
 ===================================  ==============  ==============================================
 ``spec.json``                        ``up``          the ``TeacherSpec`` (what every node reads)
 ``job.json``                         ``up``          job record: job id, cluster, submitted_at,
-                                                     submitit folder, previous job ids
+                                                     submitit folder, previous job ids, the
+                                                     launcher settings it was submitted with
 ``submit.claim.<N>``                 ``up``          numbered O_EXCL claims: the highest is held
                                                      while one ``up`` submits (pid, start time,
                                                      host, time), then marked released; taking
                                                      over claim N creates N+1 (``claims.py``);
                                                      stale after ``CLAIM_STALE_S``
+``submitting.json``                  ``up``          the launcher settings of the last submission,
+                                                     written just before it: what a job adopted
+                                                     without ``job.json`` was submitted with
 ``submitit/``                        submitit        ``%j_submission.sh`` (the script as submitted),
                                                      ``%j_%t_log.out/err`` (node tasks),
                                                      ``controller.log`` (local controller)
@@ -38,6 +42,7 @@ from podium.rendezvous.layout import ENDPOINT_FILE, RunLayout
 SPEC_FILE = "spec.json"
 JOB_FILE = "job.json"
 CLAIM_PREFIX = "submit.claim."  # + the claim's number
+SUBMITTING_FILE = "submitting.json"
 SUBMITIT_DIR = "submitit"
 NODES_DIR = "nodes"
 HEAD_FILE = "head.json"
@@ -80,6 +85,10 @@ class TeacherFiles:
         except FileNotFoundError:
             return []
         return [int(m.group(1)) for m in map(_CLAIM_NAME.fullmatch, names) if m]
+
+    @property
+    def submitting(self) -> Path:
+        return self.folder / SUBMITTING_FILE
 
     @property
     def submitit(self) -> Path:

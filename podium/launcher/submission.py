@@ -25,6 +25,7 @@ from podium.launcher.backends import SubmitError, backend_for, job_states
 from podium.launcher.claims import try_claim
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
+from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +104,11 @@ def _adopt(spec: TeacherSpec, files: TeacherFiles, found: list[str],
     logger.warning("teacher %r: job %s runs but %s did not name it (an interrupted `podium up`?): "
                    "adopted", spec.name, job_id, files.job)
     previous = [*record.previous_job_ids, record.job_id] if record and record.job_id != job_id else []
+    intent = try_read_json(files.submitting)  # the settings of the last submission: this job's
+    launcher = intent.data.get("launcher") if intent.ok and isinstance(intent.data, dict) else None
     adopted = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                         cluster=spec.launcher.cluster, submitted_at=time.time(), folder=str(files.submitit),
-                        previous_job_ids=previous, submitted_by=f"adopted by {_me()}")
+                        previous_job_ids=previous, submitted_by=f"adopted by {_me()}", launcher=launcher)
     adopted.write(files)
     return adopted
 
@@ -139,13 +142,17 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 found = backend_for(spec.launcher.cluster).find_live(spec, files)
                 if found:
                     return _adopt(spec, files, found, record), "reattached"
+                launcher = spec.launcher.model_dump(mode="json")
+                # Before sbatch: should this process die before job.json, whoever adopts the job
+                # knows what it was submitted with.
+                atomic_write_json(files.submitting, {"launcher": launcher, "time": time.time(), "by": _me()})
                 job_id = submit(spec, files)
                 _fault("exit-after-submit", f"teacher {spec.name!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),
                                 folder=str(files.submitit), previous_job_ids=previous,
-                                submitted_by=_me())
+                                submitted_by=_me(), launcher=launcher)
                 new.write(files)
                 return new, "resubmitted" if record else "submitted"
             finally:

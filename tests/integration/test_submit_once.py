@@ -85,3 +85,37 @@ def test_down_cancels_a_job_that_job_json_does_not_name(slurm_cluster, slurm_job
         slurm_cluster.wait_for_state(job_id, "CANCELLED")
     finally:
         podium("down", str(run_dir), check=False)
+
+
+def test_changed_global_setting_is_reported_then_applied_with_replace(slurm_cluster, slurm_jobs, tiny_llama_checkpoint,
+                                                                      tmp_path: Path) -> None:
+    recipe = held_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint)  # slurm.time 00:30:00
+    run_dir = tmp_path / "run"
+    longer = "podium.slurm.time=00:45:00"
+    comment = identity(recipe, run_dir)
+    assert identity(recipe, run_dir, longer) == comment  # a global setting is not the teacher's identity
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir))
+        old = recorded_job(run_dir)
+        slurm_jobs.append(old)
+        assert slurm_cluster.scontrol_job(old)["TimeLimit"] == "00:30:00"
+
+        kept = podium("up", str(recipe), longer, "--run-dir", str(run_dir))
+        assert f"math: reattached job {old}" in kept.stdout
+        assert (f"teacher 'math': job {old} runs with slurm.time=00:30:00, the recipe now says 00:45:00: "
+                f"left running; `podium up --replace` resubmits it") in kept.stdout
+        assert queued_with(comment) == [old] and recorded_job(run_dir) == old
+
+        replaced = podium("up", str(recipe), longer, "--run-dir", str(run_dir), "--replace")
+        new = recorded_job(run_dir)
+        slurm_jobs.append(new)
+        assert new != old and f"math: replaced job {old} with job {new}" in replaced.stdout, replaced.stdout
+        slurm_cluster.wait_for_state(old, "CANCELLED")
+        assert queued_with(comment) == [new]
+        job = slurm_cluster.scontrol_job(new)
+        assert (job["TimeLimit"], job["JobState"]) == ("00:45:00", "PENDING")
+
+        again = podium("up", str(recipe), longer, "--run-dir", str(run_dir), "--replace")
+        assert f"math: reattached job {new}" in again.stdout and "runs with" not in again.stdout
+    finally:
+        podium("down", str(run_dir), check=False)
