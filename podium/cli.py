@@ -104,17 +104,18 @@ def up(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else ./podium-runs/<recipe>)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else <$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of the recipe's path>)."),
     wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
-    replace: bool = typer.Option(False, "--replace", help="Stop teachers of this run dir that the recipe no longer has."),
+    replace: bool = typer.Option(False, "--replace", help="Resubmit live teachers whose podium.* settings (slurm, ray, server) the recipe changed, cancelling their jobs; stop teachers of this run dir that the recipe no longer has."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate as `up` does and print every teacher's job script; write and submit nothing."),
 ) -> None:
-    """Submit one job per unique teacher (idempotent: live jobs are reattached)."""
+    """Submit one job per unique teacher (idempotent: live jobs are reattached; changed settings are reported, applied with --replace)."""
     from podium.config.plan import load_plan
     from podium.launcher import commands
     from podium.launcher.backends import SubmitError
     from podium.launcher.run_dir import default_run_dir
+    from podium.launcher.slurm_state import SlurmQueryError
 
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
@@ -128,8 +129,16 @@ def up(
     except (ConfigError, SubmitError) as exc:
         _fail(str(exc))
         return
+    except SlurmQueryError as exc:  # the scheduler did not answer: never guess what runs
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(1)
     for name, action in result.actions.items():
-        typer.echo(f"{name}: {action} job {result.job_ids[name]}")
+        if name in result.replaced:
+            typer.echo(f"{name}: replaced job {result.replaced[name]} with job {result.job_ids[name]}")
+        else:
+            typer.echo(f"{name}: {action} job {result.job_ids[name]}")
+    for note in result.notes:
+        typer.echo(note)
     for orphan in result.orphans:
         verb = "stopped" if replace else "left running (use --replace to stop it)"
         typer.echo(f"{orphan}: no longer in the recipe, {verb}")
@@ -237,7 +246,7 @@ def render(
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
     teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
 ) -> None:
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""

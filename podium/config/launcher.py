@@ -3,7 +3,7 @@
 ```yaml
 podium:
   cluster: slurm            # slurm | local (submitit's local executor, no Slurm needed)
-  run_dir: ./podium-runs/NAME
+  run_dir: /shared/podium/NAME  # default: $PODIUM_RUNS_DIR or ~/podium-runs, /<recipe stem>-<hash8>
   slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
@@ -21,7 +21,9 @@ preemption with USR2 two minutes ahead).
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -43,6 +45,8 @@ def _port_range(value: Any) -> tuple[int, int]:
     return (lo, hi)
 
 
+# sbatch options podium sets itself and finds its jobs by (backends/slurm.py job_name, job_comment).
+RESERVED_SBATCH = frozenset({"comment", "job-name"})
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
 
@@ -67,6 +71,15 @@ class SlurmSettings(_Strict):
     signal: Literal["USR1", "USR2", "TERM"] = "USR2"
     signal_lead_s: int = Field(default=120, ge=0)  # how long before the end the signal comes
     python: str | None = None  # interpreter on the compute nodes; default: the one running podium
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _not_the_identity(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & RESERVED_SBATCH)
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by podium (the job's name and --comment are how "
+                             f"`podium up` finds a teacher's job); remove them from extra_sbatch")
+        return value
 
     @field_validator("time")
     @classmethod
@@ -160,6 +173,45 @@ class LauncherSettings(TeacherLauncherSettings):
         base = self.model_dump(mode="python", exclude={"teachers"})
         merged = parse_launcher(merge_with_override(base, dict(overrides)), where)
         return TeacherLauncherSettings.model_validate(merged.model_dump(mode="python", exclude={"teachers"}))
+
+
+# Not compared between a live job and the recipe: where the run lives is the run dir itself.
+NOT_COMPARED = frozenset({"run_dir"})
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """One launcher setting that differs between a live job and the plan (``key``: ``slurm.time``)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={_shown(self.old)}, the recipe now says {_shown(self.new)}"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def launcher_changes(old: TeacherLauncherSettings, new: TeacherLauncherSettings) -> list[SettingChange]:
+    """The settings ``new`` changes from ``old`` (dotted keys, sorted; ``run_dir`` not compared)."""
+    before, after = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    return [SettingChange(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if key.split(".", 1)[0] not in NOT_COMPARED and before.get(key) != after.get(key)]
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):  # an empty mapping (extra_sbatch: {}) adds no key
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def parse_launcher(raw: Mapping[str, Any] | None, where: str = SECTION) -> LauncherSettings:

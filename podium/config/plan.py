@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint
 from podium.config.errors import ConfigError, did_you_mean
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
+from podium.config.names import name_problem
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
@@ -109,6 +110,7 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
     mapping = resolve_section(cfg, MAPPING)
     if not isinstance(mapping, dict) or not mapping:
         raise ConfigError(f"{MAPPING}: must be a non-empty mapping of agent alias -> checkpoint")
+    _check_names(mapping, MAPPING)
     for alias, ckpt in mapping.items():
         if not isinstance(ckpt, str) or not ckpt.strip():
             raise ConfigError(f"{MAPPING}.{alias}: expected a checkpoint path or hub id, got {ckpt!r}")
@@ -127,6 +129,8 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
     overrides = resolve_section(cfg, OVERRIDES, required=False) or {}
     _check_mapping(defaults, DEFAULT_CFG)
     _check_mapping(overrides, OVERRIDES)
+    _check_names(overrides, OVERRIDES)
+    _check_names(launcher.teachers, f"{SECTION}.teachers")
     for alias in overrides:
         if alias not in mapping:
             raise ConfigError(
@@ -273,6 +277,15 @@ def _merge_launcher_overrides(
                 current[key] = value
                 setter[(section, key)] = alias
     return merged
+
+
+def _check_names(keys: Any, where: str) -> None:
+    """Every key of ``keys`` (aliases) passes :func:`name_problem`; else a ``ConfigError``
+    naming the key path."""
+    for alias in keys:
+        problem = name_problem(str(alias))
+        if problem:
+            raise ConfigError(f"{where}[{str(alias)!r}]: alias {problem}")
 
 
 def _check_mapping(value: Any, where: str) -> None:

@@ -17,6 +17,7 @@ from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.layout import ParallelLayout
+from podium.config.names import name_problem
 from podium.config.precision import DEFAULT_PRECISION, Precision, normalise_precision
 from podium.rendezvous.atomic import parse_model, read_json
 from podium.rendezvous.layout import teacher_dir_name
@@ -34,6 +35,23 @@ class TeacherSpec(ParallelLayout):
     megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
     # The `podium:` section with this teacher's own overrides merged in.
     launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        problem = name_problem(value)
+        if problem:
+            raise ValueError(f"teacher name {value!r} {problem}")
+        return value
+
+    @field_validator("aliases")
+    @classmethod
+    def _printable_aliases(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for alias in value:
+            problem = name_problem(alias)
+            if problem:
+                raise ValueError(f"alias {alias!r} {problem}")
+        return value
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from podium.config.plan import Plan, require_checkpoints
-from podium.launcher.backends import Submission, backend_for, job_states
+from podium.config.launcher import SettingChange, launcher_changes
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends import Submission, SubmitError, backend_for, job_states
 from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
@@ -111,27 +113,63 @@ class TeacherStatus:
 @dataclass
 class UpResult:
     run_dir: Path
-    actions: dict[str, str]  # teacher name -> submitted | reattached | resubmitted
+    actions: dict[str, str]  # teacher name -> submitted | reattached | resubmitted | replaced
     job_ids: dict[str, str]
     orphans: list[str]  # teachers in the run dir that the plan no longer has
+    replaced: dict[str, str] = field(default_factory=dict)  # teacher name -> the job it replaced
+    notes: list[str] = field(default_factory=list)  # live jobs left running with other settings
+
+
+def recorded_changes(spec: TeacherSpec, record: JobRecord) -> Optional[list[SettingChange]]:
+    """The launcher settings the plan changes from those ``record``'s job was submitted with
+    (None: not recorded)."""
+    recorded = record.launcher_settings()
+    return None if recorded is None else launcher_changes(recorded, spec.launcher)
+
+
+def _described(changes: Sequence[SettingChange]) -> str:
+    return "; ".join(map(str, changes))
 
 
 def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
-    """Validate, write the run dir, submit each teacher once (reattach to live jobs)."""
+    """Validate, write the run dir, submit each teacher once (reattach to live jobs).
+
+    A live job whose recorded launcher settings differ from the plan's is left running and
+    reported (:attr:`UpResult.notes`); with ``replace`` it is cancelled and the teacher submitted
+    again. With ``replace`` teachers of the run dir that the plan no longer has are stopped too.
+    """
     validate(plan)
     layout = prepare_run_dir(plan, run_dir)
-    actions: dict[str, str] = {}
-    job_ids: dict[str, str] = {}
+    result = UpResult(layout.run_dir, {}, {}, [])
     for spec in plan.teachers:
         files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
         record, action = ensure_submitted(spec, files)
-        actions[spec.name] = action
-        job_ids[spec.name] = record.job_id
+        changes = recorded_changes(spec, record) if action == "reattached" else []
+        if changes and replace:
+            old = record
+            _stop([(spec, files, [old])], only_their_records=True)
+            record, action = ensure_submitted(spec, files)
+            if record.job_id == old.job_id:
+                raise SubmitError(f"teacher {spec.name!r}: job {old.job_id} still runs after it was cancelled; "
+                                  f"run `podium up --replace` again once it has ended")
+            action = "replaced"
+            result.replaced[spec.name] = old.job_id
+            result.notes.append(f"teacher {spec.name!r}: job {old.job_id} ran with {_described(changes)}: "
+                                f"cancelled, replaced by job {record.job_id}")
+        elif changes:
+            result.notes.append(f"teacher {spec.name!r}: job {record.job_id} runs with {_described(changes)}: "
+                                f"left running; `podium up --replace` resubmits it")
+        elif changes is None:
+            result.notes.append(f"teacher {spec.name!r}: job {record.job_id} has no recorded launcher settings "
+                                f"(an older podium, or not submitted by `podium up`), so changes to podium.* "
+                                f"cannot be told: left running; `podium down` and `podium up` apply the recipe's")
+        result.actions[spec.name] = action
+        result.job_ids[spec.name] = record.job_id
     planned = {s.key for s in plan.teachers}
-    orphans = [s.label for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
-    if orphans and replace:
-        down(layout.run_dir, orphans, only_orphans=True)
-    return UpResult(layout.run_dir, actions, job_ids, orphans)
+    result.orphans = [s.label for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
+    if result.orphans and replace:
+        down(layout.run_dir, result.orphans, only_orphans=True)
+    return result
 
 
 def validate(plan: Plan) -> None:
@@ -231,15 +269,33 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
          wait_s: float = 60.0) -> list[str]:
     """Cancel the teachers' jobs (all, or those named), mark records stopped; safe to repeat."""
     run_dir = run_dir.absolute()
-    selected = []
+    selected: list[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]] = []
     for spec, files in known_teachers(run_dir):
         if teachers and not ({spec.name, spec.key, spec.label} & set(teachers)):
             continue
-        selected.append((spec, files, JobRecord.of(files, spec.launcher.cluster)))
-    records = [rec for _, _, rec in selected if rec is not None]
-    for _, files, rec in selected:
-        if rec is not None:  # a job that cannot be signalled (or misses the signal) stops by this
-            atomic_write_json(files.stop_request, {"job_id": rec.job_id, "time": time.time(), "pid": os.getpid()})
+        rec = JobRecord.of(files, spec.launcher.cluster)
+        records = [rec] if rec is not None else []
+        # Live jobs of the teacher that no job.json names (an `up` died between sbatch and job.json).
+        for job_id in backend_for(spec.launcher.cluster).find_live(spec, files):
+            if rec is None or job_id != rec.job_id:
+                logger.warning("teacher %r: job %s carries its identity but %s does not name it: "
+                               "cancelled too", spec.name, job_id, files.job)
+                records.append(JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
+                                         cluster=spec.launcher.cluster, submitted_at=0.0,
+                                         folder=str(files.submitit), submitted_by="found by down"))
+        selected.append((spec, files, records))
+    return _stop(selected, wait_s=wait_s)
+
+
+def _stop(selected: Sequence[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]], wait_s: float = 60.0,
+          only_their_records: bool = False) -> list[str]:
+    """Stop these jobs of these teachers: a stop request (to the first job of each), cancel, wait
+    until they have ended, mark the endpoint records stopped (with ``only_their_records``, only a
+    record of one of these jobs), sweep what they left."""
+    records = [rec for _, _, recs in selected for rec in recs]
+    for _, files, recs in selected:
+        if recs:  # a job that cannot be signalled (or misses the signal) stops by this
+            atomic_write_json(files.stop_request, {"job_id": recs[0].job_id, "time": time.time(), "pid": os.getpid()})
     by_cluster: dict[str, list[JobRecord]] = {}
     for rec in records:
         by_cluster.setdefault(rec.cluster, []).append(rec)
@@ -252,8 +308,8 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
             break
         time.sleep(0.5)
     names = []
-    for spec, files, rec in selected:
-        _mark_stopped(files)
+    for spec, files, recs in selected:
+        _mark_stopped(files, {r.job_id for r in recs} if only_their_records else None)
         # The job has ended; its tasks' processes end with it (stragglers get a few seconds).
         straggle_deadline = min(deadline, time.monotonic() + DOWN_STRAGGLER_S)
         while run_processes(files) and time.monotonic() < straggle_deadline:
@@ -264,8 +320,9 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
     return names
 
 
-def _mark_stopped(files: TeacherFiles) -> None:
-    """Record ``stopped`` where the job could not (cancelled before serving, or killed).
+def _mark_stopped(files: TeacherFiles, job_ids: Optional[set[str]] = None) -> None:
+    """Record ``stopped`` where the job could not (cancelled before serving, or killed); with
+    ``job_ids``, only a record of one of those jobs.
 
     ``down`` is then a second writer of the record, so it is fenced like the head process: the
     record is replaced only if it still belongs to the generation read here, checked again just
@@ -275,6 +332,8 @@ def _mark_stopped(files: TeacherFiles) -> None:
     except FileReadError:
         return
     if record.status in (Status.STOPPED, Status.FAILED):
+        return
+    if job_ids is not None and str(record.generation.job_id) not in job_ids:
         return
     data = record.to_json()
     data.update(status="stopped", reason="podium down", heartbeat_at=time.time())

@@ -9,10 +9,16 @@ path (in the teacher's folder)       written by      holds
 ===================================  ==============  ==============================================
 ``spec.json``                        ``up``          the ``TeacherSpec`` (what every node reads)
 ``job.json``                         ``up``          job record: job id, cluster, submitted_at,
-                                                     submitit folder, previous job ids
-``submit.claim``                     ``up``          O_EXCL claim while one ``up`` submits (pid,
-                                                     host, time); removed when ``job.json`` is
-                                                     written; stale after ``CLAIM_STALE_S``
+                                                     submitit folder, previous job ids, the
+                                                     launcher settings it was submitted with
+``submit.claim.<N>``                 ``up``          numbered O_EXCL claims: the highest is held
+                                                     while one ``up`` submits (pid, start time,
+                                                     host, time), then marked released; taking
+                                                     over claim N creates N+1 (``claims.py``);
+                                                     stale after ``CLAIM_STALE_S``
+``submitting.json``                  ``up``          the launcher settings of the last submission,
+                                                     written just before it: what a job adopted
+                                                     without ``job.json`` was submitted with
 ``submitit/``                        submitit        ``%j_submission.sh`` (the script as submitted),
                                                      ``%j_%t_log.out/err`` (node tasks),
                                                      ``controller.log`` (local controller)
@@ -30,6 +36,8 @@ path (in the teacher's folder)       written by      holds
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +45,8 @@ from podium.rendezvous.layout import ENDPOINT_FILE, RunLayout
 
 SPEC_FILE = "spec.json"
 JOB_FILE = "job.json"
-CLAIM_FILE = "submit.claim"
+CLAIM_PREFIX = "submit.claim."  # + the claim's number
+SUBMITTING_FILE = "submitting.json"
 SUBMITIT_DIR = "submitit"
 NODES_DIR = "nodes"
 HEAD_FILE = "head.json"
@@ -47,6 +56,7 @@ RAY_TOKEN_FILE = "ray_token"
 PLAN_FILE = "plan.json"  # in the run dir: the resolved plan
 RECIPE_FILE = "recipe.yaml"  # in the run dir: the resolved recipe (as loaded, overrides applied)
 CLAIM_STALE_S = 120.0
+_CLAIM_NAME = re.compile(re.escape(CLAIM_PREFIX) + r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -71,9 +81,20 @@ class TeacherFiles:
     def job(self) -> Path:
         return self.folder / JOB_FILE
 
+    def claim(self, number: int) -> Path:
+        return self.folder / f"{CLAIM_PREFIX}{number}"
+
+    def claim_numbers(self) -> list[int]:
+        """Numbers of the claim files present (``submit.claim.<N>``), in no particular order."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return [int(m.group(1)) for m in map(_CLAIM_NAME.fullmatch, names) if m]
+
     @property
-    def claim(self) -> Path:
-        return self.folder / CLAIM_FILE
+    def submitting(self) -> Path:
+        return self.folder / SUBMITTING_FILE
 
     @property
     def submitit(self) -> Path:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from pydantic import ValidationError
+
+from podium.config.launcher import TeacherLauncherSettings
 from podium.launcher.files import TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, try_read_json
 from podium.rendezvous.records import read_record
@@ -29,6 +32,19 @@ class JobRecord:
     folder: str  # the submitit folder
     submitted_by: str = ""
     previous_job_ids: list[str] = field(default_factory=list)
+    # The launcher settings the job was submitted with (``TeacherLauncherSettings`` as JSON); None
+    # when not known (a job.json of an older podium, a plain-sbatch teacher).
+    launcher: Optional[dict[str, Any]] = None
+
+    def launcher_settings(self) -> Optional[TeacherLauncherSettings]:
+        """:attr:`launcher`, validated; None when absent or no longer valid."""
+        if self.launcher is None:
+            return None
+        try:
+            return TeacherLauncherSettings.model_validate(self.launcher)
+        except ValidationError as exc:
+            logger.warning("job %s: recorded launcher settings do not validate: %s", self.job_id, exc)
+            return None
 
     @classmethod
     def read(cls, files: TeacherFiles) -> Optional["JobRecord"]:

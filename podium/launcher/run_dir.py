@@ -7,7 +7,9 @@ token is kept, files are replaced whole).
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -22,11 +24,27 @@ from podium.rendezvous.token import create_token
 
 logger = logging.getLogger(__name__)
 
+RUNS_DIR_ENV = "PODIUM_RUNS_DIR"
+DEFAULT_RUNS_ROOT = "~/podium-runs"
+
 
 def default_run_dir(plan: Plan) -> Path:
+    """Where a run lives when ``--run-dir`` is not given: ``podium.run_dir`` when set, else
+    ``<root>/<recipe stem>-<8 hex of the recipe's absolute resolved path>``, with ``<root>`` =
+    ``$PODIUM_RUNS_DIR`` or ``~/podium-runs``.
+
+    The name follows the recipe file, not the current directory: ``up`` of the same recipe from
+    anywhere finds the same run (and reattaches to its jobs), and two recipes that share a file
+    name (``a/mopd.yaml``, ``b/mopd.yaml``) get different runs. The home directory is shared
+    between login and compute nodes on typical clusters, so the jobs see the run dir too; where it
+    is not, set ``PODIUM_RUNS_DIR`` (or ``podium.run_dir``) to a shared filesystem.
+    """
     if plan.launcher.run_dir:
         return Path(plan.launcher.run_dir).expanduser()
-    return Path("podium-runs") / Path(plan.recipe_path).stem
+    recipe = Path(plan.recipe_path).expanduser().resolve()
+    root = Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_ROOT).expanduser()
+    digest = hashlib.sha256(str(recipe).encode()).hexdigest()[:8]
+    return root / f"{recipe.stem}-{digest}"
 
 
 def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: Optional[str] = None) -> RunLayout:

@@ -42,6 +42,10 @@ SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "E
 # squeue -O: job id, state, nodes, reason, restart count (a requeued job keeps its id, counts up).
 SQUEUE_FIELDS = ("JobID", "State", "NodeList", "Reason", "RestartCnt")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
+# squeue -O to find a teacher's jobs by their identity (sbatch --comment): the comment last, so a
+# comment with "|" in it (someone else's) cannot shift the fields.
+SQUEUE_COMMENT_FIELDS = ("JobID", "State", "Comment")
+SQUEUE_COMMENT_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_COMMENT_FIELDS)
 
 
 class SlurmQueryError(RuntimeError):
@@ -61,6 +65,7 @@ class JobState:
     start: str = ""
     end: str = ""
     restarts: Optional[int] = None  # Slurm's restart count (squeue only; None when not known)
+    comment: str = ""  # sbatch --comment (squeue with SQUEUE_COMMENT_FORMAT only)
 
     @property
     def kind(self) -> str:
@@ -191,6 +196,35 @@ def parse_squeue(text: str) -> dict[str, JobState]:
                                 nodes=tuple(_safe_nodes(nodes)),
                                 restarts=int(restarts) if restarts.isdigit() else None)
     return jobs
+
+
+def parse_squeue_comments(text: str) -> list[JobState]:
+    """Rows of ``squeue -h -O 'JobID:|,State:|,Comment:|'`` (a job without a comment: ``(null)``)."""
+    jobs: list[JobState] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 4 or fields[-1].strip():
+            raise SlurmQueryError(f"squeue line is not JOBID|STATE|COMMENT|: {line!r}")
+        job_id, state = fields[0].strip(), fields[1].strip()
+        comment = "|".join(fields[2:-1]).strip()
+        jobs.append(JobState(job_id=job_id, state=normalise_state(state), raw_state=state,
+                             comment="" if comment == "(null)" else comment))
+    return jobs
+
+
+def live_with_comment(jobs: Iterable[JobState], comment: str) -> list[str]:
+    """Ids of the pending or running jobs whose comment is exactly ``comment``."""
+    return [job.job_id for job in jobs if job.comment == comment and job.alive]
+
+
+def query_live_by_comment(name: str, comment: str, env: Mapping[str, str] | None = None,
+                          timeout_s: float = 30.0) -> list[str]:
+    """Pending or running jobs named ``name`` that carry ``comment`` (``squeue``; a failure is a
+    :class:`SlurmQueryError`: never guess that nothing runs)."""
+    text = _run(["squeue", "-h", f"--name={name}", "-O", SQUEUE_COMMENT_FORMAT], env, timeout_s)
+    return live_with_comment(parse_squeue_comments(text), comment)
 
 
 def _safe_nodes(text: str) -> list[str]:

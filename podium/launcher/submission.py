@@ -1,9 +1,11 @@
 """Submitting one teacher's job, once: the claim, the backend's submission, the job record.
 
 :func:`ensure_submitted` is idempotent: a teacher whose recorded job is pending or running is
-reattached; otherwise one process wins an O_EXCL claim file in the teacher's folder and submits
+reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.launcher.claims`:
+numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
-``job.json`` (no fcntl locks: shared filesystems differ in lock support). While it submits, the
+``job.json``. Every job carries the teacher's identity, so a job whose ``job.json`` was never
+written is found (``Backend.find_live``) and adopted rather than submitted again. While it submits, the
 SLURM_* / SBATCH_* / SUBMITIT_* variables of an enclosing job (``podium up`` inside an sbatch
 script) are cleared (:func:`clean_submit_env`; ``SLURM_CONF`` is kept so ``sbatch`` finds its
 cluster).
@@ -12,21 +14,27 @@ cluster).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
 import time
-from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, backend_for, job_states
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.claims import try_claim
+from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.rendezvous.atomic import try_read_json
+from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
+
+# Fault injection for tests (as PODIUM_FAIL_NODE_RANK in node_entry): PODIUM_FAULT=exit-after-submit
+# ends `up` with os._exit(FAULT_EXIT_CODE) right after the backend returned a job id, before
+# job.json is written (what a crash, a kill or a lost login session does at the worst moment).
+FAULT_ENV = "PODIUM_FAULT"
+FAULTS = frozenset({"exit-after-submit"})
+FAULT_EXIT_CODE = 17
 
 KEEP_ENV = frozenset({"SLURM_CONF"})
 CLEAN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_", "PMI_", "PMIX_")
@@ -64,62 +72,92 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
     return job_id
 
 
-def _claim(files: TeacherFiles) -> bool:
-    """Create the claim file exclusively; False when another live ``up`` holds it."""
-    payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
-    try:
-        fd = os.open(files.claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        found = try_read_json(files.claim)
-        # Age from the file itself: a claim just created has no payload yet and is not stale.
-        try:
-            age = time.time() - files.claim.stat().st_mtime
-        except FileNotFoundError:
-            return False
-        same_host_dead = (found.ok and found.data.get("host") == socket.gethostname()
-                          and not Path(f"/proc/{found.data.get('pid')}").exists())
-        if age > CLAIM_STALE_S or same_host_dead:
-            logger.warning("removing stale claim %s (age %.0fs)", files.claim, age)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(files.claim)
+def _check_fault_env() -> None:
+    value = os.environ.get(FAULT_ENV)
+    if value and value not in FAULTS:
+        raise SubmitError(f"{FAULT_ENV}={value!r}: unknown fault (known: {', '.join(sorted(FAULTS))})")
+
+
+def _fault(name: str, detail: str) -> None:
+    """End this process at once when ``PODIUM_FAULT`` names this fault (tests only)."""
+    if os.environ.get(FAULT_ENV) == name:
+        os.write(2, f"podium: fault injected by {FAULT_ENV}={name}: {detail}\n".encode())
+        os._exit(FAULT_EXIT_CODE)
+
+
+def _alive(record: Optional[JobRecord]) -> bool:
+    if record is None:
         return False
-    with os.fdopen(fd, "w") as handle:
-        handle.write(payload)
-    return True
+    state = job_states([record]).get(record.job_id)
+    return state is not None and state.alive
+
+
+def _adopt(spec: TeacherSpec, files: TeacherFiles, found: list[str],
+           record: Optional[JobRecord]) -> JobRecord:
+    """Record a live job of this teacher that ``job.json`` does not name (its ``up`` died between
+    the submission and ``job.json``): no second job is submitted."""
+    job_id = max(found, key=lambda j: (len(j), j))  # the newest (Slurm ids grow)
+    others = [j for j in found if j != job_id]
+    if others:
+        logger.warning("teacher %r: jobs %s also carry its identity; %s is adopted, the others are left "
+                       "running (cancel them yourself)", spec.name, ", ".join(others), job_id)
+    logger.warning("teacher %r: job %s runs but %s did not name it (an interrupted `podium up`?): "
+                   "adopted", spec.name, job_id, files.job)
+    previous = [*record.previous_job_ids, record.job_id] if record and record.job_id != job_id else []
+    intent = try_read_json(files.submitting)  # the settings of the last submission: this job's
+    launcher = intent.data.get("launcher") if intent.ok and isinstance(intent.data, dict) else None
+    adopted = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
+                        cluster=spec.launcher.cluster, submitted_at=time.time(), folder=str(files.submitit),
+                        previous_job_ids=previous, submitted_by=f"adopted by {_me()}", launcher=launcher)
+    adopted.write(files)
+    return adopted
+
+
+def _me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 120.0) -> tuple[JobRecord, str]:
     """The teacher's live job, submitting one only if none is pending or running.
 
-    Returns ``(record, action)`` with action ``reattached``, ``submitted`` or ``resubmitted``.
+    Returns ``(record, action)`` with action ``reattached``, ``submitted`` or ``resubmitted``. When
+    ``job.json`` is missing or names a job that has ended, the backend is asked for live jobs that
+    carry the teacher's identity (:meth:`Backend.find_live`) before anything is submitted: one found
+    is adopted (``job.json`` written, ``reattached``).
     """
+    _check_fault_env()
     deadline = time.monotonic() + timeout_s
     while True:
         record = JobRecord.read(files)
-        if record is not None:
-            state = job_states([record]).get(record.job_id)
-            if state is not None and state.alive:
-                return record, "reattached"
-        if _claim(files):
+        if _alive(record):
+            return record, "reattached"
+        claim = try_claim(files)
+        if claim is not None:
             try:
                 fresh = JobRecord.read(files)  # another `up` may have finished just before our claim
                 if fresh is not None and (record is None or fresh.job_id != record.job_id):
-                    state = job_states([fresh]).get(fresh.job_id)
-                    if state is not None and state.alive:
+                    if _alive(fresh):
                         return fresh, "reattached"
                     record = fresh
+                found = backend_for(spec.launcher.cluster).find_live(spec, files)
+                if found:
+                    return _adopt(spec, files, found, record), "reattached"
+                launcher = spec.launcher.model_dump(mode="json")
+                # Before sbatch: should this process die before job.json, whoever adopts the job
+                # knows what it was submitted with.
+                atomic_write_json(files.submitting, {"launcher": launcher, "time": time.time(), "by": _me()})
                 job_id = submit(spec, files)
+                _fault("exit-after-submit", f"teacher {spec.name!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),
                                 folder=str(files.submitit), previous_job_ids=previous,
-                                submitted_by=f"{socket.gethostname()}:{os.getpid()}")
+                                submitted_by=_me(), launcher=launcher)
                 new.write(files)
                 return new, "resubmitted" if record else "submitted"
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(files.claim)
+                claim.release()
         if time.monotonic() > deadline:
-            raise SubmitError(f"teacher {spec.name!r}: another `podium up` holds {files.claim} "
-                              f"for more than {timeout_s:.0f}s")
+            raise SubmitError(f"teacher {spec.name!r}: another `podium up` holds its submit claim in "
+                              f"{files.folder} for more than {timeout_s:.0f}s")
         time.sleep(0.2)

@@ -11,8 +11,10 @@ import pytest
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
+from podium.launcher.claims import claim_state
 from podium.launcher.backends.slurm import SlurmBackend
 from podium.launcher.files import TeacherFiles
+from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
@@ -34,11 +36,15 @@ def fake_slurm(monkeypatch):
     monkeypatch.setattr(submission, "submit", submit)
     monkeypatch.setattr(SlurmBackend, "states",
                         lambda self, recs: {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs})
-    return jobs, calls
+    # Jobs the scheduler runs that no job.json names (the real one: tests/integration/test_submit_once.py).
+    unrecorded: list[str] = []
+    monkeypatch.setattr(SlurmBackend, "find_live",
+                        lambda self, spec, files: [j for j in unrecorded if jobs.get(j) == "RUNNING"])
+    return jobs, calls, unrecorded
 
 
 def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
-    jobs, calls = fake_slurm
+    jobs, calls, _ = fake_slurm
     files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
     files.folder.mkdir(parents=True)
     results = []
@@ -50,11 +56,12 @@ def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
         t.join()
     assert calls == ["100"]
     assert sorted(a for _, a in results) == ["reattached"] * 3 + ["submitted"]
-    assert not files.claim.exists()
+    assert files.claim_numbers() == [0]  # one claim was taken, and released
+    assert claim_state(files, 0) == "released"
 
 
 def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
-    jobs, calls = fake_slurm
+    jobs, calls, _ = fake_slurm
     files = TeacherFiles(tmp_path / "t")
     files.folder.mkdir(parents=True)
     record, action = submission.ensure_submitted(SPEC, files)
@@ -65,13 +72,28 @@ def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
     assert action2 == "resubmitted" and record2.previous_job_ids == [record.job_id]
 
 
+def test_a_live_job_that_job_json_does_not_name_is_adopted(tmp_path: Path, fake_slurm) -> None:
+    jobs, calls, unrecorded = fake_slurm
+    files = TeacherFiles(tmp_path / "t")
+    files.folder.mkdir(parents=True)
+    jobs["77"] = "RUNNING"
+    unrecorded.append("77")  # submitted by an `up` that died before writing job.json
+    record, action = submission.ensure_submitted(SPEC, files)
+    assert (record.job_id, action, calls) == ("77", "reattached", [])
+    assert JobRecord.read(files).job_id == "77"
+    jobs["77"] = "CANCELLED"  # once it has ended, the next `up` submits, keeping it in the history
+    record, action = submission.ensure_submitted(SPEC, files)
+    assert action == "resubmitted" and calls == [record.job_id] and record.previous_job_ids == ["77"]
+
+
 def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
     files = TeacherFiles(tmp_path / "t")
     files.folder.mkdir(parents=True)
-    files.claim.write_text('{"pid": 999999999, "host": "elsewhere", "time": 0}')
+    files.claim(3).write_text('{"pid": 999999999, "host": "elsewhere", "time": 0}')
     old = time.time() - 3600  # a claim's age is its file's age
-    os.utime(files.claim, (old, old))
+    os.utime(files.claim(3), (old, old))
     assert submission.ensure_submitted(SPEC, files, timeout_s=10)[1] == "submitted"
+    assert files.claim_numbers() == [4]  # taken over as claim 4; claim 3 removed
 
 
 def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, monkeypatch) -> None:

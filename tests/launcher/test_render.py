@@ -131,3 +131,46 @@ def test_clean_submit_env() -> None:
     env = {"SLURM_JOB_ID": "5", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_PARTITION": "x",
            "SLURM_NNODES": "2", "SUBMITIT_EXECUTOR": "slurm", "PATH": "/bin", "HOME": "/root"}
     assert clean_submit_env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin", "HOME": "/root"}
+
+
+def test_every_job_carries_the_teachers_identity(tmp_path: Path) -> None:
+    from podium.launcher.backends.slurm import job_comment
+
+    case = CASES["gpu_two_nodes"]
+    files = TeacherFiles.of(tmp_path / "run", case.name, case.key)
+    comment = sbatch_request(case, files).option("comment")
+    assert comment == job_comment(case, files) and comment.startswith(f"podium:{case.key}:")
+    # Another run dir of the same teacher is another identity; the same one reached by a symlink is not.
+    other = TeacherFiles.of(tmp_path / "other", case.name, case.key)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    linked = TeacherFiles.of(tmp_path / "link", case.name, case.key)
+    assert job_comment(case, other) != comment and job_comment(case, linked) == comment
+
+
+@pytest.mark.parametrize("key", ["comment", "job-name"])
+def test_extra_sbatch_cannot_replace_the_identity(key: str) -> None:
+    from podium.config.errors import ConfigError
+    from podium.config.launcher import parse_launcher
+
+    with pytest.raises(ConfigError, match=f"podium.slurm.extra_sbatch: .*{key}: set by podium"):
+        parse_launcher({"slurm": {"extra_sbatch": {key: "x"}}})
+
+
+def test_local_find_live_scans_proc_for_the_teachers_controller(tmp_path: Path) -> None:
+    """A process whose argv names the controller module and this teacher's submitit folder is found;
+    one of another folder is not (a stand-in process: the real controller starts a teacher)."""
+    from podium.launcher.backends.local import CONTROLLER_MODULE, LocalBackend
+
+    case = spec().model_copy(update={"num_nodes": 1, "launcher": TeacherLauncherSettings(cluster="local")})
+    files = TeacherFiles.of(tmp_path, case.name, case.key)
+    other = TeacherFiles.of(tmp_path / "other", case.name, case.key)
+    code = "import sys; sys.stdin.read()"
+    procs = [subprocess.Popen([sys.executable, "-c", code, "-m", CONTROLLER_MODULE, str(f.submitit)],
+                              stdin=subprocess.PIPE) for f in (files, other)]
+    try:
+        assert LocalBackend().find_live(case, files) == [str(procs[0].pid)]
+    finally:
+        for p in procs:
+            p.communicate(b"")
+    assert LocalBackend().find_live(case, files) == []

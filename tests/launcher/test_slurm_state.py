@@ -89,3 +89,26 @@ def test_failed_sacct_is_an_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     with pytest.raises(ss.SlurmQueryError, match="Problem talking to the database"):
         ss.query_states(["123"])
+
+
+# `squeue -h --name=podium-cap-0123abcd -O 'JobID:|,State:|,Comment:|'` on the test cluster: held
+# jobs with our comment, none, and someone's comment with "|" and a space; one running.
+SQUEUE_COMMENTS = """\
+59|PENDING|a|b c|
+58|PENDING|(null)|
+57|PENDING|podium:0123abcd4567:9f86d081884c7d65|
+60|RUNNING|podium:0123abcd4567:9f86d081884c7d65|
+"""
+
+
+def test_squeue_comments_and_live_jobs_of_one_identity() -> None:
+    jobs = {j.job_id: j for j in ss.parse_squeue_comments(SQUEUE_COMMENTS)}
+    assert jobs["59"].comment == "a|b c" and jobs["58"].comment == ""
+    assert ss.live_with_comment(jobs.values(), "podium:0123abcd4567:9f86d081884c7d65") == ["57", "60"]
+    assert ss.live_with_comment(jobs.values(), "podium:0123abcd4567") == []  # exact, not a prefix
+    assert ss.parse_squeue_comments("") == []
+
+
+def test_squeue_comment_line_without_its_fields_is_an_error() -> None:
+    with pytest.raises(ss.SlurmQueryError, match="JOBID|STATE|COMMENT"):
+        ss.parse_squeue_comments("57|PENDING\n")

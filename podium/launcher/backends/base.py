@@ -11,6 +11,8 @@ method                     runs on             does
                                                sends (what ``render``/``--dry-run`` print)
 ``submit(submission)``     login node          send it; the job id
 ``states(jobs)``           login node          :class:`JobState` per job (one query)
+``find_live(spec, f)``     login node          ids of pending/running jobs of this teacher
+                                               (this run dir), recorded in ``job.json`` or not
 ``cancel(jobs)``           login node          end those jobs (``job.json`` records)
 ``log_paths(f, job, n)``   login node          where the node tasks write
 ``node_context()``         in the allocation   rank, node count, generation, host
@@ -108,6 +110,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
         """States of these jobs by id; a job the scheduler does not know (yet) is absent."""
+
+    @abc.abstractmethod
+    def find_live(self, spec: TeacherSpec, files: TeacherFiles) -> list[str]:
+        """Ids of the pending or running jobs that carry this teacher's identity (its key and run
+        dir), whatever ``job.json`` says: how a job submitted by an ``up`` that died before writing
+        ``job.json`` is found."""
 
     @abc.abstractmethod
     def cancel(self, jobs: Sequence[JobRecord]) -> None: ...

@@ -36,14 +36,24 @@ TIMEOUT_S = 30 * 24 * 3600  # the controller ends a job after its timeout: a mon
 STOP_WAIT_S = 30.0
 
 
-def controller_alive(job: JobRecord) -> bool:
-    """The job's controller still runs: its PID is a submitit controller of this teacher's folder
-    (so a reused PID is not mistaken for it)."""
+def is_controller_of(pid: int, folder: str | Path) -> bool:
+    """``pid`` is a submitit controller of this submitit folder (its argv names both), so a reused
+    PID is not mistaken for it; a zombie has no argv."""
     try:
-        argv = Path(f"/proc/{int(job.job_id)}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False
-    return CONTROLLER_MODULE.encode() in argv and os.fsencode(job.folder) in argv
+    return CONTROLLER_MODULE.encode() in argv and os.fsencode(str(folder)) in argv
+
+
+def controller_alive(job: JobRecord) -> bool:
+    """The job's controller still runs (its PID is a controller of the job's folder)."""
+    return is_controller_of(int(job.job_id), job.folder) if job.job_id.isdigit() else False
+
+
+def find_controllers(folder: str | Path) -> list[str]:
+    """PIDs of the running controllers of this submitit folder (a ``/proc`` scan)."""
+    return [name for name in os.listdir("/proc") if name.isdigit() and is_controller_of(int(name), folder)]
 
 
 class LocalBackend(Backend):
@@ -89,6 +99,9 @@ class LocalBackend(Backend):
     def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
         return {job.job_id: JobState(job.job_id, "RUNNING" if controller_alive(job) else "COMPLETED")
                 for job in jobs}
+
+    def find_live(self, spec: TeacherSpec, files: TeacherFiles) -> list[str]:
+        return find_controllers(files.submitit)
 
     def cancel(self, jobs: Sequence[JobRecord]) -> None:
         """SIGTERM to each controller (it passes it to its task, which drains and stops); one that

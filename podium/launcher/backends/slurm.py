@@ -10,6 +10,7 @@ reads is what Slurm gets.
 ====================================  ========================================================
 request                               from
 ====================================  ========================================================
+``--job-name``, ``--comment``         ``podium-<name>-<key8>``; the identity ``job_comment``
 ``--nodes``, ``--ntasks-per-node=1``  ``num_nodes``; one task per node (the node entry)
 ``--cpus-per-task``                   ``slurm.cpus_per_task``, else workers per node + 1
 ``--gpus-per-node`` / ``--gres``      ``gpus_per_node`` when ``slurm.gpus`` (``gpu_request``)
@@ -26,6 +27,7 @@ Every value that reaches a shell line goes through ``shlex.quote``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shlex
 import subprocess
@@ -41,7 +43,14 @@ from podium.launcher.backends.base import Backend, NodeContext, Submission, Subm
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import JobState, SlurmQueryError, query_states, show_job, slurm_time
+from podium.launcher.slurm_state import (
+    JobState,
+    SlurmQueryError,
+    query_live_by_comment,
+    query_states,
+    show_job,
+    slurm_time,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +61,15 @@ REQUEUE_TIMEOUT_S = 30.0
 
 def job_name(spec: TeacherSpec) -> str:
     return f"podium-{spec.name}-{spec.key[:8]}"
+
+
+def job_comment(spec: TeacherSpec, files: TeacherFiles) -> str:
+    """The teacher's identity, carried by its job as ``--comment``: ``podium:<key>:<run dir id>``,
+    the run dir id being 16 hex of the sha256 of the run dir's absolute resolved path. Slurm knows
+    it from the moment ``sbatch`` is accepted, so a job whose ``job.json`` was never written (its
+    ``up`` died in between) is still found (:meth:`SlurmBackend.find_live`)."""
+    run_dir = str(files.run_dir.absolute().resolve())
+    return f"podium:{spec.key}:{hashlib.sha256(run_dir.encode()).hexdigest()[:16]}"
 
 
 def time_to_minutes(text: str) -> int:
@@ -114,6 +132,7 @@ def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
     s = spec.launcher.slurm
     options: dict[str, Any] = {
         "job-name": job_name(spec),
+        "comment": job_comment(spec, files),
         "nodes": spec.num_nodes,
         "ntasks-per-node": 1,
         "cpus-per-task": cpus_per_task(spec),
@@ -187,6 +206,9 @@ class SlurmBackend(Backend):
 
     def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
         return query_states([job.job_id for job in jobs])
+
+    def find_live(self, spec: TeacherSpec, files: TeacherFiles) -> list[str]:
+        return query_live_by_comment(job_name(spec), job_comment(spec, files))
 
     def cancel(self, jobs: Sequence[JobRecord]) -> None:
         job_ids = [job.job_id for job in jobs]

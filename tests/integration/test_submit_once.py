@@ -1,0 +1,121 @@
+"""A teacher is submitted once, whatever happens to ``podium up``: on the real Slurm test cluster.
+
+The teachers are held in the queue (``extra_sbatch: {hold: true}``), so no model loads: what is
+tested is what Slurm holds. Every job of a teacher carries its identity as ``--comment``
+(``job_comment``); the queue is read here with plain ``squeue``, not with podium's parser.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher_helpers import podium, write_recipe
+
+pytestmark = pytest.mark.slurm
+
+
+def identity(recipe: Path, run_dir: Path, *overrides: str) -> str:
+    from podium.config.plan import load_plan
+    from podium.launcher.backends.slurm import job_comment
+    from podium.launcher.files import TeacherFiles
+
+    (spec,) = load_plan(recipe, list(overrides)).teachers
+    return job_comment(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))
+
+
+def queued_with(comment: str) -> list[str]:
+    """Ids of the jobs in the queue (any state squeue shows) whose comment is ``comment``."""
+    out = subprocess.run(["squeue", "-h", "-O", "JobID:|,Comment:|"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return [line.split("|")[0] for line in out.splitlines() if line.split("|")[1:2] == [comment]]
+
+
+def recorded_job(run_dir: Path) -> str:
+    (job_file,) = run_dir.glob("teachers/*/job.json")
+    return json.loads(job_file.read_text())["job_id"]
+
+
+def held_recipe(path: Path, checkpoint: Path) -> Path:
+    return write_recipe(path, {"math": (checkpoint, 1)}, slurm={"extra_sbatch": {"hold": True}})
+
+
+def test_up_killed_between_sbatch_and_job_json_is_adopted_not_resubmitted(
+        slurm_cluster, slurm_jobs, tiny_llama_checkpoint, tmp_path: Path) -> None:
+    recipe = held_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint)
+    run_dir = tmp_path / "run"
+    comment = identity(recipe, run_dir)
+    try:
+        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULT": "exit-after-submit"},
+                         check=False)
+        assert crashed.returncode == 17, crashed.stderr[-2000:]
+        assert "fault injected by PODIUM_FAULT=exit-after-submit" in crashed.stderr
+        assert not list(run_dir.glob("teachers/*/job.json"))  # the job was never recorded
+        (job_id,) = queued_with(comment)
+        slurm_jobs.append(job_id)
+
+        again = podium("up", str(recipe), "--run-dir", str(run_dir))
+        assert f"math: reattached job {job_id}" in again.stdout, again.stdout + again.stderr
+        assert recorded_job(run_dir) == job_id
+        assert queued_with(comment) == [job_id]  # nothing was submitted a second time
+        assert slurm_cluster.scontrol_job(job_id)["JobState"] == "PENDING"
+
+        podium("down", str(run_dir))
+        slurm_cluster.wait_for_state(job_id, "CANCELLED")
+        assert queued_with(comment) == []
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
+def test_down_cancels_a_job_that_job_json_does_not_name(slurm_cluster, slurm_jobs, tiny_llama_checkpoint,
+                                                        tmp_path: Path) -> None:
+    recipe = held_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint)
+    run_dir = tmp_path / "run"
+    comment = identity(recipe, run_dir)
+    try:
+        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULT": "exit-after-submit"},
+                         check=False)
+        assert crashed.returncode == 17, crashed.stderr[-2000:]
+        (job_id,) = queued_with(comment)
+        slurm_jobs.append(job_id)
+        podium("down", str(run_dir))
+        slurm_cluster.wait_for_state(job_id, "CANCELLED")
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
+def test_changed_global_setting_is_reported_then_applied_with_replace(slurm_cluster, slurm_jobs, tiny_llama_checkpoint,
+                                                                      tmp_path: Path) -> None:
+    recipe = held_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint)  # slurm.time 00:30:00
+    run_dir = tmp_path / "run"
+    longer = "podium.slurm.time=00:45:00"
+    comment = identity(recipe, run_dir)
+    assert identity(recipe, run_dir, longer) == comment  # a global setting is not the teacher's identity
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir))
+        old = recorded_job(run_dir)
+        slurm_jobs.append(old)
+        assert slurm_cluster.scontrol_job(old)["TimeLimit"] == "00:30:00"
+
+        kept = podium("up", str(recipe), longer, "--run-dir", str(run_dir))
+        assert f"math: reattached job {old}" in kept.stdout
+        assert (f"teacher 'math': job {old} runs with slurm.time=00:30:00, the recipe now says 00:45:00: "
+                f"left running; `podium up --replace` resubmits it") in kept.stdout
+        assert queued_with(comment) == [old] and recorded_job(run_dir) == old
+
+        replaced = podium("up", str(recipe), longer, "--run-dir", str(run_dir), "--replace")
+        new = recorded_job(run_dir)
+        slurm_jobs.append(new)
+        assert new != old and f"math: replaced job {old} with job {new}" in replaced.stdout, replaced.stdout
+        slurm_cluster.wait_for_state(old, "CANCELLED")
+        assert queued_with(comment) == [new]
+        job = slurm_cluster.scontrol_job(new)
+        assert (job["TimeLimit"], job["JobState"]) == ("00:45:00", "PENDING")
+
+        again = podium("up", str(recipe), longer, "--run-dir", str(run_dir), "--replace")
+        assert f"math: reattached job {new}" in again.stdout and "runs with" not in again.stdout
+    finally:
+        podium("down", str(run_dir), check=False)
