@@ -22,7 +22,7 @@ from podium.launcher.backends import Submission, SubmitError, backend_for, job_s
 from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.launcher.run_dir import known_teachers, prepare_run_dir
+from podium.launcher.run_dir import known_teachers, prepare_run_dir, write_spec
 from podium.launcher.submission import ensure_submitted
 from podium.rendezvous.atomic import FileReadError, atomic_write_json
 from podium.rendezvous.layout import ENDPOINT_MODE
@@ -157,6 +157,9 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
             result.notes.append(f"teacher {spec.name!r}: job {old.job_id} ran with {_described(changes)}: "
                                 f"cancelled, replaced by job {record.job_id}")
         elif changes:
+            # The job left running keeps reading (on every node, at every requeue) the spec it was
+            # submitted with, not the new settings its sbatch request does not have.
+            write_spec(layout.run_dir, spec.model_copy(update={"launcher": record.launcher_settings()}))
             result.notes.append(f"teacher {spec.name!r}: job {record.job_id} runs with {_described(changes)}: "
                                 f"left running; `podium up --replace` resubmits it")
         elif changes is None:

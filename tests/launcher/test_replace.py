@@ -13,6 +13,7 @@ from podium.config.launcher import SettingChange, TeacherLauncherSettings, launc
 from podium.config.plan import load_plan
 from podium.launcher import commands, submission
 from podium.launcher.backends.slurm import SlurmBackend
+from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
@@ -75,6 +76,8 @@ def test_changed_settings_are_reported_and_left_running(tmp_path: Path, fake_slu
     assert changed.notes == [f"teacher 'math': job {job_id} runs with slurm.time=04:00:00, the recipe now says "
                              f"08:00:00: left running; `podium up --replace` resubmits it"]
     assert cancelled == [] and jobs[job_id] == "PENDING"
+    # the job left running keeps reading the settings it was submitted with
+    assert TeacherSpec.read(files.spec).launcher.slurm.time == "04:00:00"
 
 
 def test_replace_cancels_and_resubmits_with_the_new_settings(tmp_path: Path, fake_slurm) -> None:
