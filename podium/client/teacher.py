@@ -173,6 +173,7 @@ class TeacherClient:
         self.expected_tokenizer_size = expected_tokenizer_size
         self._token = token
         self._lock = threading.Lock()
+        self.retries = 0  # requests sent again (to this or a later generation) since this client began
         self._record: Optional[EndpointRecord] = None
         self._transport: Optional[HTTPTransport] = None
         self._checked_generations: set[str] = set()
@@ -328,6 +329,10 @@ class TeacherClient:
             return f"its record now says {now.status.value}" + (f" ({now.reason})" if now.reason else "")
         return None
 
+    def _retried(self) -> None:
+        with self._lock:
+            self.retries += 1
+
     def _call(self, method: str, path: str, body: Optional[list] = None, headers: Optional[dict] = None,
               timeout_s: Optional[float] = None) -> tuple[HTTPResponse, EndpointRecord]:
         """One request with restart following, within one deadline (see the module doc); returns
@@ -347,6 +352,7 @@ class TeacherClient:
                 logger.warning("teacher %s generation %s: %s; re-reading the record", self.label, gen, exc)
                 self._forget(record)
                 call.unusable()
+                self._retried()
                 continue
             if resp.status == 503:
                 call.note(f"generation {gen} at {record.url}: HTTP 503 {_error_text(resp)}")
@@ -356,6 +362,7 @@ class TeacherClient:
                 retry_after = _retry_after(resp)
                 if retry_after:
                     time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, call.left())))
+                self._retried()
                 continue
             if 400 <= resp.status < 500:
                 raise TeacherRequestError(self.label, gen, resp.status, _error_text(resp))
@@ -367,6 +374,7 @@ class TeacherClient:
                                    resp.status, gone)
                     self._forget(record)
                     call.unusable()
+                    self._retried()
                     continue
             if resp.status >= 300:
                 raise TeacherServerError(self.label, gen, resp.status, _error_text(resp))

@@ -20,25 +20,25 @@ Ray temp dir), and sweeps the temp dirs ended generations of this teacher left o
 Stopping. Slurm signals every process of the step; only this task reacts (the Ray tree runs with
 the stop signals blocked, :mod:`podium.launcher.procs`), and a signal that arrives before the
 handlers are installed waits, blocked, until they are (the shim in front of the interpreter and
-this module block them before anything is imported; :mod:`podium.launcher.signals`):
+this module block them before anything is imported). What a stop means (a preemption, a time
+limit, a cancel, Slurm's own requeue) is asked of the backend once (:mod:`podium.launcher.signals`):
+a preemption or a time limit drains (the record goes ``draining``, new requests get 503, queued
+ones finish) for as long as Slurm's end time allows, then rank 0 requeues the job itself, with
+plain SIGTERM as with a user signal (a job that ends inside its grace time is not requeued by
+Slurm); a cancel or Slurm's own requeue tears down at once. If a requeue is refused, the task
+stays until Slurm ends it.
 
-- USR1/USR2 (``--signal``: preemption, or the time limit ahead): drain. The record goes
-  ``draining`` (new requests get 503, queued ones finish, up to ``server.drain_s``), then
-  ``stopped``; the group is shut down, Ray disconnected and ended by session, the temp dir
-  removed; then rank 0 requeues its own job (the backend: ``scontrol requeue``) and exits, and the
-  job comes back as generation (job id, restart + 1). If the requeue is refused, the task stays until Slurm
-  ends it (a preempted job that ends by itself inside its grace time is not requeued by Slurm).
-- SIGTERM/SIGINT (``scancel``, ``scontrol requeue``, the end of a preemption's grace time): the
-  same teardown at once (well under a second when no request is queued); Slurm SIGKILLs the task
-  ``KillWait`` seconds later and requeues the job itself when that is what it is doing.
+Failing. While serving, the head's :class:`~podium.launcher.watchdog.Watchdog` watches every node
+and the group; a fault, or a failed start on any node, ends the generation as ``failed`` with the
+node and the cause, and the restart policy (:mod:`podium.launcher.restarts`) requeues it after a
+backoff, avoiding a lost node, or gives up after ``restart.max_consecutive_failures`` failures in
+a row (the task then exits non-zero and the job ends FAILED).
 
-A task Slurm signalled leaves with ``os._exit`` once torn down: interpreter finalizers (torch,
-Ray) can outlast ``KillWait``, and a job is requeued only once its tasks have ended. A task
-that fails while it is being preempted still requeues its job.
-
-Worker ranks end their Ray only once the head has finished draining (or after a bound), so
-queued requests keep their workers. Never ``ray stop``, never pkill: only the processes this task
-started, by recorded ID.
+A task Slurm signalled (or whose head requeued the job) leaves with ``os._exit`` once torn down:
+interpreter finalizers (torch, Ray) can outlast ``KillWait``, and a job is requeued only once its
+tasks have ended. Worker ranks end their Ray only once the head has finished draining (or after a
+bound), so queued requests keep their workers. Never ``ray stop``, never pkill: only the processes
+this task started, by recorded ID.
 
 Fault injection for tests: ``PODIUM_FAIL_NODE_RANK=<rank>`` makes that rank's start fail;
 ``PODIUM_DELAY_START_S=<s>`` makes every task wait that long before it installs its signal handlers.
@@ -335,7 +335,11 @@ class _NodeRun:
         exclude = self.ledger.excluded_nodes if self.ledger is not None else ()
         logger.warning("requeueing job %s: generation %s ends, %s:%d comes next (%s)", ctx.job_id,
                        ctx.generation, ctx.job_id, ctx.restart + 1, decision.why)
-        refused = self.backend.requeue(ctx, exclude=exclude, delay_s=decision.delay_s)
+        # The requeue signals this very task at once (Slurm ends the step): the nodes to avoid and
+        # the backoff, set right after it, must not be cut off by that signal or by a handler a
+        # library (Ray's, after ray.shutdown) left behind.
+        with procs.stop_signals_blocked():
+            refused = self.backend.requeue(ctx, exclude=exclude, delay_s=decision.delay_s)
         if refused is None:
             logger.info("job %s requeued", ctx.job_id)
             return 0
@@ -488,6 +492,7 @@ class _HeadRun:
                 ray.shutdown()
         except Exception:
             logger.exception("ray.shutdown failed")
+        self.signals.install()  # Ray's exit-on-SIGTERM handler must not end the task's last steps
         try:
             self.node.state.write("stopped")
         except OSError as exc:

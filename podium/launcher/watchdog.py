@@ -10,7 +10,10 @@ each node Ray counted at start     Ray marks it dead (its raylet is gone; the GC
                                    is tuned to notice in about 3 s, :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
 each worker node task              its ``<rank>.json`` says ``failed`` or ``ended`` while the
                                    head still serves
-the teacher group                  a call found a worker dead (``group.broken``)
+the teacher group                  a call found a worker dead (``group.broken``) and, within
+                                   :data:`CAUSE_WAIT_S`, no lost node explains it (a worker on
+                                   a node that died fails its call before Ray marks the node
+                                   dead: the node is the cause worth naming)
 =================================  ==========================================================
 
 The first fault found is handed to ``on_fault(reason, node)`` once (``node``: the host at fault,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -31,6 +35,7 @@ from podium.rendezvous.atomic import try_read_json
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
+CAUSE_WAIT_S = 8.0  # a broken group waits this long for Ray to name a lost node as its cause
 TASK_DONE_STATES = frozenset({"failed", "ended"})
 
 
@@ -57,6 +62,7 @@ class Watchdog:
         self.on_fault = on_fault
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._broken_since: Optional[float] = None
         self._thread = threading.Thread(target=self._run, name="podium-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
@@ -98,7 +104,12 @@ class Watchdog:
                         node.host)
         broken = getattr(self.group, "broken", None)
         if broken:
-            return f"teacher group broken: {broken}", None
+            # The endpoint already answers 503 (the group says it is broken): waiting a few
+            # seconds for the cause costs no request.
+            now = time.monotonic()
+            self._broken_since = self._broken_since or now
+            if now - self._broken_since >= CAUSE_WAIT_S:
+                return f"teacher group broken: {broken}", None
         return None
 
     def _ray_nodes(self) -> Optional[Fault]:

@@ -30,8 +30,11 @@ def _flow(mapping: Mapping[str, Any]) -> str:
 
 def write_recipe(path: Path, aliases: dict[str, tuple[Path, int]],
                  slurm: Optional[Mapping[str, Any]] = None,
-                 server: Optional[Mapping[str, Any]] = None) -> Path:
-    """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server`` entries override the defaults."""
+                 server: Optional[Mapping[str, Any]] = None,
+                 restart: Optional[Mapping[str, Any]] = None,
+                 teachers: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Path:
+    """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server``/``restart`` entries override the
+    defaults; ``teachers``: per-alias launcher overrides (``{"a": {"slurm": {"signal": "TERM"}}}``)."""
     mapping = "\n".join(f"    {a}: {ck}" for a, (ck, _) in aliases.items())
     overrides = "\n".join(f"      {a}: {{num_nodes: {n}}}" for a, (_, n) in aliases.items())
     first = next(iter(aliases))
@@ -51,6 +54,8 @@ podium:
   slurm: {_flow(slurm_cfg)}
   ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
   server: {_flow(server_cfg)}
+  restart: {_flow(dict(restart or {}))}
+  teachers: {json.dumps(dict(teachers or {}))}
 """)
     return path
 

@@ -267,12 +267,11 @@ class SlurmBackend(Backend):
             return StopIntent("requeued", False, now, "requeued by Slurm")
         if slurm_time(info.get("PreemptTime")) is not None:
             return StopIntent("preempt", True, until, "preempted")
-        lead = spec.launcher.slurm.signal_lead_s
+        near_end = end is not None and end - now <= spec.launcher.slurm.signal_lead_s + TIME_LIMIT_SLACK_S
         if signal_name in ("SIGUSR1", "SIGUSR2"):
-            return StopIntent("signal", True, min(until, now + spec.launcher.server.drain_s),
-                              "preempted or near its time limit")
-        if signal_name == "SIGTERM" and end is not None and end - now <= lead + TIME_LIMIT_SLACK_S \
-                and info.get("JobState") == "RUNNING":
+            kind, why = ("time_limit", "near its time limit") if near_end else ("signal", "asked to stop by --signal")
+            return StopIntent(kind, True, min(until, now + spec.launcher.server.drain_s), why)
+        if signal_name == "SIGTERM" and near_end and info.get("JobState") == "RUNNING":
             return StopIntent("time_limit", True, until, "near its time limit")
         return StopIntent("cancel", False, now, "stopped by Slurm")
 
