@@ -68,7 +68,7 @@ from podium.launcher.files import TeacherFiles  # noqa: E402
 from podium.launcher.lifecycle import TeacherLifecycle  # noqa: E402
 from podium.launcher.restarts import Decision, RestartLedger, decide, excluded_after  # noqa: E402
 from podium.launcher.signals import Signals  # noqa: E402
-from podium.launcher.watchdog import WatchedNode, Watchdog  # noqa: E402
+from podium.launcher.watchdog import WatchedNode, Watchdog, watched_nodes  # noqa: E402
 from podium.rendezvous.atomic import atomic_write_json, try_read_json  # noqa: E402
 from podium.rendezvous.records import Status  # noqa: E402
 
@@ -426,7 +426,8 @@ class _HeadRun:
             if len(alive) >= ctx.num_nodes:
                 logger.info("all %d Ray nodes joined: %s", ctx.num_nodes,
                             ", ".join(n.get("NodeManagerAddress", "?") for n in alive))
-                self.joined = self._watched_nodes()
+                recorded = [try_read_json(files.node(ctx.job_id, ctx.restart, rank)) for rank in range(ctx.num_nodes)]
+                self.joined = watched_nodes(alive, [r.data for r in recorded if r.ok], ctx.host)
                 return
             for rank in range(1, ctx.num_nodes):
                 state = try_read_json(files.node(ctx.job_id, ctx.restart, rank))
@@ -441,15 +442,6 @@ class _HeadRun:
                     f"only {len(alive)} of {ctx.num_nodes} Ray nodes joined within {NODES_TIMEOUT_S:.0f}s; "
                     f"node states in {files.generation_dir(ctx.job_id, ctx.restart)}")
             time.sleep(0.1)
-
-    def _watched_nodes(self) -> list[WatchedNode]:
-        """Every node of this generation as its task recorded it (rank, host, Ray address)."""
-        out = []
-        for rank in range(self.ctx.num_nodes):
-            state = try_read_json(self.files.node(self.ctx.job_id, self.ctx.restart, rank))
-            if state.ok and state.data.get("ip"):
-                out.append(WatchedNode(rank, str(state.data.get("host")), str(state.data["ip"])))
-        return out
 
     def _serve(self) -> None:
         from podium.rendezvous.layout import RunLayout

@@ -65,12 +65,14 @@ NAMED_PORTS = ("gcs", "node_manager", "object_manager", "metrics_export", "dashb
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-    # The GCS marks a node whose raylet is gone dead after 3 failed checks 1 s apart (Ray's
-    # defaults take 15-30 s): the head's watchdog then sees a lost node within seconds.
-    "RAY_health_check_initial_delay_ms": "1000",
+    # The GCS marks a node whose raylet is gone (its checks fail at once) dead after 5 failed
+    # checks 1 s apart (Ray's defaults take 15-30 s): the head's watchdog then sees a lost node in
+    # ~5 s. A raylet that is only slow (a starved CPU) gets 3 s per check, so a loaded node is not
+    # taken for a lost one (1 s and 3 checks did that on the 2-core test machine under load).
+    "RAY_health_check_initial_delay_ms": "2000",
     "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "5",
 }
 AUTH_TOKEN_BYTES = 32
 

@@ -6,7 +6,7 @@ Every ``interval_s`` the :class:`Watchdog` thread checks, in order:
 check                              a fault when
 =================================  ==========================================================
 the head's own ``ray start``       it has exited
-each node Ray counted at start     Ray marks it dead (its raylet is gone; the GCS health check
+each node Ray counted at start     Ray marks it dead (found by its Ray node id) (its raylet is gone; the GCS health check
                                    is tuned to notice in about 3 s, :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
 each worker node task              its ``<rank>.json`` says ``failed`` or ``ended`` while the
                                    head still serves
@@ -41,9 +41,18 @@ TASK_DONE_STATES = frozenset({"failed", "ended"})
 
 @dataclass(frozen=True)
 class WatchedNode:
-    rank: int
-    host: str
+    """One Ray node of the job, as Ray named it at start (``node_id``), with the task that runs
+    it when known (``rank``, ``host``; Ray may advertise another address than the task recorded,
+    e.g. a rewritten loopback address)."""
+
+    node_id: str
     ip: str
+    rank: Optional[int]
+    host: str
+
+    def describe(self) -> str:
+        rank = f"rank {self.rank}, " if self.rank is not None else ""
+        return f"node {self.host} ({rank}{self.ip})"
 
 
 Fault = tuple[str, Optional[str]]  # (reason, host at fault)
@@ -95,13 +104,12 @@ class Watchdog:
         if fault is not None:
             return fault
         for node in self.nodes:
-            if node.rank == 0:
+            if node.rank in (None, 0):
                 continue
             state = try_read_json(self.files.node(self.job_id, self.restart, node.rank))
             if state.ok and state.data.get("state") in TASK_DONE_STATES:
                 detail = state.data.get("error") or state.data.get("stop") or "no error recorded"
-                return (f"node {node.host} (rank {node.rank}) task {state.data['state']} while serving: {detail}",
-                        node.host)
+                return f"{node.describe()} task {state.data['state']} while serving: {detail}", node.host
         broken = getattr(self.group, "broken", None)
         if broken:
             # The endpoint already answers 503 (the group says it is broken): waiting a few
@@ -115,14 +123,26 @@ class Watchdog:
     def _ray_nodes(self) -> Optional[Fault]:
         import ray
 
-        by_ip: dict[str, dict] = {}
-        for info in ray.nodes():
-            ip = info.get("NodeManagerAddress")
-            if ip and (info.get("Alive") or ip not in by_ip):
-                by_ip[ip] = info
+        by_id = {info.get("NodeID"): info for info in ray.nodes()}
         for node in self.nodes:
-            info = by_ip.get(node.ip)
+            info = by_id.get(node.node_id)
             if info is None or not info.get("Alive"):
                 why = (info or {}).get("DeathReasonMessage") or "Ray marked it dead"
-                return f"node {node.host} (rank {node.rank}, {node.ip}) lost: {why}", node.host
+                return f"{node.describe()} lost: {why}", node.host
         return None
+
+
+def watched_nodes(alive: list[dict], recorded: list[dict], head_host: str) -> list[WatchedNode]:
+    """The job's Ray nodes (``ray.nodes()`` entries alive at start) matched to the node tasks'
+    records (``<rank>.json``: ``ip``, ``host``, ``rank``) by address; a node no record matches is
+    the head's when it is the only one (``cluster: local``, where Ray rewrites 127.0.0.1)."""
+    by_ip = {str(r.get("ip")): r for r in recorded}
+    out = []
+    for info in alive:
+        ip = str(info.get("NodeManagerAddress"))
+        rec = by_ip.get(ip)
+        if rec is None and len(alive) == 1:
+            rec = {"rank": 0, "host": head_host}
+        out.append(WatchedNode(str(info.get("NodeID")), ip, rec.get("rank") if rec else None,
+                               str(rec.get("host")) if rec else ip))
+    return out

@@ -176,28 +176,32 @@ def test_sigterm_preemption_requeues_and_serves_again(two_node: Served, slurm_cl
 
 def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_llama_checkpoint: Path,
                                                              tiny_qwen2_checkpoint: Path, tmp_path: Path) -> None:
-    """``time: 6 min`` with the signal 200 s ahead: each teacher is warned ~160 s after it starts
-    (two teachers starting at once on 2 cores take up to ~100 s to be ready), requeues and serves
-    again as the next generation."""
+    """``time: 7 min`` with the signal 280 s ahead: each teacher is warned ~140 s after it starts
+    (two teachers starting at once on 2 cores took up to ~150 s to be ready in CI, a first start
+    failing under that load and being retried), requeues and serves again as a next generation."""
     recipe = write_recipe(tmp_path / "recipe.yaml", {"usr2": (tiny_llama_checkpoint, 1), "term": (tiny_qwen2_checkpoint, 1)},
-                          slurm={"time": "00:06:00", "signal_lead_s": 200},
+                          slurm={"time": "00:07:00", "signal_lead_s": 280},
                           teachers={"usr2": {"slurm": {"signal": "USR2"}}, "term": {"slurm": {"signal": "TERM"}}})
     run_dir = tmp_path / "run"
     served = {}
     try:
-        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S * 2),
+               timeout=COMEBACK_S * 2 + 60)
         served["usr2"] = serve_with_client(recipe, run_dir, "usr2", tiny_llama_checkpoint, up=False)
         served["term"] = serve_with_client(recipe, run_dir, "term", tiny_qwen2_checkpoint, up=False)
         measured = {}
         for alias, s in served.items():
-            # The first generation may have been warned before the watcher started: the ledger says
-            # how each generation ended; the watcher, that the next one served.
-            t_ready, ready = s.watcher.wait_for(f"{s.job}:1", "ready", COMEBACK_S * 2)
-            wait_until(lambda: s.client.answered_after(t_ready) >= 2, COMEBACK_S, f"answers from {s.job}:1")
-            first = RestartLedger.read(s.files).outcomes[0]
-            assert (first.generation, first.outcome) == (f"{s.job}:0", "time_limit"), first
-            assert "near its time limit" in first.reason, first.reason
-            measured[alias] = {"generation": f"{s.job}:1", "first_reason": first.reason,
+            # A generation that served is warned, requeues and the next one serves. Which generation
+            # that is depends on the load (a first start may fail and be retried): the ledger says
+            # how each ended, the watcher that the next one served.
+            def warned() -> object:
+                return next((o for o in RestartLedger.read(s.files).outcomes if o.outcome == "time_limit"), None)
+
+            limit = wait_until(warned, COMEBACK_S * 3, f"{alias} reaching its time limit")
+            assert "near its time limit" in limit.reason, limit.reason
+            t_ready, ready = s.watcher.wait_for(s.next_generation(limit.generation), "ready", COMEBACK_S * 2)
+            wait_until(lambda: s.client.answered_after(t_ready) >= 2, COMEBACK_S, f"answers after {limit.generation}")
+            measured[alias] = {"generation": s.next_generation(limit.generation), "first_reason": limit.reason,
                                "task_start_to_ready_s": round(ready["extra"]["timings"]["ready"]
                                                               - ready["extra"]["timings"]["task_start"], 1)}
         assert "SIGUSR2" in measured["usr2"]["first_reason"] and "SIGTERM" in measured["term"]["first_reason"]

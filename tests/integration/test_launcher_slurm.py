@@ -95,8 +95,11 @@ def test_concurrent_up_submit_once_and_two_runs_side_by_side(two_teachers, check
 
 def test_node_failing_at_start_fails_fast_naming_it(slurm_cluster, checkpoints, tmp_path) -> None:
     """`up --wait` ends with the node's failure, not its own --timeout: stderr names the rank, the
-    node and the injected fault (a wait that timed out would say none of that)."""
-    recipe = write_recipe(tmp_path / "recipe.yaml", {"wide": (checkpoints["llama"], 2)})
+    node and the injected fault (a wait that timed out would say none of that). One failure is
+    final here (``restart.max_consecutive_failures: 1``); by default the start is retried, see
+    ``test_faults.py``."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"wide": (checkpoints["llama"], 2)},
+                          restart={"max_consecutive_failures": 1})
     run_dir = tmp_path / "run"
     proc = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "300",
                   env={"PODIUM_FAIL_NODE_RANK": "1"}, check=False, timeout=420)

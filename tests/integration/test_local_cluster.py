@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,17 @@ podium:
             got = client.get_logprobs("code", data)["logprobs"].numpy()
         expected = hf_oracle_logprobs(tiny_llama_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
         assert float(np.abs(got - expected).max()) < TOL
+
+        # Still serving a few heartbeats later: nothing (the watchdog, say) takes a healthy local
+        # teacher for a broken one.
+        record = next(run_dir.glob("teachers/*/endpoint.json"))
+        beats = {json.loads(record.read_text())["heartbeat_at"]}
+        deadline = time.monotonic() + 120
+        while len(beats) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            beats.add(json.loads(record.read_text())["heartbeat_at"])
+        (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
+        assert len(beats) >= 3 and row["ready"] and row["status"] == "ready", row
 
         logs = podium_cli("logs", str(run_dir), "math")
         assert logs.returncode == 0, logs.stderr
