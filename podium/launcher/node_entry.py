@@ -396,6 +396,7 @@ class _HeadRun:
         self.node.state.write("started")
         if self.signals.stop.is_set():
             return
+        ray_proc.wait_started(NODES_TIMEOUT_S)  # workers join meanwhile: head.json is out
         os.environ.update(rb.ray_env({}, token_path=self.node.token_path))
         import ray
 

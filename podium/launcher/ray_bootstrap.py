@@ -75,6 +75,7 @@ RAY_ENV = {
     "RAY_health_check_failure_threshold": "5",
 }
 AUTH_TOKEN_BYTES = 32
+STARTED_MARK = "Ray runtime started."  # what `ray start` logs once the node's daemons are up
 
 
 def write_auth_token(path: Path) -> Path:
@@ -236,6 +237,25 @@ class RayNodeProcess:
         except OSError:
             pass
         return f"`ray start` (pid {self.pid}) exited with {self.proc.returncode}; log {self.log_path}:\n{tail}"
+
+    def wait_started(self, timeout_s: float) -> float:
+        """Seconds until ``ray start`` says the node runs (every daemon of it up, the raylet
+        registered): a driver that connects earlier gives up after Ray's own 60 s, which a
+        loaded node's start can take (seen on the 2-core test machine). ``RayStartError`` when
+        ``ray start`` dies first or the time runs out."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                if STARTED_MARK in self.log_path.read_text(errors="replace"):
+                    return time.monotonic() - t0
+            except OSError:
+                pass
+            if not self.alive():
+                raise RayStartError(self.describe_exit())
+            if time.monotonic() - t0 > timeout_s:
+                raise RayStartError(f"`ray start` (pid {self.pid}) did not report the node started within "
+                                    f"{timeout_s:.0f}s; log {self.log_path}")
+            time.sleep(0.1)
 
     def stop(self, timeout_s: float = 10.0) -> list[int]:
         """End every Ray process of this node (SIGKILL by session); returns PIDs that survived.

@@ -14,6 +14,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from launcher_helpers import TOL, job_ids, podium
+from podium.launcher.files import TeacherFiles
+from podium.launcher.run_dir import known_teachers
+
 COMEBACK_S = 180.0  # requeue + cred_expire + Ray + model load, on a loaded 2-core machine
 
 
@@ -61,6 +66,15 @@ class RecordWatcher:
                 self.changes[-1] = (*self.changes[-1][:3], data)  # keep the newest record of a state
             time.sleep(self.poll_s)
 
+    def ready_after(self, generation: str) -> Optional[tuple[float, dict]]:
+        """The first ``ready`` of a generation of the same job after ``generation``."""
+        job, restart = generation.split(":")
+        for t, st, gen, data in self.changes:
+            j, r = gen.split(":")
+            if j == job and int(r) > int(restart) and st == "ready":
+                return t, data
+        return None
+
     def sequence(self, generation: str) -> list[str]:
         return [status for _, status, gen, _ in self.changes if gen == generation]
 
@@ -100,7 +114,7 @@ class ClientLoop:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
+    def stop(self, timeout_s: float = 2 * COMEBACK_S + 30) -> None:
         self._stop.set()
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the client loop did not end"
@@ -108,7 +122,9 @@ class ClientLoop:
     def _run(self) -> None:
         import podium.client as pc
 
-        with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=COMEBACK_S + 60) as client:
+        # A call in flight when the loop is told to stop may wait for a restarting teacher: bounded.
+        with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=COMEBACK_S + 60,
+                        call_timeout_s=2 * COMEBACK_S) as client:
             while not self._stop.is_set():
                 t0 = time.time()
                 try:
@@ -135,3 +151,53 @@ def preempt(node: str, folder: Path) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+@dataclass
+class Served:
+    run_dir: Path
+    files: TeacherFiles
+    job: str
+    watcher: RecordWatcher
+    client: ClientLoop
+
+    def generation(self) -> str:
+        """The generation the record names now."""
+        data = json.loads(self.files.endpoint.read_text())
+        return f"{data['generation']['job_id']}:{data['generation']['restart']}"
+
+    def next_generation(self, gen: str) -> str:
+        job, restart = gen.split(":")
+        return f"{job}:{int(restart) + 1}"
+
+    def assert_client_clean(self, since: float) -> int:
+        calls = [c for c in self.client.calls if c.start >= since]
+        failed = [c.exception for c in calls if c.exception]
+        assert not failed, f"{len(failed)} of {len(calls)} calls failed: {failed[:3]}"
+        worst = max((c.error for c in calls if c.error is not None), default=0.0)
+        assert worst < TOL, f"max |error| {worst} vs the HF oracle"
+        return len(calls)
+
+
+def serve_with_client(recipe: Path, run_dir: Path, alias: str, checkpoint: Path, *, up: bool = True,
+                      first_answers: bool = True) -> Served:
+    """Bring ``alias`` up (unless ``up`` is false) and start a checked client loop on it; with
+    ``first_answers``, wait for its first two answers."""
+    if up:
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
+    [(_, files)] = [(s, f) for s, f in known_teachers(run_dir) if alias in s.aliases]
+    data = random_batch(256, [6, 11, 3], seed=7)
+    expected = hf_oracle_logprobs(checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+    served = Served(run_dir, files, job_ids(run_dir)[alias], RecordWatcher(files.endpoint).start(),
+                    ClientLoop(run_dir, alias, data, expected).start())
+    if first_answers:
+        wait_until(lambda: served.client.answered_after(0) >= 2, COMEBACK_S,
+                   f"the first answers of {alias} (records seen: {served.watcher.summary()})")
+    return served
+
+
+def comes_back(served: Served, gen: str) -> dict:
+    """Wait for the generation after ``gen`` to be ready and answer; the measured phases."""
+    nxt = served.next_generation(gen)
+    t_ready, ready = served.watcher.wait_for(nxt, "ready", COMEBACK_S)
+    wait_until(lambda: served.client.answered_after(t_ready) >= 2, 60, f"answers from generation {nxt}")
+    t = ready["extra"]["timings"]
+    return {"generation": nxt, "task_start_to_ready_s": round(t["ready"] - t["task_start"], 1)}

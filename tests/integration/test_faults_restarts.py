@@ -1,0 +1,110 @@
+"""The restart policy on the real Slurm test cluster, with teachers of its own (after
+``test_faults.py``, whose 2-node teacher is down by then), each with a client loop calling:
+
+- two 1-node teachers reach a short time limit, one warned by ``--signal=USR2``, one by
+  ``--signal=TERM``: both requeue and serve again;
+- a checkpoint broken under a running teacher makes exactly ``restart.max_consecutive_failures``
+  generations fail, then ``failed`` for good with the error in ``podium status``; fixed, ``podium
+  up`` brings it back.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fault_helpers import COMEBACK_S, serve_with_client, wait_until
+from launcher_helpers import job_ids, podium, write_recipe
+from podium.launcher.files import TeacherFiles
+from podium.launcher.restarts import RestartLedger
+
+pytestmark = pytest.mark.slurm
+
+
+def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_llama_checkpoint: Path,
+                                                             tiny_qwen2_checkpoint: Path, tmp_path: Path) -> None:
+    """``time: 7 min`` with the signal 280 s ahead: each teacher is warned ~140 s after it starts
+    (two teachers starting at once on 2 cores took up to ~150 s to be ready in CI, a first start
+    failing under that load and being retried), requeues and serves again as a next generation."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"usr2": (tiny_llama_checkpoint, 1), "term": (tiny_qwen2_checkpoint, 1)},
+                          slurm={"time": "00:07:00", "signal_lead_s": 280},
+                          teachers={"usr2": {"slurm": {"signal": "USR2"}}, "term": {"slurm": {"signal": "TERM"}}})
+    run_dir = tmp_path / "run"
+    served = {}
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S * 2),
+               timeout=COMEBACK_S * 2 + 60)
+        # The warning may come before a client's first answer (a slow start leaves little of the
+        # 140 s): the loops only start here; every call they make, before or after, is checked.
+        served["usr2"] = serve_with_client(recipe, run_dir, "usr2", tiny_llama_checkpoint, up=False, first_answers=False)
+        served["term"] = serve_with_client(recipe, run_dir, "term", tiny_qwen2_checkpoint, up=False, first_answers=False)
+        measured = {}
+        for alias, s in served.items():
+            # A generation that served is warned, requeues and the next one serves. Which generation
+            # that is depends on the load (a first start may fail and be retried): the ledger says
+            # how each ended, the watcher that the next one served.
+            def warned() -> object:
+                return next((o for o in RestartLedger.read(s.files).outcomes if o.outcome == "time_limit"), None)
+
+            limit = wait_until(warned, COMEBACK_S * 3, f"{alias} reaching its time limit")
+            assert "near its time limit" in limit.reason, limit.reason
+            # the next generation, or (a start failing under load, and retried) the one after it
+            t_ready, ready = wait_until(lambda: s.watcher.ready_after(limit.generation), COMEBACK_S * 2,
+                                        f"a generation after {limit.generation} ready")
+            wait_until(lambda: s.client.answered_after(t_ready) >= 2, COMEBACK_S,
+                       f"answers after {limit.generation} (records seen: {s.watcher.summary()})")
+            measured[alias] = {"generation": f"{ready['generation']['job_id']}:{ready['generation']['restart']}",
+                               "first_reason": limit.reason,
+                               "task_start_to_ready_s": round(ready["extra"]["timings"]["ready"]
+                                                              - ready["extra"]["timings"]["task_start"], 1)}
+        assert "SIGUSR2" in measured["usr2"]["first_reason"] and "SIGTERM" in measured["term"]["first_reason"]
+        for alias, s in served.items():
+            measured[alias]["calls"] = s.assert_client_clean(0)
+        print(json.dumps({"time_limit": measured}))
+    finally:
+        for s in served.values():
+            s.client.stop()
+            s.watcher.stop()
+        podium("down", str(run_dir), check=False)
+
+
+def test_a_broken_checkpoint_fails_for_good_after_max_consecutive_failures(slurm_cluster, slurm_jobs: list,
+                                                                          tiny_llama_checkpoint: Path,
+                                                                          tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(tiny_llama_checkpoint, checkpoint)
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"solo": (checkpoint, 1)},
+                          restart={"max_consecutive_failures": 2, "backoff_s": 1})
+    run_dir = tmp_path / "run"
+    podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
+    job = job_ids(run_dir)["solo"]
+    slurm_jobs.append(job)
+    weights = checkpoint / "model.safetensors"
+    weights.rename(checkpoint / "model.safetensors.moved")  # broken under the running teacher
+    try:
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=30)  # a restart
+
+        def final_failure() -> dict | None:
+            (row,) = json.loads(podium("status", str(run_dir), "--json", check=False).stdout)
+            return row if row["status"] == "failed" and row["final"] else None
+
+        row = wait_until(final_failure, COMEBACK_S * 2, "the teacher failing for good")
+        assert row["restart"]["consecutive_failures"] == 2 and "neither an HF directory" in row["reason"], row
+        slurm_cluster.wait_for_state(job, "FAILED", timeout_s=60)
+        ledger = RestartLedger.read(TeacherFiles.of(run_dir, "solo", row["key"]))
+        failed = [o for o in ledger.outcomes if o.outcome == "failed"]
+        assert [o.generation for o in failed] == [f"{job}:1", f"{job}:2"], ledger.outcomes  # exactly 2
+        table = podium("status", str(run_dir), check=False, env={"COLUMNS": "400"}).stdout
+        assert "final after 2/2 failures" in table, table
+    finally:
+        (checkpoint / "model.safetensors.moved").rename(weights)
+    again = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
+    assert "solo: resubmitted job" in again.stdout, again.stdout
+    new_job = job_ids(run_dir)["solo"]
+    slurm_jobs.append(new_job)
+    assert new_job != job
+    podium("down", str(run_dir))
