@@ -254,6 +254,10 @@ check_state_path() {
 }
 
 make_dirs() {
+    # A clean start begins with no jobs: state left by a cluster whose daemons were killed (not
+    # stopped) would bring its jobs back as running on nodes that have none, and those nodes stay
+    # "allocated" until slurmctld gives up on them.
+    rm -rf "$STATE/slurm"
     mkdir -p "$STATE"/{etc,log,pids,run,slurm/ctld,mariadb/run}
     local node
     for node in "${NODES[@]}"; do mkdir -p "$STATE/slurm/spool/$node"; done
@@ -357,7 +361,10 @@ start_mariadb() {
         --innodb-buffer-pool-size=64M --innodb-log-file-size=64M \
         --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-lock-wait-timeout=900
     wait_for "MariaDB on $DB_SOCKET" mariadbd db_answers
+    # Accounting starts empty too: job ids restart at 1 with the cleared slurmctld state, and an
+    # old record under a reused id would count as an extra run of a new job (sacct --duplicates).
     mariadb --no-defaults --socket="$DB_SOCKET" --user=root <<SQL
+DROP DATABASE IF EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
 SQL
