@@ -262,6 +262,10 @@ class SlurmBackend(Backend):
         info = show_job(ctx.job_id)
         now = time.time()
         end = slurm_time(info.get("EndTime"))
+        # what the decision is made of, for the job's log: a stop read wrongly ends a teacher for good
+        logger.info("%s: JobState=%s Restarts=%s (this generation's %d) PreemptTime=%s EndTime=%s (%s)", signal_name,
+                    info.get("JobState"), info.get("Restarts"), ctx.restart, info.get("PreemptTime"),
+                    info.get("EndTime"), "unknown" if end is None else f"in {end - now:.0f}s")
         until = (end - STOP_MARGIN_S) if end is not None else now
         if int(info.get("Restarts") or 0) > ctx.restart:
             return StopIntent("requeued", False, now, "requeued by Slurm")
