@@ -90,8 +90,11 @@ def client_main(rendezvous: str) -> None:
 
 
 class ClientProcess:
-    def __init__(self, rendezvous: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--client", str(rendezvous)],
+    """A benchmark's client in its own process (``script --client RENDEZVOUS``, which runs its
+    ``client_main``): one JSON command per line in, one ``{"times": [...]}`` per line out."""
+
+    def __init__(self, rendezvous: Path, script: str = __file__) -> None:
+        self.proc = subprocess.Popen([sys.executable, script, "--client", str(rendezvous)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def run(self, **cmd: Any) -> list[float]:
@@ -137,7 +140,7 @@ class InstantGroup:
         self.delay_s = delay_s
         self._zeros: dict[tuple[int, ...], Any] = {}
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
         import torch
 
         if self.delay_s:
@@ -167,7 +170,7 @@ class HFInProcessGroup:
         self.checkpoint_path = str(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
         import torch
 
         ids, lengths, width = _arrays(data)

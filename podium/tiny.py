@@ -9,7 +9,8 @@ configs are built in code and weights drawn from a fixed seed, then written with
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
   convention (position 0 and positions at or past the length are 0);
   ``hf_oracle_log_softmax`` -> ``[B, S, V]`` in the same alignment (``torch.topk`` of it is what
-  ``top_k`` must return).
+  ``top_k`` must return); ``hf_oracle_logits`` -> ``z / T`` ``[B, S, V]`` in the next-token
+  alignment of ``topk_logits``. Each takes ``temperature`` (default 1).
 - ``random_batch(vocab_size, lengths, seq_len=None, seed=0)``: right-padded ids and lengths.
 
 Importing this module imports torch; transformers is imported on first use.
@@ -191,26 +192,39 @@ def _as_tensors(input_ids: Any, input_lengths: Any) -> tuple[torch.Tensor, torch
     return ids, lengths
 
 
-def hf_oracle_log_softmax(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any) -> torch.Tensor:
-    """Full log-softmax ``[B, S, V]`` aligned with NeMo RL logprobs (row i = distribution of token i)."""
+def hf_oracle_logits(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any,
+                     temperature: float = 1.0) -> torch.Tensor:
+    """Temperature-scaled logits ``z / T`` ``[B, S, V]`` in the *next-token* alignment of NeMo RL's
+    ``get_topk_logits`` (row ``t``: the distribution of the token after ``t``; rows at or past
+    ``length - 1`` are 0)."""
     ids, lengths = _as_tensors(input_ids, input_lengths)
     model = _load_hf_model(str(path))
-    batch, seq = ids.shape
+    seq = ids.shape[1]
     mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    logsm = torch.log_softmax(logits, dim=-1)
-    out = torch.zeros_like(logsm)
-    out[:, 1:] = logsm[:, :-1]
-    valid = torch.arange(seq)[None, :] < lengths[:, None]
+        logits = model(input_ids=ids, attention_mask=mask).logits.float() / float(temperature)
+    valid = torch.arange(seq)[None, :] < (lengths[:, None] - 1)
+    return logits * valid[..., None]
+
+
+def hf_oracle_log_softmax(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """Full log-softmax of ``z / T`` ``[B, S, V]`` aligned with NeMo RL logprobs (row i =
+    distribution of token i; row 0 and rows at or past the length are 0)."""
+    ids, lengths = _as_tensors(input_ids, input_lengths)
+    logits = hf_oracle_logits(path, ids, lengths, temperature)
+    out = torch.zeros_like(logits)
+    out[:, 1:] = torch.log_softmax(logits[:, :-1], dim=-1)
+    valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
     valid[:, 0] = False
     return out * valid[..., None]
 
 
-def hf_oracle_logprobs(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any) -> torch.Tensor:
+def hf_oracle_logprobs(path: str | os.PathLike[str], input_ids: Any, input_lengths: Any,
+                       temperature: float = 1.0) -> torch.Tensor:
     """NeMo RL-convention logprobs ``float32 [B, S]`` from HF transformers (see module docstring)."""
     ids, lengths = _as_tensors(input_ids, input_lengths)
-    logsm = hf_oracle_log_softmax(path, ids, lengths)
+    logsm = hf_oracle_log_softmax(path, ids, lengths, temperature)
     out = logsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return out.to(torch.float32)
 

@@ -32,6 +32,9 @@ class TeacherSpec(ParallelLayout):
     model_name: str  # normalised local checkpoint path, or an HF hub id left as written
     precision: Precision = DEFAULT_PRECISION
     micro_batch_size: PositiveInt = 1
+    # Logits are divided by it (the recipe's policy.generation.temperature, as NeMo RL's teachers
+    # inherit it); a request may ask for another.
+    temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
     # The `podium:` section with this teacher's own overrides merged in.
     launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)

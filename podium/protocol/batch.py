@@ -17,13 +17,47 @@ Only numpy is imported; torch tensors and lists are accepted through :func:`as_i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from podium.protocol.names import INPUT_IDS, INPUT_LENGTHS, MICRO_BATCH_SIZE, TOP_K
+from podium.protocol.names import (
+    CANDIDATE_IDS,
+    INDEX_DATATYPES,
+    INDICES_DATATYPE,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    MICRO_BATCH_SIZE,
+    TEMPERATURE,
+    TOP_K,
+    VALUE_DATATYPES,
+    VALUES_DATATYPE,
+)
 from podium.protocol.oip import brief
+
+
+MAX_CANDIDATES = 1024  # candidate ids per position a request may ask about
+
+# Keys of a NeMo RL batch that cannot change a teacher's logit: accepted in a mapping and never
+# sent (NeMo RL's distillation loop hands the teacher its whole train batch). Only these: any
+# other key is refused by :func:`batch_inputs`, because dropping it could change the answer.
+IGNORED_KEYS = frozenset({
+    "token_mask", "sample_mask", "loss_multiplier",  # loss masks (NeMo RL's DistillationLossDataDict)
+    "advantages", "baseline", "total_reward", "rewards",  # RL bookkeeping
+    "prev_logprobs", "generation_logprobs", "reference_policy_logprobs", "teacher_reference_logprobs",
+    "teacher_topk_logits", "teacher_topk_indices",  # answers of earlier calls
+    "agent_ref", "idx", "task_name", "stop_strings", "extra_env_info", "length", "truncated",
+})
+# Keys that change the answer and that podium cannot serve: each refused with the reason.
+REFUSED_KEYS = {
+    "routed_experts": "router replay (MoE routing given by the caller) is not supported",
+    "token_type_ids": "multimodal inputs are not supported: podium teachers are text-only",
+    "mm_token_type_ids": "multimodal inputs are not supported: podium teachers are text-only",
+    "imgs_sizes": "multimodal inputs are not supported: podium teachers are text-only",
+    "num_frames": "multimodal inputs are not supported: podium teachers are text-only",
+}
 
 
 class BatchError(ValueError):
@@ -37,6 +71,7 @@ class Batch:
     input_ids: np.ndarray  # int64 [B, longest], padding zeroed
     input_lengths: np.ndarray  # int64 [B]
     width: int  # S as sent: outputs are [B, width]
+    candidate_ids: Optional[np.ndarray] = None  # int64 [B, longest, C], 0 where not looked at
 
     @property
     def rows(self) -> int:
@@ -72,21 +107,39 @@ def as_int_array(value: Any, name: str) -> np.ndarray:
     return array
 
 
+def refused_key(key: str) -> Optional[str]:
+    """Why a batch key is refused (None: it is an input, or cannot change a logit)."""
+    if key in (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS) or key in IGNORED_KEYS:
+        return None
+    if key in REFUSED_KEYS:
+        return REFUSED_KEYS[key]
+    if key.startswith("pixel_values") or key.endswith("_grid_thw"):
+        return "multimodal inputs are not supported: podium teachers are text-only"
+    return (f"not an input of podium's ({INPUT_IDS}, {INPUT_LENGTHS}, {CANDIDATE_IDS}) nor a key known not to "
+            "change a logit (podium.protocol.batch.IGNORED_KEYS); it is not dropped silently: remove it")
+
+
 def batch_inputs(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``input_ids`` and ``input_lengths`` of a NeMo RL-style mapping, as integer numpy arrays."""
+    """``input_ids`` and ``input_lengths`` of a NeMo RL-style mapping, as integer numpy arrays;
+    a key that is neither an input nor in :data:`IGNORED_KEYS` is a :class:`BatchError` naming it."""
     try:
+        for key in data.keys():
+            reason = refused_key(str(key))
+            if reason:
+                raise BatchError(f"batch key {key!r} refused: {reason}")
         ids, lengths = data[INPUT_IDS], data[INPUT_LENGTHS]
     except KeyError as exc:
         raise BatchError(f"batch has no {exc.args[0]!r} (keys: {sorted(data)})") from None
-    except TypeError:
+    except (TypeError, AttributeError):
         raise BatchError(f"batch must be a mapping with {INPUT_IDS!r} and {INPUT_LENGTHS!r}, "
                          f"got {type(data).__name__}") from None
     return as_int_array(ids, INPUT_IDS), as_int_array(lengths, INPUT_LENGTHS)
 
 
 def validate_batch(ids: Any, lengths: Any, *, vocab_size: int,
-                   max_sequence_length: Optional[int] = None) -> Batch:
-    """Check ``ids``/``lengths`` against the teacher (see the module doc); the :class:`Batch`."""
+                   max_sequence_length: Optional[int] = None, candidate_ids: Any = None) -> Batch:
+    """Check ``ids``/``lengths`` (and ``candidate_ids [B, S, C]``: ids whose logprobs are wanted at
+    each position, next-token alignment) against the teacher; the :class:`Batch`."""
     ids = as_int_array(ids, INPUT_IDS)
     lengths = as_int_array(lengths, INPUT_LENGTHS)
     if ids.ndim != 2:
@@ -124,7 +177,28 @@ def validate_batch(ids: Any, lengths: Any, *, vocab_size: int,
     else:
         clean = np.ascontiguousarray(cut, dtype=np.int64).copy()
         clean[~valid] = 0
-    return Batch(clean, lengths, int(seq))
+    cands = None if candidate_ids is None else _candidates(candidate_ids, batch, seq, lengths, vocab_size)
+    return Batch(clean, lengths, int(seq), cands)
+
+
+def _candidates(raw: Any, batch: int, seq: int, lengths: np.ndarray, vocab_size: int) -> np.ndarray:
+    """``candidate_ids`` checked at the positions that are computed (``t < length - 1``: the
+    distribution of a next token that is in the row) and cut to the longest row; 0 elsewhere."""
+    cands = as_int_array(raw, CANDIDATE_IDS)
+    if cands.ndim != 3 or cands.shape[:2] != (batch, seq):
+        raise BatchError(f"input {CANDIDATE_IDS!r}: shape {list(cands.shape)} must be [B, S, C] = "
+                         f"[{batch}, {seq}, C] like {INPUT_IDS}")
+    if not 1 <= cands.shape[2] <= MAX_CANDIDATES:
+        raise BatchError(f"input {CANDIDATE_IDS!r}: C = {cands.shape[2]} ids per position not in 1..{MAX_CANDIDATES}")
+    longest = int(lengths.max())
+    cut = cands[:, :longest]
+    used = (np.arange(longest)[None, :] < (lengths[:, None] - 1))[..., None]
+    bad = ((cut < 0) | (cut >= vocab_size)) & used
+    if bad.any():
+        b, t, c = (int(x[0]) for x in np.nonzero(bad))
+        raise BatchError(f"{CANDIDATE_IDS} outside the vocabulary: {CANDIDATE_IDS}[{b}, {t}, {c}] = "
+                         f"{int(cut[b, t, c])} not in 0..{vocab_size - 1} ({int(bad.sum())} such id(s))")
+    return np.where(used, cut, 0).astype(np.int64)
 
 
 def _int_option(value: Any, name: str, lo: int, hi: Optional[int]) -> Optional[int]:
@@ -139,10 +213,41 @@ def _int_option(value: Any, name: str, lo: int, hi: Optional[int]) -> Optional[i
     return value
 
 
-def validate_options(*, top_k: Any = None, micro_batch_size: Any = None,
-                     vocab_size: int, max_top_k: Optional[int] = None) -> tuple[Optional[int], Optional[int]]:
-    """``(top_k, micro_batch_size)`` checked: ``top_k`` in ``1..min(max_top_k, vocab)``,
-    ``micro_batch_size ≥ 1``; ``None`` means not asked for."""
+@dataclass(frozen=True)
+class Options:
+    """How a batch is to be computed, checked (see :func:`validate_options`)."""
+
+    top_k: Optional[int] = None  # None: no top-k output
+    micro_batch_size: Optional[int] = None  # None: the teacher's
+    temperature: Optional[float] = None  # None: the teacher's (its recipe's generation.temperature)
+    values_datatype: str = "FP32"  # of topk_logits / candidate_logprobs on the wire
+    indices_datatype: str = "INT64"  # of topk_logit_indices on the wire
+
+
+def validate_options(*, top_k: Any = None, micro_batch_size: Any = None, temperature: Any = None,
+                     values_datatype: Any = None, indices_datatype: Any = None,
+                     vocab_size: int, max_top_k: Optional[int] = None) -> Options:
+    """The request's options checked: ``top_k`` in ``1..min(max_top_k, vocab)`` (larger or ``≤ 0``
+    is refused, never clamped), ``micro_batch_size ≥ 1``, ``temperature`` a finite number > 0,
+    the wire datatypes among the supported ones; ``None`` means not asked for."""
     limit = min(max_top_k, vocab_size) if max_top_k else vocab_size
-    return (_int_option(top_k, TOP_K, 1, limit),
-            _int_option(micro_batch_size, MICRO_BATCH_SIZE, 1, None))
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
+                or not math.isfinite(float(temperature)) or float(temperature) <= 0:
+            raise BatchError(f"parameter {TEMPERATURE!r} must be a finite number > 0, got {brief(temperature)}")
+        temperature = float(temperature)
+    return Options(
+        top_k=_int_option(top_k, TOP_K, 1, limit),
+        micro_batch_size=_int_option(micro_batch_size, MICRO_BATCH_SIZE, 1, None),
+        temperature=temperature,
+        values_datatype=_choice(values_datatype, VALUES_DATATYPE, VALUE_DATATYPES),
+        indices_datatype=_choice(indices_datatype, INDICES_DATATYPE, INDEX_DATATYPES),
+    )
+
+
+def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
+    if value is None:
+        return allowed[0]
+    if value not in allowed:
+        raise BatchError(f"parameter {name!r} must be one of {', '.join(allowed)}, got {brief(value)}")
+    return str(value)

@@ -7,9 +7,22 @@ name                       meaning
 ``input_lengths``          INT32/INT64 ``[B]`` tokens of each row (``1..S``)
 ``logprobs``               FP32 ``[B, S]``: logprob of token ``i`` at position ``i`` (0 at 0 and past
                            the row's length), NeMo RL's convention
-``topk_logprobs``          FP32 ``[B, S, k]`` with the request parameter ``top_k``
+``topk_logprobs``          FP32 ``[B, S, k]`` with the request parameter ``top_k``, same alignment
+                           as ``logprobs`` (position ``i``: the distribution token ``i`` came from)
 ``topk_indices``           INT64 ``[B, S, k]`` vocabulary ids of those
+``topk_logits``            FP32/BF16 ``[B, S, k]``: the temperature-scaled *logits* ``z / T`` of the
+                           top-k ids in the *next-token* alignment (position ``t``: the distribution
+                           of the token after ``t``; 0 at and past ``length - 1``), NeMo RL's
+                           ``get_topk_logits``
+``topk_logit_indices``     INT64/INT32 ``[B, S, k]`` vocabulary ids of those
+``candidate_ids``          input, INT32/INT64 ``[B, S, C]``: token ids whose logprobs the caller wants
+                           at each position (next-token alignment, e.g. the student's own top-k)
+``candidate_logprobs``     FP32/BF16 ``[B, S, C]``: ``log_softmax(z / T)`` of those ids
 =========================  =========================================================================
+
+Request parameters: ``top_k`` (``1..vocab``), ``micro_batch_size``, ``temperature`` (> 0; default:
+the teacher's), ``values_datatype`` (``FP32`` or ``BF16``: top-k logits and candidate logprobs)
+and ``indices_datatype`` (``INT64`` or ``INT32``). BF16 travels only as binary data.
 """
 
 from __future__ import annotations
@@ -21,13 +34,25 @@ INPUT_LENGTHS = "input_lengths"
 LOGPROBS = "logprobs"
 TOPK_LOGPROBS = "topk_logprobs"
 TOPK_INDICES = "topk_indices"
-INPUTS = (INPUT_IDS, INPUT_LENGTHS)
-OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES)
-ID_DATATYPES = ("INT32", "INT64")
+TOPK_LOGITS = "topk_logits"
+TOPK_LOGIT_INDICES = "topk_logit_indices"
+CANDIDATE_IDS = "candidate_ids"
+CANDIDATE_LOGPROBS = "candidate_logprobs"
+INPUTS = (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS)
+OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS)
+TOPK_OUTPUTS = (TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES)  # need top_k
+VALUE_OUTPUTS = (TOPK_LOGITS, CANDIDATE_LOGPROBS)  # may travel as BF16
+INDEX_OUTPUTS = (TOPK_LOGIT_INDICES,)  # may travel as INT32
+ID_DATATYPES = ("INT32", "INT64")  # accepted for input ids
+VALUE_DATATYPES = ("FP32", "BF16")  # offered for top-k logits / candidate logprobs (default first)
+INDEX_DATATYPES = ("INT64", "INT32")  # offered for top-k logit indices (default first)
 
 # Request parameters.
 TOP_K = "top_k"
 MICRO_BATCH_SIZE = "micro_batch_size"
+TEMPERATURE = "temperature"
+VALUES_DATATYPE = "values_datatype"
+INDICES_DATATYPE = "indices_datatype"
 GENERATION_PARAMETER = "podium_generation"  # in the response's parameters
 
 # HTTP headers.

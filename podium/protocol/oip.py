@@ -48,8 +48,24 @@ DATATYPES: dict[str, np.dtype] = {
     "FP16": np.dtype("<f2"),
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
+    # bfloat16 has no numpy dtype: its arrays here hold the raw 16 bits (to_bf16 / from_bf16), and
+    # it travels only as binary data (a JSON list of its bit patterns would mean something else).
+    "BF16": np.dtype("<u2"),
 }
-_BY_DTYPE = {dt.newbyteorder("="): name for name, dt in DATATYPES.items()}
+BINARY_ONLY = frozenset({"BF16"})
+_BY_DTYPE = {dt.newbyteorder("="): name for name, dt in DATATYPES.items() if name not in BINARY_ONLY}
+
+
+def to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns (round to nearest even), ``uint16``."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + 0x7FFF
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (``uint16``) as float32 values (exact)."""
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -124,6 +140,12 @@ class InferResponse:
     model_version: Optional[str]
     outputs: dict[str, np.ndarray]
     parameters: dict[str, Any]
+    datatypes: dict[str, str] = field(default_factory=dict)  # output name -> OIP datatype
+
+    def as_float32(self, name: str) -> np.ndarray:
+        """Output ``name`` as float32 values, whatever floating datatype it travelled in."""
+        array = self.outputs[name]
+        return from_bf16(array) if self.datatypes.get(name) == "BF16" else array.astype(np.float32, copy=False)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -188,6 +210,8 @@ def _nesting(data: Any, limit: int) -> int:
 
 
 def _from_json_data(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    if datatype in BINARY_ONLY:
+        raise OIPError(f"tensor {name!r}: datatype {datatype} travels only as binary data")
     dtype = DATATYPES[datatype]
     if _nesting(data, max(len(shape), 1)) > max(len(shape), 1):
         raise OIPError(f"tensor {name!r}: data nests deeper than its shape {list(shape)}")
@@ -374,20 +398,25 @@ def decode_response(body: Buffer, header_length: Optional[int] = None) -> InferR
         _check_binary_length(entries, binary.nbytes, status=502)
     except OIPError as exc:
         raise OIPError(f"response: {exc.message}", 502) from None
+    decoded = _decode_entries(entries, binary)
     return InferResponse(
         header.get("id"),
         header.get("model_name"),
         header.get("model_version"),
-        {t.name: t.array for t in _decode_entries(entries, binary)},
+        {t.name: t.array for t in decoded},
         header.get("parameters") or {},
+        {t.name: t.datatype for t in decoded},
     )
 
 
 # --------------------------------------------------------------------------- encoding
 
 
-def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffer]) -> dict[str, Any]:
-    datatype = datatype_of(array)
+def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffer],
+                  datatype: Optional[str] = None) -> dict[str, Any]:
+    datatype = datatype or datatype_of(array)
+    if datatype in BINARY_ONLY and not binary:
+        raise OIPError(f"tensor {name!r}: datatype {datatype} travels only as binary data")
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if binary:
         contiguous = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
@@ -437,8 +466,10 @@ def encode_response(
     model_version: Optional[str] = None,
     request_id: Optional[str] = None,
     parameters: Optional[Mapping[str, Any]] = None,
+    datatypes: Optional[Mapping[str, str]] = None,
 ) -> tuple[list[Buffer], Optional[int]]:
-    """Body chunks and header length of an infer response; ``outputs`` are (name, array, binary)."""
+    """Body chunks and header length of an infer response; ``outputs`` are (name, array, binary);
+    ``datatypes`` names the datatype of outputs whose numpy dtype does not say it (``BF16``)."""
     chunks: list[Buffer] = []
     header: dict[str, Any] = {"model_name": model_name}
     if model_version is not None:
@@ -447,7 +478,7 @@ def encode_response(
         header["id"] = request_id
     if parameters:
         header["parameters"] = dict(parameters)
-    header["outputs"] = [_tensor_entry(n, a, b, chunks) for n, a, b in outputs]
+    header["outputs"] = [_tensor_entry(n, a, b, chunks, (datatypes or {}).get(n)) for n, a, b in outputs]
     return _assemble(header, chunks)
 
 

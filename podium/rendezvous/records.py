@@ -86,6 +86,9 @@ class ModelInfo(BaseModel):
     vocab_size: int
     max_sequence_length: Optional[int] = None
     sequence_length_multiple: int = 1
+    data_parallel_size: int = 1  # replicas of the model inside the teacher (NeMo RL pads rows to it)
+    temperature: float = 1.0  # what the teacher divides its logits by, unless a request says otherwise
+    parallel_sizes: dict[str, int] = Field(default_factory=dict)  # Megatron names: tensor_model_parallel_size, ...
     tokenizer_fingerprint: Optional[str] = None
     tokenizer_vocab_size: Optional[int] = None
 

@@ -48,9 +48,22 @@ from aiohttp import web
 
 from podium.net import http_url, listen_on_free_port
 from podium.protocol import oip
-from podium.protocol.batch import Batch, BatchError, validate_batch, validate_options
+from podium.protocol.batch import Batch, BatchError, Options, validate_batch, validate_options
 from podium.protocol.names import (
     AUTHORIZATION,
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
+    INDEX_DATATYPES,
+    INDEX_OUTPUTS,
+    INDICES_DATATYPE,
+    INPUTS,
+    TEMPERATURE,
+    TOPK_LOGIT_INDICES,
+    TOPK_LOGITS,
+    TOPK_OUTPUTS,
+    VALUE_DATATYPES,
+    VALUE_OUTPUTS,
+    VALUES_DATATYPE,
     GENERATION_HEADER,
     GENERATION_PARAMETER,
     HEALTH_LIVE,
@@ -87,8 +100,8 @@ _REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "Req
 class LogprobGroup(Protocol):
     """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in.
 
-    ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns
-    ``logprobs`` ``[B, width]`` (+ ``topk_logprobs``/``topk_indices`` with ``top_k``). A group may
+    ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns the
+    requested ``outputs`` ``[B, width, ...]`` (names of :mod:`podium.protocol.names`). A group may
     also have ``broken``: ``None``, or why it can serve no more (a worker died); the endpoint then
     answers not ready, and a failed call 503 (see :meth:`EndpointServer.failure`)."""
 
@@ -96,7 +109,8 @@ class LogprobGroup(Protocol):
     max_sequence_length: Optional[int]
     sequence_length_multiple: int
 
-    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> Mapping[str, Any]: ...
+    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
+                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> Mapping[str, Any]: ...
 
 
 class RequestError(Exception):
@@ -233,6 +247,7 @@ class EndpointServer:
         self._not_ready_reason = "" if ready else (reason or "not ready")
 
     def model_info(self) -> ModelInfo:
+        spec = getattr(self.group, "spec", None)
         return ModelInfo(
             served_name=self.config.served_name,
             model_name=self.config.model_name,
@@ -240,6 +255,9 @@ class EndpointServer:
             vocab_size=self.vocab_size,
             max_sequence_length=self.max_sequence_length,
             sequence_length_multiple=self.sequence_length_multiple,
+            data_parallel_size=int(getattr(self.group, "data_parallel_size", 1) or 1),
+            temperature=float(getattr(spec, "temperature", 1.0)),
+            parallel_sizes=spec.parallel_sizes() if hasattr(spec, "parallel_sizes") else {},
             tokenizer_fingerprint=self.config.tokenizer_fingerprint,
             tokenizer_vocab_size=self.config.tokenizer_vocab_size,
         )
@@ -413,11 +431,15 @@ class EndpointServer:
             "inputs": [
                 {"name": INPUT_IDS, "datatype": "INT64", "shape": [-1, -1]},
                 {"name": INPUT_LENGTHS, "datatype": "INT64", "shape": [-1]},
+                {"name": CANDIDATE_IDS, "datatype": "INT64", "shape": [-1, -1, -1], "optional": True},
             ],
             "outputs": [
                 {"name": LOGPROBS, "datatype": "FP32", "shape": [-1, -1]},
                 {"name": TOPK_LOGPROBS, "datatype": "FP32", "shape": [-1, -1, -1]},
                 {"name": TOPK_INDICES, "datatype": "INT64", "shape": [-1, -1, -1]},
+                {"name": TOPK_LOGITS, "datatype": "FP32", "shape": [-1, -1, -1]},
+                {"name": TOPK_LOGIT_INDICES, "datatype": "INT64", "shape": [-1, -1, -1]},
+                {"name": CANDIDATE_LOGPROBS, "datatype": "FP32", "shape": [-1, -1, -1]},
             ],
             "podium": {
                 **info,
@@ -425,7 +447,9 @@ class EndpointServer:
                 "aliases": list(self.config.aliases),
                 "generation": None if gen is None else {"job_id": gen.job_id, "restart": gen.restart},
                 "accepted_input_datatypes": list(ID_DATATYPES),
-                "parameters": {TOP_K: f"1..{self.config.max_top_k or self.vocab_size}", MICRO_BATCH_SIZE: ">= 1"},
+                "parameters": {TOP_K: f"1..{self.config.max_top_k or self.vocab_size}", MICRO_BATCH_SIZE: ">= 1",
+                               TEMPERATURE: "> 0", VALUES_DATATYPE: list(VALUE_DATATYPES),
+                               INDICES_DATATYPE: list(INDEX_DATATYPES)},
                 "ready": self.ready,
                 "draining": self._draining,
                 "queue_depth": self._pending,
@@ -492,41 +516,57 @@ class EndpointServer:
         binary = await self._read_into(request, available, length, header_length)
         return head.decode(binary)
 
-    def _validate(self, req: oip.InferRequest) -> tuple[Batch, Optional[int], Optional[int], list[str]]:
-        """Check an infer request against the model; return (batch, top_k, micro_batch_size, outputs)."""
-        unknown = sorted(set(req.inputs) - {INPUT_IDS, INPUT_LENGTHS})
+    def _validate(self, req: oip.InferRequest) -> tuple[Batch, Options, list[str]]:
+        """Check an infer request against the model; return (batch, options, outputs)."""
+        unknown = sorted(set(req.inputs) - set(INPUTS))
         if unknown:
-            raise RequestError(400, f"unknown input(s) {unknown}; expected {INPUT_IDS} and {INPUT_LENGTHS}")
-        for name in (INPUT_IDS, INPUT_LENGTHS):
+            raise RequestError(400, f"unknown input(s) {unknown}; this model takes {list(INPUTS)}")
+        for name in INPUTS:
             if name not in req.inputs:
+                if name == CANDIDATE_IDS:
+                    continue
                 raise RequestError(400, f"missing input {name!r}")
             tensor = req.inputs[name]
             if tensor.datatype not in ID_DATATYPES:
                 raise RequestError(400, f"input {name!r}: datatype {tensor.datatype} not accepted; expected INT32 or INT64")
+        cands = req.inputs.get(CANDIDATE_IDS)
         try:
             batch = validate_batch(req.inputs[INPUT_IDS].array, req.inputs[INPUT_LENGTHS].array,
-                                   vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length)
-            top_k, micro = validate_options(top_k=req.parameters.get(TOP_K),
-                                            micro_batch_size=req.parameters.get(MICRO_BATCH_SIZE),
-                                            vocab_size=self.vocab_size, max_top_k=self.config.max_top_k)
+                                   vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length,
+                                   candidate_ids=cands.array if cands is not None else None)
+            p = req.parameters
+            opts = validate_options(top_k=p.get(TOP_K), micro_batch_size=p.get(MICRO_BATCH_SIZE),
+                                    temperature=p.get(TEMPERATURE), values_datatype=p.get(VALUES_DATATYPE),
+                                    indices_datatype=p.get(INDICES_DATATYPE),
+                                    vocab_size=self.vocab_size, max_top_k=self.config.max_top_k)
         except BatchError as exc:
             raise RequestError(400, str(exc)) from None
         if req.outputs is None:
-            outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
+            outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if opts.top_k else []) + (
+                [CANDIDATE_LOGPROBS] if cands is not None else [])
         else:
             outputs = [o.name for o in req.outputs]
             unknown = sorted(set(outputs) - set(OUTPUTS))
             if unknown:
                 raise RequestError(400, f"unknown output(s) {unknown}; this model has {list(OUTPUTS)}")
-            if not top_k and (TOPK_LOGPROBS in outputs or TOPK_INDICES in outputs):
-                raise RequestError(400, f"outputs {TOPK_LOGPROBS}/{TOPK_INDICES} need the request parameter 'top_k'")
+            needs_k = [o for o in outputs if o in TOPK_OUTPUTS]
+            if not opts.top_k and needs_k:
+                raise RequestError(400, f"outputs {'/'.join(needs_k)} need the request parameter 'top_k'")
+            if CANDIDATE_LOGPROBS in outputs and cands is None:
+                raise RequestError(400, f"output {CANDIDATE_LOGPROBS} needs the input {CANDIDATE_IDS!r}")
             if len(set(outputs)) != len(outputs):
                 raise RequestError(400, f"an output is requested twice: {outputs}")
-        return batch, top_k, micro, outputs
+        if opts.values_datatype in oip.BINARY_ONLY:
+            json_outputs = [o for o in outputs if o in VALUE_OUTPUTS and not req.wants_binary(o)]
+            if json_outputs:
+                raise RequestError(400, f"{VALUES_DATATYPE}={opts.values_datatype} travels only as binary data; "
+                                   f"ask for {json_outputs} with binary_data")
+        return batch, opts, outputs
 
-    def _compute(self, batch: Batch, top_k: Optional[int], micro: Optional[int]) -> dict[str, np.ndarray]:
+    def _compute(self, batch: Batch, opts: Options, outputs: list[str]) -> dict[str, np.ndarray]:
         """Runs on the executor thread: one group call at a time, in arrival order."""
-        result = self.group.get_logprobs(batch, micro_batch_size=micro, top_k=top_k)
+        result = self.group.get_logprobs(batch, micro_batch_size=opts.micro_batch_size, top_k=opts.top_k,
+                                         temperature=opts.temperature, outputs=tuple(outputs))
         out: dict[str, np.ndarray] = {}
         for name in OUTPUTS:
             if name in result and result[name] is not None:
@@ -535,7 +575,7 @@ class EndpointServer:
                 if array.shape[:2] != (batch.rows, batch.width):  # a broken group is a 500, never a wrong answer
                     raise RuntimeError(f"the group returned {name} of shape {list(array.shape)} for a batch of "
                                        f"{batch.rows} rows and width {batch.width}")
-                out[name] = array.astype(np.float32 if name != TOPK_INDICES else np.int64, copy=False)
+                out[name] = _wire(name, array, opts)
         return out
 
     async def _infer(self, request: web.Request) -> web.Response:
@@ -554,13 +594,12 @@ class EndpointServer:
             self._admitted -= 1
             self._update_idle()
 
-    async def _run(self, batch: Batch, top_k: Optional[int], micro: Optional[int],
-                   request_id: str) -> dict[str, np.ndarray]:
+    async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str) -> dict[str, np.ndarray]:
         """The group call, queued in arrival order. Cancelled (its client went away) while queued,
         it leaves the queue and never reaches the group; while computing, it finishes and its
         answer is dropped. Either way it counts in :attr:`abandoned`."""
         loop = asyncio.get_running_loop()
-        job = self._executor.submit(self._compute, batch, top_k, micro)
+        job = self._executor.submit(self._compute, batch, opts, outputs)
         self._pending += 1
         self._update_idle()
 
@@ -591,9 +630,9 @@ class EndpointServer:
         req = await self._read_request(request)
         request_id = req.id or request[_REQUEST_ID]
         request[_REQUEST_ID] = request_id
-        batch, top_k, micro, outputs = self._validate(req)
+        batch, opts, outputs = self._validate(req)
         started = time.perf_counter()
-        result = await self._run(batch, top_k, micro, request_id)
+        result = await self._run(batch, opts, outputs, request_id)
         self._served += 1
         logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
         missing = [name for name in outputs if name not in result]
@@ -606,6 +645,7 @@ class EndpointServer:
             model_version=self.config.model_version,
             request_id=req.id,
             parameters={GENERATION_PARAMETER: gen} if gen else None,
+            datatypes={name: opts.values_datatype for name in outputs if name in VALUE_OUTPUTS},
         )
         headers = {REQUEST_ID_HEADER: request_id, GENERATION_HEADER: gen, TEACHER_HEADER: self.config.teacher_key}
         if header_len is not None:
@@ -614,6 +654,16 @@ class EndpointServer:
         else:
             content_type = oip.JSON_CONTENT_TYPE
         return web.Response(body=oip.join(chunks), headers=headers, content_type=content_type)
+
+
+def _wire(name: str, array: np.ndarray, opts: Options) -> np.ndarray:
+    """An output as it travels: indices INT64 (top-k logit indices INT32 when asked), values
+    float32 (top-k logits and candidate logprobs as BF16 bits when asked)."""
+    if name in (TOPK_INDICES, *INDEX_OUTPUTS):
+        return array.astype(np.int32 if name in INDEX_OUTPUTS and opts.indices_datatype == "INT32" else np.int64,
+                            copy=False)
+    values = array.astype(np.float32, copy=False)
+    return oip.to_bf16(values) if name in VALUE_OUTPUTS and opts.values_datatype == "BF16" else values
 
 
 class ServerThread:

@@ -27,10 +27,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.protocol.batch import Batch, batch_inputs, validate_batch, validate_options
+from podium.protocol.names import CANDIDATE_LOGPROBS, LOGPROBS, TOPK_INDICES, TOPK_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -184,41 +185,53 @@ class TeacherWorkerGroup:
 
     # -- compute ----------------------------------------------------------------------------------------
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None) -> dict[str, Any]:
-        """NeMo RL-convention logprobs ``float32 [B, S]`` (+ top-k ``[B, S, K]`` when ``top_k``).
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
+                     temperature: float | None = None, outputs: Sequence[str] | None = None,
+                     candidate_ids: Any = None) -> dict[str, Any]:
+        """The requested ``outputs`` (default: NeMo RL-convention ``logprobs`` float32 ``[B, S]``,
+        plus top-k logprobs ``[B, S, K]`` when ``top_k``; see :mod:`podium.protocol.names` for
+        ``topk_logits`` and ``candidate_logprobs``), at ``temperature`` (default: the teacher's).
 
-        ``data`` is a :class:`Batch` (trusted: the endpoint validated it) or a mapping (validated here).
+        ``data`` is a :class:`Batch` (trusted: the endpoint validated it) or a mapping (validated here;
+        ``candidate_ids`` then go with it).
         """
         import ray
         import torch
 
-        batch = self.validate(data)
-        top_k, micro_batch_size = validate_options(top_k=top_k, micro_batch_size=micro_batch_size,
-                                                   vocab_size=self.vocab_size)
+        if isinstance(data, Batch):
+            batch = data
+        else:
+            ids, lengths = batch_inputs(data)
+            batch = validate_batch(ids, lengths, vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length,
+                                   candidate_ids=candidate_ids)
+        opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
+                                vocab_size=self.vocab_size)
+        if outputs is None:
+            outputs = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES) if opts.top_k else (LOGPROBS,)
+        if batch.candidate_ids is not None and CANDIDATE_LOGPROBS not in outputs:
+            outputs = (*outputs, CANDIDATE_LOGPROBS)
+        t = opts.temperature if opts.temperature is not None else self.spec.temperature
         with self._lock:
             if self._shutdown_done:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is shut down")
             if self._broken:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is broken by an earlier failure: {self._broken}")
-            ids = torch.from_numpy(batch.input_ids)
-            lengths = torch.from_numpy(batch.input_lengths)
             rows = batch.rows
-            mbs = int(micro_batch_size or self.spec.micro_batch_size)
+            mbs = int(opts.micro_batch_size or self.spec.micro_batch_size)
             dp = self.data_parallel_size
-            padded = -(-rows // dp) * dp
-            if padded != rows:
-                reps = padded - rows
-                ids = torch.cat([ids, ids[-1:].expand(reps, -1)])
-                lengths = torch.cat([lengths, lengths[-1:].expand(reps)])
-            per = padded // dp
-            shards = [
-                (ray.put(ids[d * per : (d + 1) * per].contiguous()), ray.put(lengths[d * per : (d + 1) * per].contiguous()))
-                for d in range(dp)
-            ]
+            per = -(-rows // dp)
+            arrays = {"ids": batch.input_ids, "lengths": batch.input_lengths}
+            if batch.candidate_ids is not None:
+                arrays["cands"] = batch.candidate_ids
+            # padded to a multiple of DP by repeating the last row; one shard per DP replica
+            shards = [{name: ray.put(torch.from_numpy(_rows(a, d * per, (d + 1) * per))) for name, a in arrays.items()}
+                      for d in range(dp)]
             futures = []
             for actor, info in zip(self._actors, self.worker_info):
-                ids_ref, len_ref = shards[info["dp_rank"]]
-                futures.append(actor.get_logprobs.remote(ids_ref, len_ref, mbs, top_k))
+                shard = shards[info["dp_rank"]]
+                futures.append(actor.get_logprobs.remote(shard["ids"], shard["lengths"], mbs, opts.top_k,
+                                                         temperature=t, outputs=tuple(outputs),
+                                                         candidate_ids=shard.get("cands")))
             try:
                 results = _get_first_error(futures, None)
             except Exception as exc:
@@ -230,7 +243,7 @@ class TeacherWorkerGroup:
                     by_dp[int(info["dp_rank"])] = out
             # positions past the longest row come back as zeros, up to the caller's width
             return {key: batch.pad(torch.cat([by_dp[d][key] for d in range(dp)])[:rows]).contiguous()
-                    for key in by_dp[0]}
+                    for key in by_dp[0] if key in outputs}
 
     # -- observability / lifecycle --------------------------------------------------------------
 
@@ -284,6 +297,17 @@ class TeacherWorkerGroup:
                 self.shutdown()
         except Exception:  # interpreter shutdown: nothing more to do
             pass
+
+
+def _rows(array: Any, start: int, end: int) -> Any:
+    """Rows ``[start, end)`` of ``array``; past its end, its last row again (DP padding)."""
+    import numpy as np
+
+    picked = array[start:min(end, len(array))]
+    missing = (end - start) - len(picked)
+    if missing > 0:
+        picked = np.concatenate([picked, np.repeat(array[-1:], missing, axis=0)])
+    return np.ascontiguousarray(picked)
 
 
 def _get_first_error(futures: list[Any], timeout: float | None) -> list[Any]:

@@ -101,6 +101,37 @@ def to_nemo_rl(
     return result
 
 
+def next_token_outputs(
+    lengths: "torch.Tensor",
+    *,
+    topk_values: "torch.Tensor | None" = None,
+    topk_indices: "torch.Tensor | None" = None,
+    lse: "torch.Tensor | None" = None,
+    candidate_logprobs: "torch.Tensor | None" = None,
+) -> dict[str, "torch.Tensor"]:
+    """Per-position outputs in the *next-token* alignment (NeMo RL's ``get_topk_logits``: position
+    ``t`` describes the distribution of the token after ``t``), zero where ``t ≥ length - 1``.
+
+    ``topk_logits = topk_values + lse``: the temperature-scaled logits of the top-k ids (the head
+    computed their log-probabilities and the log-sum-exp). ``candidate_logprobs`` are already in
+    this alignment.
+    """
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    present = [t for t in (topk_values, candidate_logprobs) if t is not None]
+    if not present:
+        return out
+    seq = present[0].shape[1]
+    valid = (torch.arange(seq)[None, :] < (lengths[:, None] - 1))[..., None]
+    if topk_values is not None and topk_indices is not None and lse is not None:
+        out["topk_logits"] = ((topk_values + lse[..., None]) * valid).float()
+        out["topk_logit_indices"] = (topk_indices * valid).long()
+    if candidate_logprobs is not None:
+        out["candidate_logprobs"] = (candidate_logprobs * valid).float()
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Context parallel split (load balanced: 2·CP chunks, rank r holds chunks r and 2·CP-1-r)
 # ----------------------------------------------------------------------------------------------
@@ -145,7 +176,16 @@ class LogprobHead:
 
     After :meth:`install`, ``model(..., labels=labels)`` returns ``{"logprobs": [b, s]}`` (the
     logprob of ``labels[:, t]`` at ``t``) and, when ``self.top_k`` is set, ``"topk_values"`` /
-    ``"topk_indices"`` ``[b, s, K]`` (log-probabilities and global token ids).
+    ``"topk_indices"`` ``[b, s, K]`` (log-probabilities and global token ids, by descending value,
+    exact ties by ascending id). Per call (set before the forward):
+
+    - ``temperature``: the logits are divided by it before everything else (NeMo RL's
+      ``apply_temperature_scaling``): logprobs are ``log_softmax(z / T)``;
+    - ``want_lse``: also ``"lse"`` ``[b, s]``, the log-sum-exp of ``z / T`` (so top-k *logits* are
+      ``topk_values + lse``);
+    - ``pending_candidates``: per micro-batch, caller-given token ids ``[b, s, C]``; the output
+      ``"candidate_logprobs"`` ``[b, s, C]`` holds their logprobs under the distribution at each
+      position (each rank reads the logits of the ids in its vocabulary slice; one all-reduce).
     """
 
     def __init__(self, vocab_size: int, tp_group: Any, tp_rank: int, tp_size: int, chunk_elements: int = CHUNK_ELEMENTS) -> None:
@@ -155,9 +195,12 @@ class LogprobHead:
         self.tp_size = tp_size
         self.chunk_elements = chunk_elements
         self.top_k: int | None = None
+        self.temperature: float = 1.0
+        self.want_lse: bool = False
         # Row masks [b, s] for the next micro-batches, in order (True = this position's next-token
         # logprob is wanted); positions masked out (padding, last token) skip the head entirely.
         self.pending_masks: list[Any] = []
+        self.pending_candidates: list[Any] = []  # [b, s, C] caller ids per micro-batch, or empty
         self._weight: Any = None
         self._output_layer: Any = None
 
@@ -180,12 +223,18 @@ class LogprobHead:
         seq, batch, hidden_size = hidden.shape
         rows = hidden.reshape(seq * batch, hidden_size)
         targets = labels.t().reshape(seq * batch)
+        cands = None
+        if self.pending_candidates:
+            c = self.pending_candidates.pop(0)  # [b, s, C] -> rows in the hidden states' (s, b) order
+            cands = c.transpose(0, 1).reshape(seq * batch, c.shape[-1]).to(rows.device)
         keep = None
         if self.pending_masks:
             mask = self.pending_masks.pop(0)
             keep = mask.t().reshape(seq * batch).nonzero().squeeze(1).to(rows.device)
             rows = rows.index_select(0, keep)
             targets = targets.index_select(0, keep)
+            if cands is not None:
+                cands = cands.index_select(0, keep)
         n = rows.shape[0]
         local_vocab = weight.shape[0]
         start = self.tp_rank * local_vocab
@@ -197,8 +246,10 @@ class LogprobHead:
         k_local = min(k, valid) if k else 0
         # TP1: exact logprobs directly. TP>1: this rank's log-sum-exp, the target's raw logit (0 when
         # another rank owns it) and raw top-k logits; combined across ranks below.
+        scale = 1.0 / float(self.temperature)
         lse_local = torch.full((n,), float("-inf"), dtype=torch.float32, device=device)
         target_val = torch.zeros(n, dtype=torch.float32, device=device)
+        cand_val = torch.zeros(cands.shape, dtype=torch.float32, device=device) if cands is not None else None
         if k:
             top_vals = torch.full((n, k), float("-inf"), dtype=torch.float32, device=device)
             top_idx = torch.zeros((n, k), dtype=torch.int64, device=device)
@@ -206,18 +257,30 @@ class LogprobHead:
             step = max(1, self.chunk_elements // valid)
             in_range = (targets >= start) & (targets < start + valid)
             local_t = (targets - start).clamp(0, valid - 1)
+            if cands is not None:
+                cand_in = (cands >= start) & (cands < start + valid)
+                cand_local = (cands - start).clamp(0, valid - 1)
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
                 logits = torch.matmul(rows[r0:r1], w.t()).float()
+                if scale != 1.0:
+                    logits.mul_(scale)
                 logsm = torch.log_softmax(logits, dim=-1)  # one vectorised pass
                 if tp == 1:
                     target_val[r0:r1] = logsm.gather(1, local_t[r0:r1, None]).squeeze(1)
+                    if cand_val is not None:
+                        cand_val[r0:r1] = logsm.gather(1, cand_local[r0:r1])
+                    if self.want_lse:  # log-sum-exp: max(x) - max(x - lse) = lse
+                        lse_local[r0:r1] = torch.amax(logits, dim=-1) - torch.amax(logsm, dim=-1)
                     source = logsm
                 else:
                     # log-sum-exp of this rank's slice: max(x) - max(x - lse) = lse
                     lse_local[r0:r1] = torch.amax(logits, dim=-1) - torch.amax(logsm, dim=-1)
                     raw = logits.gather(1, local_t[r0:r1, None]).squeeze(1)
                     target_val[r0:r1] = torch.where(in_range[r0:r1], raw, torch.zeros_like(raw))
+                    if cand_val is not None:
+                        raw_c = logits.gather(1, cand_local[r0:r1])
+                        cand_val[r0:r1] = torch.where(cand_in[r0:r1], raw_c, torch.zeros_like(raw_c))
                     source = logits
                 if k_local:
                     v, i = torch.topk(source, k_local, dim=-1)
@@ -230,29 +293,53 @@ class LogprobHead:
             lse = torch.logsumexp(torch.stack(gathered), dim=0)
             dist.all_reduce(target_val, op=dist.ReduceOp.SUM, group=self.tp_group)
             logprobs = target_val - lse
+            if cand_val is not None:
+                dist.all_reduce(cand_val, op=dist.ReduceOp.SUM, group=self.tp_group)
+                cand_val = cand_val - lse[:, None]
         else:
-            lse = torch.zeros(n, dtype=torch.float32, device=device)
+            lse = lse_local if self.want_lse else torch.zeros(n, dtype=torch.float32, device=device)
             logprobs = target_val
-        if keep is not None:
-            logprobs = torch.zeros(seq * batch, dtype=torch.float32, device=device).index_copy_(0, keep, logprobs)
-        out: dict[str, torch.Tensor] = {"logprobs": logprobs.view(seq, batch).t().contiguous()}
+        out: dict[str, torch.Tensor] = {"logprobs": _unkeep(logprobs, keep, seq, batch)}
+        if self.want_lse:
+            out["lse"] = _unkeep(lse, keep, seq, batch)
+        if cand_val is not None:
+            out["candidate_logprobs"] = _unkeep(cand_val, keep, seq, batch)
         if k:
             if tp > 1 and n > 0:
                 gathered_v = [torch.empty_like(top_vals) for _ in range(tp)]
                 gathered_i = [torch.empty_like(top_idx) for _ in range(tp)]
                 dist.all_gather(gathered_v, top_vals, group=self.tp_group)
                 dist.all_gather(gathered_i, top_idx, group=self.tp_group)
-                top_vals, pos = torch.topk(torch.cat(gathered_v, dim=1), k, dim=-1)
-                top_idx = torch.cat(gathered_i, dim=1).gather(1, pos)
-                top_vals = top_vals - lse[:, None]
-            if keep is not None:
-                full_vals = torch.zeros(seq * batch, k, dtype=torch.float32, device=device)
-                full_idx = torch.zeros(seq * batch, k, dtype=torch.int64, device=device)
-                top_vals = full_vals.index_copy_(0, keep, top_vals)
-                top_idx = full_idx.index_copy_(0, keep, top_idx)
-            out["topk_values"] = top_vals.view(seq, batch, k).transpose(0, 1).contiguous()
-            out["topk_indices"] = top_idx.view(seq, batch, k).transpose(0, 1).contiguous()
+                # every rank's top-k, best first with exact ties by id, then the first k overall
+                top_vals, top_idx = ties_by_id(torch.cat(gathered_v, dim=1), torch.cat(gathered_i, dim=1))
+                top_vals, top_idx = top_vals[:, :k] - lse[:, None], top_idx[:, :k]
+            else:
+                top_vals, top_idx = ties_by_id(top_vals, top_idx)
+            out["topk_values"] = _unkeep(top_vals, keep, seq, batch)
+            out["topk_indices"] = _unkeep(top_idx, keep, seq, batch)
         return out
+
+
+def ties_by_id(values: "torch.Tensor", indices: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Top-k rows (descending values) reordered so exact ties come by ascending id: a deterministic
+    order (``torch.topk`` leaves the order of equal values unspecified; with TP it would depend on
+    which rank held which id)."""
+    import torch
+
+    order = torch.argsort(indices, dim=-1, stable=True)
+    values, indices = values.gather(-1, order), indices.gather(-1, order)
+    order = torch.argsort(values, dim=-1, descending=True, stable=True)
+    return values.gather(-1, order), indices.gather(-1, order)
+
+
+def _unkeep(rows: "torch.Tensor", keep: "torch.Tensor | None", seq: int, batch: int) -> "torch.Tensor":
+    """Per-row results of the kept rows back into ``[b, s, ...]`` (rows not kept are 0)."""
+    import torch
+
+    if keep is not None:
+        full = torch.zeros((seq * batch, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        rows = full.index_copy_(0, keep, rows)
+    return rows.view(seq, batch, *rows.shape[1:]).transpose(0, 1).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from podium.net import find_free_port, is_loopback
+from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -252,8 +253,14 @@ class TeacherWorker:
         input_lengths: Any,
         micro_batch_size: int,
         top_k: int | None = None,
+        *,
+        temperature: float = 1.0,
+        outputs: Sequence[str] = ("logprobs",),
+        candidate_ids: Any = None,
     ) -> dict[str, Any] | None:
-        """Logprobs of this replica's shard ``input_ids [b, S]`` (NeMo RL convention) on the output rank."""
+        """This replica's shard ``input_ids [b, S]`` through the model; on the output rank, the
+        requested ``outputs`` (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
+        top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``)."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state
@@ -264,6 +271,7 @@ class TeacherWorker:
             cp_unsplit,
             forward_only_stage_loop,
             next_token_labels,
+            next_token_outputs,
             plan_microbatches,
             to_nemo_rl,
         )
@@ -271,11 +279,15 @@ class TeacherWorker:
         if not self._ready:
             raise RuntimeError(f"worker {self.rank}: get_logprobs before setup")
         started = time.perf_counter()
+        wanted_out = set(outputs)
+        want_shifted_topk = bool(top_k) and TOPK_LOGPROBS in wanted_out
+        want_logits = bool(top_k) and TOPK_LOGITS in wanted_out
         ids_all = torch.as_tensor(input_ids, dtype=torch.long)
         lengths = torch.as_tensor(input_lengths, dtype=torch.long)
+        cands_all = torch.as_tensor(candidate_ids, dtype=torch.long) if candidate_ids is not None else None
         batch, width = ids_all.shape
         plan = plan_microbatches(lengths.tolist(), micro_batch_size, self.seq_multiple)
-        microbatches = []
+        microbatches, candidates = [], []
         for mb in plan:
             ids = torch.zeros(mb.end - mb.start, mb.seq_len, dtype=torch.long)
             take = min(width, mb.seq_len)
@@ -289,9 +301,16 @@ class TeacherWorker:
             tensors = {"input_ids": ids, "position_ids": pos, "labels": labels, "wanted": wanted}
             tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device) for k, v in tensors.items()}
             microbatches.append(tensors)
+            if cands_all is not None:
+                c = torch.zeros(mb.end - mb.start, mb.seq_len, cands_all.shape[-1], dtype=torch.long)
+                c[:, :take] = cands_all[mb.start : mb.end, :take]
+                candidates.append(cp_split(c, self.cp_size, self.cp_rank).contiguous().to(self.device))
         if self.head is not None:
-            self.head.top_k = top_k
+            self.head.top_k = top_k if (want_shifted_topk or want_logits) else None
+            self.head.temperature = float(temperature)
+            self.head.want_lse = want_logits
             self.head.pending_masks = [mb["wanted"] for mb in microbatches]
+            self.head.pending_candidates = candidates
         stage = StageInfo(
             is_first=self.is_first,
             is_last=self.is_last,
@@ -302,17 +321,12 @@ class TeacherWorker:
             dtype=self.dtype,
             device=self.device,
         )
-        outputs = forward_only_stage_loop(self.model, microbatches, stage)
+        results = forward_only_stage_loop(self.model, microbatches, stage)
         if not self.is_last:
             return None
-        token_lp = torch.zeros(batch, width, dtype=torch.float32)
-        top_vals = torch.zeros(batch, width, top_k, dtype=torch.float32) if top_k else None
-        top_idx = torch.zeros(batch, width, top_k, dtype=torch.long) if top_k else None
-        for mb, out in zip(plan, outputs):
-            pieces = {"logprobs": out["logprobs"]}
-            if top_k:
-                pieces["topk_values"] = out["topk_values"]
-                pieces["topk_indices"] = out["topk_indices"]
+        full: dict[str, torch.Tensor] = {}
+        for mb, out in zip(plan, results):
+            pieces = dict(out)
             if self.cp_size > 1:
                 group = parallel_state.get_context_parallel_group()
                 for key, value in list(pieces.items()):
@@ -320,14 +334,19 @@ class TeacherWorker:
                     dist.all_gather(gathered, value.contiguous(), group=group)
                     pieces[key] = cp_unsplit(gathered, self.cp_size)
             take = min(width, mb.seq_len)
-            token_lp[mb.start : mb.end, :take] = pieces["logprobs"][:, :take].float().cpu()
-            if top_k:
-                top_vals[mb.start : mb.end, :take] = pieces["topk_values"][:, :take].float().cpu()
-                top_idx[mb.start : mb.end, :take] = pieces["topk_indices"][:, :take].cpu()
+            for key, value in pieces.items():
+                if key not in full:
+                    full[key] = torch.zeros((batch, width, *value.shape[2:]), dtype=value.dtype)
+                full[key][mb.start : mb.end, :take] = value[:, :take].cpu()
         self.last_call_seconds = time.perf_counter() - started
         if not (self.tp_rank == 0 and self.cp_rank == 0):
             return None
-        return to_nemo_rl(token_lp, lengths, top_vals, top_idx)
+        result = to_nemo_rl(full["logprobs"], lengths, full.get("topk_values") if want_shifted_topk else None,
+                            full.get("topk_indices") if want_shifted_topk else None)
+        result.update(next_token_outputs(lengths, topk_values=full.get("topk_values") if want_logits else None,
+                                         topk_indices=full.get("topk_indices"), lse=full.get("lse"),
+                                         candidate_logprobs=full.get("candidate_logprobs")))
+        return result
 
     # -- observability / teardown -----------------------------------------------------------------
 

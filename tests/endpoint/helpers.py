@@ -7,6 +7,7 @@
   request is in the group now" or "both teachers are in a call at once" a fact, not a guess.
 - ``Gate``: holds each call until the test lets it through.
 - ``make_run``: a run dir with ``rendezvous.json`` and a 0600 token.
+- ``LLAMA``/``QWEN`` and ``make_group``: the real groups ``conftest.py`` shares across modules.
 - ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
   ``restart()`` brings it back under the next generation on another port; ``successor()`` starts
   the next generation while this one still serves (a lifecycle that replaced a broken one).
@@ -97,8 +98,10 @@ class FakeGroup:
                 raise AssertionError(f"{len(self.calls)} calls reached the group within {timeout_s:.0f}s, "
                                      f"not {n}: {self.calls}")
 
-    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict[str, Any]:
-        """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row)."""
+    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
+                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+        """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row);
+        logprobs and the top-k logprobs only (the other outputs need a real model)."""
         assert isinstance(data, Batch), f"the endpoint hands the group a validated Batch, got {type(data).__name__}"
         assert self._busy.acquire(blocking=False), "two calls at once reached the group"
         try:
@@ -130,6 +133,21 @@ class TeacherDef:
     key: str
     name: str
     aliases: tuple[str, ...]
+    model_name: Optional[str] = None  # the checkpoint the rendezvous names (None: not named)
+
+
+LLAMA = TeacherDef("11a11a11a11a", "llama", ("llama", "math"))
+QWEN = TeacherDef("22b22b22b22b", "qwen", ("qwen", "chat"))
+
+
+def make_group(checkpoint: Path, definition: TeacherDef, **fields: Any) -> Any:
+    """A real one-worker ``TeacherWorkerGroup`` (fp32) on a tiny checkpoint."""
+    from podium.config.spec import TeacherSpec
+    from podium.teacher.group import TeacherWorkerGroup
+
+    spec = TeacherSpec(key=definition.key, name=definition.name, aliases=definition.aliases,
+                       model_name=str(checkpoint), num_nodes=1, gpus_per_node=1, precision="fp32", **fields)
+    return TeacherWorkerGroup(spec)
 
 
 def make_run(tmp_path: Path, teachers: Sequence[TeacherDef], *, default_alias: Optional[str] = None,

@@ -50,10 +50,12 @@ GOOD_IDS = np.array([[5, 6, 7, 8], [9, 10, 0, 0]])
 GOOD_LENS = np.array([4, 2])
 
 
-def json_tensors(ids: dict, lengths: Optional[dict] = None, **extra: Any) -> bytes:
-    """A JSON body from raw tensor entries (``lengths`` defaults to one valid row of length 1)."""
+def json_tensors(ids: dict, lengths: Optional[dict] = None, *, more: tuple[dict, ...] = (), **extra: Any) -> bytes:
+    """A JSON body from raw tensor entries (``lengths`` defaults to one valid row of length 1;
+    ``more``: further named inputs)."""
     lengths = lengths or {"datatype": "INT64", "shape": [1], "data": [1]}
-    return json.dumps({"inputs": [{"name": "input_ids", **ids}, {"name": "input_lengths", **lengths}], **extra}).encode()
+    inputs = [{"name": "input_ids", **ids}, {"name": "input_lengths", **lengths}, *more]
+    return json.dumps({"inputs": inputs, **extra}).encode()
 
 
 def declared_body(shape: list[int], size: int, payload: bytes) -> tuple[bytes, int]:
@@ -126,6 +128,30 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
          "unknown output(s) ['logits']"),
         ("top-k output without top_k", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_indices"}]),
          400, "need the request parameter 'top_k'"),
+        ("topk_logits without top_k", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_logits"}]),
+         400, "need the request parameter 'top_k'"),
+        ("temperature zero", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"temperature": 0}), 400,
+         "'temperature' must be a finite number > 0, got 0"),
+        ("temperature not a number", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"temperature": "hot"}),
+         400, "'temperature' must be a finite number > 0"),
+        ("values datatype unknown", "POST", infer, {},
+         infer_body(ok_ids, ok_lens, parameters={"top_k": 2, "values_datatype": "FP16"}), 400,
+         "'values_datatype' must be one of FP32, BF16, got 'FP16'"),
+        ("BF16 asked in JSON", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"top_k": 2, "values_datatype": "BF16"},
+                                                             outputs=[{"name": "topk_logits"}]), 400,
+         "values_datatype=BF16 travels only as binary data"),
+        ("candidate logprobs without candidates", "POST", infer, {},
+         infer_body(ok_ids, ok_lens, outputs=[{"name": "candidate_logprobs"}]), 400, "needs the input 'candidate_ids'"),
+        ("candidates of the wrong shape", "POST", infer, {}, json_tensors(
+            {"datatype": "INT64", "shape": [2, 4], "data": ok_ids.ravel().tolist()},
+            {"datatype": "INT64", "shape": [2], "data": ok_lens.tolist()},
+            more=({"name": "candidate_ids", "datatype": "INT64", "shape": [2, 3, 1], "data": [1] * 6},)), 400,
+         "'candidate_ids': shape [2, 3, 1] must be [B, S, C]"),
+        ("candidate outside vocab", "POST", infer, {}, json_tensors(
+            {"datatype": "INT64", "shape": [2, 4], "data": ok_ids.ravel().tolist()},
+            {"datatype": "INT64", "shape": [2], "data": ok_lens.tolist()},
+            more=({"name": "candidate_ids", "datatype": "INT64", "shape": [2, 4, 1], "data": [1, vocab] + [1] * 6},)), 400,
+         f"candidate_ids outside the vocabulary: candidate_ids[0, 1, 0] = {vocab}"),
         ("body over the limit", "POST", infer, {}, b"{" + b" " * (max_body + 10) + b"}", 413,
          f"larger than the limit of {max_body} bytes"),
         ("65 dimensions", "POST", infer, {}, json_tensors({"datatype": "INT64", "shape": [1] * 65, "data": [1]}), 400,
@@ -232,8 +258,10 @@ def test_metadata_names_the_teacher(served: Teacher) -> None:
         assert p["generation"] == {"job_id": 1000, "restart": 0}
         assert p["vocab_size"] == 128 and p["max_sequence_length"] == 64 and p["sequence_length_multiple"] == 1
         assert "tokenizer_fingerprint" in p
-        assert {i["name"] for i in meta["inputs"]} == {"input_ids", "input_lengths"}
-        assert {o["name"] for o in meta["outputs"]} == {"logprobs", "topk_logprobs", "topk_indices"}
+        assert {i["name"] for i in meta["inputs"]} == {"input_ids", "input_lengths", "candidate_ids"}
+        assert {o["name"] for o in meta["outputs"]} == {"logprobs", "topk_logprobs", "topk_indices", "topk_logits",
+                                                      "topk_logit_indices", "candidate_logprobs"}
+        assert (p["temperature"], p["data_parallel_size"]) == (1.0, 1)
 
 
 def test_request_id_is_echoed(served: Teacher) -> None:
@@ -279,7 +307,7 @@ class UnmaskedGroup(FakeGroup):
 class NarrowGroup(FakeGroup):
     """A broken group: answers only the cut columns, not the caller's width."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
         return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths))}
 
 
@@ -439,12 +467,12 @@ def test_port_collision_takes_the_next_port() -> None:
 
 def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
     class Flaky(FakeGroup):
-        def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
+        def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
             if int(data.input_ids[0, 0]) == 13:
                 raise RuntimeError("worker 3 died")
             if int(data.input_ids[0, 0]) == 14:
                 raise ValueError("sequence too long for this layout")
-            return super().get_logprobs(data, micro_batch_size, top_k)
+            return super().get_logprobs(data, micro_batch_size, top_k, **kw)
 
     server = _server(Flaky())
     headers = {"Authorization": "Bearer t0ken"}
@@ -643,8 +671,8 @@ class BreakingGroup(FakeGroup):
         self.marks_broken = marks_broken
         self.broken: Optional[str] = None
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k)
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         if int(data.input_ids[0, 0]) == 13:
             if self.marks_broken:
                 self.broken = "ActorDiedError: worker 3 died"

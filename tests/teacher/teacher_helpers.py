@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
+from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
 from podium.config.spec import TeacherSpec
 
 TOL = 1e-4  # fp32, max abs difference against HF transformers
@@ -66,8 +66,10 @@ def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, see
 
 
 def assert_matches_oracle(group: Any, checkpoint: Path | str, batch: dict[str, torch.Tensor], top_k: int | None = None, **kw: Any) -> dict[str, torch.Tensor]:
+    """Logprobs (and top-k logprobs) = the oracle's, at the call's temperature or else the teacher's."""
     out = group.get_logprobs(batch, top_k=top_k, **kw)
-    expected = hf_oracle_logprobs(checkpoint, batch["input_ids"], batch["input_lengths"])
+    temperature = kw.get("temperature") or group.spec.temperature
+    expected = hf_oracle_logprobs(checkpoint, batch["input_ids"], batch["input_lengths"], temperature)
     got = out["logprobs"]
     assert got.dtype == torch.float32 and got.shape == batch["input_ids"].shape
     diff = (got - expected).abs().max().item()
@@ -77,12 +79,13 @@ def assert_matches_oracle(group: Any, checkpoint: Path | str, batch: dict[str, t
     pad = torch.arange(got.shape[1])[None, :] >= lengths[:, None]
     assert torch.all(got[:, 0] == 0) and torch.all(got[pad] == 0)
     if top_k:
-        assert_topk_matches(out, checkpoint, batch, top_k)
+        assert_topk_matches(out, checkpoint, batch, top_k, temperature)
     return out
 
 
-def assert_topk_matches(out: dict[str, torch.Tensor], checkpoint: Path | str, batch: dict[str, torch.Tensor], k: int) -> None:
-    logsm = hf_oracle_log_softmax(checkpoint, batch["input_ids"], batch["input_lengths"])
+def assert_topk_matches(out: dict[str, torch.Tensor], checkpoint: Path | str, batch: dict[str, torch.Tensor], k: int,
+                        temperature: float = 1.0) -> None:
+    logsm = hf_oracle_log_softmax(checkpoint, batch["input_ids"], batch["input_lengths"], temperature)
     ref_vals, ref_idx = torch.topk(logsm, k, dim=-1)
     vals, idx = out["topk_logprobs"], out["topk_indices"]
     assert vals.dtype == torch.float32 and idx.dtype == torch.int64
@@ -97,3 +100,33 @@ def assert_topk_matches(out: dict[str, torch.Tensor], checkpoint: Path | str, ba
     hit = (idx == batch["input_ids"][..., None]) & valid[..., None]
     lp = out["logprobs"][..., None].expand_as(vals)
     assert torch.allclose(vals[hit], lp[hit], atol=1e-5)
+
+
+NEXT_TOKEN_OUTPUTS = ("logprobs", "topk_logits", "topk_logit_indices", "candidate_logprobs")
+
+
+def assert_next_token_outputs_match(group: Any, checkpoint: Path | str, batch: dict[str, torch.Tensor], k: int,
+                                    temperature: float, n_candidates: int = 3, seed: int = 0) -> None:
+    """NeMo RL's ``get_topk_logits`` form and candidate logprobs = the oracle's, in one call:
+    ``topk_logits`` = ``torch.topk`` of ``z / T`` at every position ``t < length - 1`` (the token
+    after ``t``), ids included; ``candidate_logprobs`` = ``log_softmax(z / T)`` of random ids there;
+    zeros from ``length - 1`` on; and ``logprobs`` at the same temperature."""
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    gen = torch.Generator().manual_seed(seed)
+    cands = torch.randint(0, int(group.vocab_size), (*ids.shape, n_candidates), generator=gen)
+    out = group.get_logprobs(batch, top_k=k, temperature=temperature, outputs=NEXT_TOKEN_OUTPUTS, candidate_ids=cands)
+    assert set(out) == set(NEXT_TOKEN_OUTPUTS)
+    logits = hf_oracle_logits(checkpoint, ids, lengths, temperature)
+    ref_vals, ref_idx = torch.topk(logits, k, dim=-1)
+    vals, idx = out["topk_logits"], out["topk_logit_indices"]
+    assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.shape == (*ids.shape, k)
+    valid = torch.arange(ids.shape[1])[None, :] < (lengths[:, None] - 1)
+    assert (vals[valid] - ref_vals[valid]).abs().max().item() <= TOL
+    assert torch.equal(idx[valid], ref_idx[valid])
+    assert torch.all(vals[~valid] == 0) and torch.all(idx[~valid] == 0)
+    ref_cand = torch.log_softmax(logits, dim=-1).gather(-1, cands)
+    got = out["candidate_logprobs"]
+    assert got.shape == cands.shape and (got[valid] - ref_cand[valid]).abs().max().item() <= TOL
+    assert torch.all(got[~valid] == 0)
+    expected = hf_oracle_logprobs(checkpoint, ids, lengths, temperature)
+    assert (out["logprobs"] - expected).abs().max().item() <= TOL

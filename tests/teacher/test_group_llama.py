@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from teacher_helpers import TOL, assert_matches_oracle, ragged_batch, start_group
+from teacher_helpers import TOL, assert_matches_oracle, assert_next_token_outputs_match, ragged_batch, start_group
 from fixtures.checkpoints import hf_oracle_logprobs
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -41,7 +41,8 @@ def tp2pp2(ray_cluster, tiny_llama_checkpoint):
 
 @pytest.fixture(scope="module")
 def dp2(ray_cluster, tiny_llama_checkpoint):
-    yield from start_group(tiny_llama_checkpoint, nodes=2)
+    # the teacher's own temperature (a recipe's generation.temperature) applies when a call names none
+    yield from start_group(tiny_llama_checkpoint, nodes=2, temperature=0.8)
 
 
 def test_tp1_matches_hf_with_topk(tp1, tiny_llama_checkpoint):
@@ -85,9 +86,18 @@ def test_tp2pp2_matches_hf_with_topk(tp2pp2, tiny_llama_checkpoint):
 
 
 def test_dp2_matches_hf_on_odd_batches(dp2, tiny_llama_checkpoint):
-    assert dp2.data_parallel_size == 2
+    assert dp2.data_parallel_size == 2 and dp2.spec.temperature == 0.8
     for lengths in [(5,), (3, 9, 1), (16, 2, 7, 7, 11)]:
         assert_matches_oracle(dp2, tiny_llama_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)), top_k=2)
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+def test_topk_logits_and_candidates_match_hf_at_a_temperature(request, layout, tiny_llama_checkpoint):
+    """NeMo RL's classic-distillation form (top-k of z / T, next-token alignment) through every way
+    the head is split: whole (TP1), vocabulary halves merged (TP2), on the last stage (PP2)."""
+    group = request.getfixturevalue(layout)
+    assert_next_token_outputs_match(group, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=6, width=18), k=8,
+                                    temperature=0.7)
 
 
 def test_concurrent_callers_are_serialised(tp2pp2, tiny_llama_checkpoint):

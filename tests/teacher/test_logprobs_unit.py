@@ -11,7 +11,9 @@ from podium.teacher.logprobs import (
     cp_split,
     cp_unsplit,
     next_token_labels,
+    next_token_outputs,
     plan_microbatches,
+    ties_by_id,
     to_nemo_rl,
 )
 
@@ -53,6 +55,63 @@ def test_head_matches_log_softmax_and_skips_padded_rows(chunk_elements):
     assert torch.allclose(masked["logprobs"][mask], out["logprobs"][mask], atol=1e-6)
     assert torch.all(masked["logprobs"][~mask] == 0) and torch.all(masked["topk_indices"][~mask] == 0)
     assert torch.equal(masked["topk_indices"][mask], out["topk_indices"][mask])
+
+
+def test_head_at_a_temperature_gives_lse_and_candidate_logprobs():
+    gen = torch.Generator().manual_seed(1)
+    seq, batch, hidden, vocab, t = 4, 2, 8, 12, 0.6
+    weight = torch.randn(vocab, hidden, generator=gen)
+    h = torch.randn(seq, batch, hidden, generator=gen)
+    labels = torch.randint(0, vocab, (batch, seq), generator=gen)
+    cands = torch.randint(0, vocab, (batch, seq, 3), generator=gen)
+    head = LogprobHead(vocab_size=vocab, tp_group=None, tp_rank=0, tp_size=1)
+    model = _FakeModel(weight)
+    head.install(model)
+    head.top_k, head.temperature, head.want_lse, head.pending_candidates = 5, t, True, [cands]
+    hidden_out, _ = model.output_layer.forward(h)
+    out = model.compute_language_model_loss(labels, hidden_out)
+    z = (h @ weight.t()).transpose(0, 1) / t  # [b, s, v]
+    ref = torch.log_softmax(z, dim=-1)
+    assert torch.allclose(out["logprobs"], ref.gather(-1, labels[..., None]).squeeze(-1), atol=1e-5)
+    assert torch.allclose(out["lse"], torch.logsumexp(z, dim=-1), atol=1e-5)
+    assert torch.allclose(out["candidate_logprobs"], ref.gather(-1, cands), atol=1e-5)
+    vals, idx = torch.topk(z, 5, dim=-1)  # top-k *logits* = top-k logprobs + lse
+    assert torch.allclose(out["topk_values"] + out["lse"][..., None], vals, atol=1e-5)
+    assert torch.equal(out["topk_indices"], idx)
+
+
+def test_exact_ties_in_the_head_come_by_ascending_id():
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(10, 6, generator=gen)
+    weight[7] = weight[2] = weight[5] = 3.0 * torch.ones(6)  # three ids with the same, largest logit
+    h = torch.ones(1, 1, 6)
+    head = LogprobHead(vocab_size=10, tp_group=None, tp_rank=0, tp_size=1)
+    model = _FakeModel(weight)
+    head.install(model)
+    head.top_k = 4
+    model.output_layer.forward(h)
+    out = model.compute_language_model_loss(torch.zeros(1, 1, dtype=torch.long), h)
+    assert out["topk_indices"][0, 0, :3].tolist() == [2, 5, 7]
+
+
+def test_exact_ties_come_by_ascending_id():
+    values = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    indices = torch.tensor([[9, 7, 4, 1, 5]])
+    v, i = ties_by_id(values, indices)
+    assert torch.equal(v, torch.tensor([[3.0, 3.0, 3.0, 2.0, 1.0]]))
+    assert torch.equal(i, torch.tensor([[4, 5, 7, 1, 9]]))
+
+
+def test_next_token_outputs_are_logits_and_stop_before_the_last_token():
+    lengths = torch.tensor([3, 1])
+    topk = torch.full((2, 3, 2), -1.0)  # logprobs of two ids at each position
+    lse = torch.full((2, 3), 4.0)
+    out = next_token_outputs(lengths, topk_values=topk, topk_indices=torch.ones(2, 3, 2, dtype=torch.long), lse=lse,
+                             candidate_logprobs=torch.full((2, 3, 1), -2.0))
+    # position t describes the token after t: rows 0..length-2 only (a 1-token row has none)
+    assert torch.equal(out["topk_logits"][0], torch.tensor([[3.0, 3.0], [3.0, 3.0], [0.0, 0.0]]))
+    assert torch.all(out["topk_logits"][1] == 0) and torch.all(out["topk_logit_indices"][1] == 0)
+    assert torch.equal(out["candidate_logprobs"][0, :, 0], torch.tensor([-2.0, -2.0, 0.0]))
 
 
 def test_nemo_rl_alignment():

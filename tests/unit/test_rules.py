@@ -50,11 +50,33 @@ def test_torch_inputs_and_options() -> None:
         batch_inputs({"input_ids": ids})
     with pytest.raises(BatchError, match="exceeds the teacher's max_sequence_length 1"):
         validate_batch(ids, lengths, vocab_size=10, max_sequence_length=1)
-    assert validate_options(top_k=3, micro_batch_size=None, vocab_size=10) == (3, None)
+    opts = validate_options(top_k=3, micro_batch_size=None, vocab_size=10)
+    assert (opts.top_k, opts.micro_batch_size, opts.temperature) == (3, None, None)
+    assert (opts.values_datatype, opts.indices_datatype) == ("FP32", "INT64")
+    assert validate_options(temperature=2, values_datatype="BF16", indices_datatype="INT32", vocab_size=10) \
+        .temperature == 2.0
     for kwargs, message in (({"top_k": 11}, r"out of range \(1..10\)"), ({"top_k": True}, "must be an integer"),
-                            ({"micro_batch_size": 0}, "'micro_batch_size' = 0")):
+                            ({"top_k": 0}, r"'top_k' = 0 is out of range"),
+                            ({"micro_batch_size": 0}, "'micro_batch_size' = 0"),
+                            ({"temperature": 0}, "'temperature' must be a finite number > 0"),
+                            ({"temperature": float("inf")}, "'temperature' must be a finite number > 0"),
+                            ({"values_datatype": "FP16"}, "'values_datatype' must be one of FP32, BF16"),
+                            ({"indices_datatype": "UINT8"}, "'indices_datatype' must be one of INT64, INT32")):
         with pytest.raises(BatchError, match=message):
             validate_options(vocab_size=10, **kwargs)
+
+
+def test_candidate_ids_are_checked_where_they_are_computed() -> None:
+    ids = np.array([[1, 2, 3, 0], [4, 5, 0, 0]])
+    cands = np.zeros((2, 4, 2), dtype=np.int64)
+    cands[0, 3] = 999  # position 3 of row 0 (length 3) is never computed: anything goes there
+    batch = validate_batch(ids, [3, 2], vocab_size=10, candidate_ids=cands)
+    assert batch.candidate_ids.shape == (2, 3, 2) and not batch.candidate_ids[0, 2:].any()
+    cands[1, 0, 1] = 10
+    with pytest.raises(BatchError, match=r"candidate_ids\[1, 0, 1\] = 10 not in 0..9"):
+        validate_batch(ids, [3, 2], vocab_size=10, candidate_ids=cands)
+    with pytest.raises(BatchError, match=r"shape \[2, 4\] must be \[B, S, C\] = \[2, 4, C\]"):
+        validate_batch(ids, [3, 2], vocab_size=10, candidate_ids=cands[..., 0])
 
 
 def test_ports_are_chosen_by_binding_them() -> None:
