@@ -6,10 +6,12 @@
 - ``get_logprobs(alias_or_agent_name, data, *, top_k=None, micro_batch_size=None)``
 - ``get_logprobs_by_agent(data, agent_names, ...)``: several teachers at once, rows in order
 - ``check_tokenizer(alias, tokenizer)``: vocab size + tokenizer fingerprint
-- ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade
+- ``get_topk_logits(alias, data, k)``: NeMo RL's top-k logits; ``get_candidate_logprobs``: logprobs of
+  the caller's ids
+- ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade (:mod:`podium.nemo_rl`)
 
 Modules: ``client`` (routing, multi-teacher), ``teacher`` (one teacher, restart following),
-``transport`` (keep-alive HTTP), ``facade``, ``errors``; the wire itself is ``podium.protocol``.
+``transport`` (keep-alive HTTP), ``errors``; the wire itself is ``podium.protocol``.
 Importing this package pulls numpy but not torch; torch is imported when results are returned.
 """
 
@@ -23,11 +25,21 @@ from podium.client.errors import (
     TokenizerMismatchError,
     TransportError,
 )
-from podium.client.facade import RemoteTeacherWorkerGroup
 from podium.client.teacher import ClientOptions, TeacherClient
+from podium.protocol.batch import BatchError
 from podium.protocol.tokenizer import tokenizer_fingerprint
 
+
+def __getattr__(name: str):  # the facade lives in podium.nemo_rl, which imports this package
+    if name == "RemoteTeacherWorkerGroup":
+        from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
+
+        return RemoteTeacherWorkerGroup
+    raise AttributeError(f"module 'podium.client' has no attribute {name!r}")
+
+
 __all__ = [
+    "BatchError",
     "ClientOptions",
     "PodiumClient",
     "PodiumClientError",

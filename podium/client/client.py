@@ -4,7 +4,7 @@ Owns :class:`PodiumClient`: it reads ``rendezvous.json`` and the run's token onc
 or agent name to its teacher (default alias, strict flag), keeps one :class:`TeacherClient` per
 teacher, calls several teachers concurrently for a batch whose samples belong to different agents
 (MOPD) and reassembles the rows in their original order, checks tokenizers, and hands out the
-NeMo RL-shaped facade (:mod:`podium.client.facade`).
+NeMo RL-shaped facade (:mod:`podium.nemo_rl`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from podium.client.errors import TokenizerMismatchError
-from podium.client.facade import RemoteTeacherWorkerGroup
 from podium.client.teacher import ClientOptions, TeacherClient, check_tokenizer_against, convert_outputs
 from podium.protocol.batch import batch_inputs
 from podium.protocol.tokenizer import tokenizer_fingerprint, tokenizer_size
@@ -95,12 +94,23 @@ class PodiumClient:
         *,
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
+        temperature: Optional[float] = None,
         timeout_s: Optional[float] = None,
     ) -> dict[str, Any]:
         """Logprobs of ``data`` from the teacher of ``alias_or_agent_name``, like the in-process group;
         ``timeout_s``: this call's deadline (default ``ClientOptions.call_timeout_s``)."""
         return self.teacher(alias_or_agent_name).get_logprobs(data, top_k=top_k, micro_batch_size=micro_batch_size,
-                                                              timeout_s=timeout_s)
+                                                              temperature=temperature, timeout_s=timeout_s)
+
+    def get_topk_logits(self, alias_or_agent_name: str, data: Mapping[str, Any], k: int, **kwargs: Any) -> dict[str, Any]:
+        """NeMo RL's ``get_topk_logits`` from the teacher of ``alias_or_agent_name``
+        (:meth:`TeacherClient.get_topk_logits`)."""
+        return self.teacher(alias_or_agent_name).get_topk_logits(data, k, **kwargs)
+
+    def get_candidate_logprobs(self, alias_or_agent_name: str, data: Mapping[str, Any], candidate_ids: Any = None,
+                               **kwargs: Any) -> dict[str, Any]:
+        """The teacher's logprobs of the caller's ids (:meth:`TeacherClient.get_candidate_logprobs`)."""
+        return self.teacher(alias_or_agent_name).get_candidate_logprobs(data, candidate_ids, **kwargs)
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -186,9 +196,13 @@ class PodiumClient:
 
     # ------------------------------------------------------------------ facade and lifetime
 
-    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> RemoteTeacherWorkerGroup:
-        """A NeMo RL ``TeacherWorkerGroup``-shaped object for one teacher."""
-        return RemoteTeacherWorkerGroup(self.teacher(alias_or_agent_name), alias_or_agent_name, top_k=top_k)
+    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> Any:
+        """NeMo RL's ``TeacherWorkerGroup`` for one teacher, on this client's connections
+        (:class:`podium.nemo_rl.RemoteTeacherWorkerGroup`)."""
+        from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
+
+        self.teacher(alias_or_agent_name)  # an unknown alias fails here
+        return RemoteTeacherWorkerGroup(self.layout.rendezvous_path, alias_or_agent_name, top_k=top_k, client=self)
 
     def close(self) -> None:
         """Close connections and threads (the teachers keep running)."""

@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -43,19 +43,27 @@ from podium.client.errors import (
 )
 from podium.client.transport import HTTPResponse, HTTPTransport
 from podium.protocol import oip
-from podium.protocol.batch import batch_inputs
+from podium.protocol.batch import BatchError, as_int_array, batch_inputs, validate_options
 from podium.protocol.names import (
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
     GENERATION_HEADER,
     HEALTH_READY,
+    INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
     LOGPROBS,
     MICRO_BATCH_SIZE,
     REQUEST_ID_HEADER,
     RETRY_AFTER,
+    TEMPERATURE,
     TOP_K,
     TOPK_INDICES,
+    TOPK_LOGIT_INDICES,
+    TOPK_LOGITS,
     TOPK_LOGPROBS,
+    VALUE_OUTPUTS,
+    VALUES_DATATYPE,
     infer_path,
     model_path,
 )
@@ -396,15 +404,65 @@ class TeacherClient:
         *,
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
+        temperature: Optional[float] = None,
         request_id: Optional[str] = None,
         timeout_s: Optional[float] = None,
     ) -> dict[str, Any]:
         """``{"logprobs": float32 [B, S]}`` (+ ``topk_logprobs``, ``topk_indices`` with ``top_k``);
-        ``timeout_s``: this call's deadline (default ``call_timeout_s``)."""
+        ``temperature``: this call's (default: the teacher's); ``timeout_s``: this call's deadline
+        (default ``call_timeout_s``). Keys of ``data`` other than the inputs are refused unless
+        known not to change a logit (:data:`podium.protocol.batch.IGNORED_KEYS`)."""
         ids, lengths = batch_inputs(data)
         result = self.get_logprobs_arrays(ids, lengths, top_k=top_k, micro_batch_size=micro_batch_size,
-                                          request_id=request_id, timeout_s=timeout_s)
+                                          temperature=temperature, request_id=request_id, timeout_s=timeout_s)
         return convert_outputs(result, self.options.return_type)
+
+    def get_topk_logits(
+        self,
+        data: Mapping[str, Any],
+        k: int,
+        *,
+        micro_batch_size: Optional[int] = None,
+        temperature: Optional[float] = None,
+        values_datatype: str = "FP32",
+        indices_datatype: str = "INT64",
+        timeout_s: Optional[float] = None,
+    ) -> dict[str, Any]:
+        """NeMo RL's ``get_topk_logits``: ``{"topk_logits": float32 [B, S, k], "topk_indices": int64
+        [B, S, k]}``, the temperature-scaled logits of the ``k`` likeliest next tokens at each
+        position (position ``t``: the token after ``t``; zeros at and past ``length - 1``).
+        ``values_datatype="BF16"`` / ``indices_datatype="INT32"`` halve the bytes on the wire; the
+        result is float32 / int64 either way."""
+        ids, lengths = batch_inputs(data)
+        out = self.get_logprobs_arrays(ids, lengths, top_k=k, micro_batch_size=micro_batch_size,
+                                       temperature=temperature, outputs=(TOPK_LOGITS, TOPK_LOGIT_INDICES),
+                                       values_datatype=values_datatype, indices_datatype=indices_datatype,
+                                       timeout_s=timeout_s)
+        result = {"topk_logits": out[TOPK_LOGITS], "topk_indices": out[TOPK_LOGIT_INDICES].astype(np.int64, copy=False)}
+        return convert_outputs(result, self.options.return_type)
+
+    def get_candidate_logprobs(
+        self,
+        data: Mapping[str, Any],
+        candidate_ids: Any = None,
+        *,
+        micro_batch_size: Optional[int] = None,
+        temperature: Optional[float] = None,
+        values_datatype: str = "FP32",
+        timeout_s: Optional[float] = None,
+    ) -> dict[str, Any]:
+        """The teacher's logprobs of the caller's ids: ``{"candidate_logprobs": float32 [B, S, C]}``
+        for ``candidate_ids [B, S, C]`` (or ``data["candidate_ids"]``), in the next-token alignment
+        (position ``t``: ``log p(token after t = candidate_ids[b, t, c])``; zeros at and past
+        ``length - 1``), e.g. the student's own top-k for student-top-k reverse KL."""
+        ids, lengths = batch_inputs(data)
+        cands = candidate_ids if candidate_ids is not None else data.get(CANDIDATE_IDS)
+        if cands is None:
+            raise BatchError(f"get_candidate_logprobs needs candidate ids [B, S, C] ({CANDIDATE_IDS!r})")
+        out = self.get_logprobs_arrays(ids, lengths, micro_batch_size=micro_batch_size, temperature=temperature,
+                                       outputs=(CANDIDATE_LOGPROBS,), candidate_ids=as_int_array(cands, CANDIDATE_IDS),
+                                       values_datatype=values_datatype, timeout_s=timeout_s)
+        return convert_outputs(out, self.options.return_type)
 
     def get_logprobs_arrays(
         self,
@@ -413,22 +471,45 @@ class TeacherClient:
         *,
         top_k: Optional[int] = None,
         micro_batch_size: Optional[int] = None,
+        temperature: Optional[float] = None,
+        outputs: Optional[Sequence[str]] = None,
+        candidate_ids: Optional[np.ndarray] = None,
+        values_datatype: Optional[str] = None,
+        indices_datatype: Optional[str] = None,
         request_id: Optional[str] = None,
         timeout_s: Optional[float] = None,
     ) -> dict[str, np.ndarray]:
-        """:meth:`get_logprobs` on numpy arrays, returning numpy arrays (views of the response buffer)."""
-        outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
+        """One infer request on numpy arrays: the ``outputs`` named in :mod:`podium.protocol.names`
+        (default: ``logprobs``, + top-k logprobs/indices with ``top_k``), as numpy arrays (values
+        float32, BF16 decoded). The options are checked here, by the rule the teacher applies, so
+        a bad one is a :class:`~podium.protocol.batch.BatchError` before anything is sent."""
+        if outputs is None:
+            outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
+        outputs = list(outputs)
+        # BatchError before sending; the vocabulary bound of top_k is the teacher's to check
+        opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
+                                values_datatype=values_datatype, indices_datatype=indices_datatype,
+                                vocab_size=2**62)
         params: dict[str, Any] = {}
-        if top_k:
-            params[TOP_K] = int(top_k)
-        if micro_batch_size:
-            params[MICRO_BATCH_SIZE] = int(micro_batch_size)
+        if opts.top_k:
+            params[TOP_K] = opts.top_k
+        if opts.micro_batch_size:
+            params[MICRO_BATCH_SIZE] = opts.micro_batch_size
+        if opts.temperature is not None:
+            params[TEMPERATURE] = opts.temperature
+        if values_datatype is not None:
+            params[VALUES_DATATYPE] = opts.values_datatype
+        if indices_datatype is not None:
+            params[INDICES_DATATYPE] = opts.indices_datatype
         request_id = request_id or uuid.uuid4().hex
-        binary = self.options.binary
+        binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
+        inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
+        if candidate_ids is not None:
+            inputs.append((CANDIDATE_IDS, candidate_ids))
         chunks, header_len = oip.encode_request(
-            [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)],
+            inputs,
             outputs=outputs,
-            binary_inputs=binary,
+            binary_inputs=self.options.binary,
             binary_outputs=binary,
             parameters=params,
         )
@@ -446,7 +527,7 @@ class TeacherClient:
         missing = [name for name in outputs if name not in decoded.outputs]
         if missing:
             raise TeacherServerError(self.label, str(record.generation), resp.status, f"response lacks outputs {missing}")
-        return {name: decoded.outputs[name] for name in outputs}
+        return {name: decoded.as_float32(name) if name in VALUE_OUTPUTS else decoded.outputs[name] for name in outputs}
 
     def close(self) -> None:
         with self._lock:

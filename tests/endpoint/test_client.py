@@ -49,8 +49,8 @@ class ShiftedGroup(FakeGroup):
         super().__init__(**kw)
         self.shift = shift
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k)
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         lp = out["logprobs"]
         out["logprobs"] = torch.where(lp != 0, lp - self.shift, lp)
         return out
@@ -133,14 +133,15 @@ def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -
     connections = list(client.teacher("code")._transport._all)
     assert connections and all(conn.sock is not None for conn in connections)
     group.shutdown()
-    assert all(conn.sock is None for conn in connections)  # this trainer's connections are closed
     group.shutdown()  # harmless when repeated
     with pytest.raises(RuntimeError, match="shut down"):
         group.get_logprobs({"input_ids": ids, "input_lengths": lengths})
-    # the teacher keeps serving: another facade (new connections) gets the right answer
+    # the client's connections are its owner's, used by its other callers: a facade leaves them open
+    assert all(conn.sock is not None for conn in connections)
     again = client.teacher_group("math").get_logprobs({"input_ids": ids, "input_lengths": lengths})
     np.testing.assert_array_equal(again["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
     client.close()
+    assert all(conn.sock is None for conn in connections)
 
 
 def test_refusal_is_raised_at_once_naming_teacher_and_generation(two_teachers: tuple[Path, Teacher, Teacher],
@@ -403,8 +404,8 @@ def test_importing_the_client_stays_light() -> None:
 class BreakingGroup(FakeGroup):
     """Fails the call whose ``input_ids[0, 0]`` is 13, after the hold (a worker dies under it)."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k)
+    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         if int(data.input_ids[0, 0]) == 13:
             raise RuntimeError("worker 3 died")
         return out

@@ -1,7 +1,8 @@
 """The real Megatron ``TeacherWorkerGroup`` (Ray, CPU/gloo, tiny checkpoint) behind the endpoint.
 
 Oracle: HF ``transformers`` on the same checkpoint (``fixtures.checkpoints``). One group per
-checkpoint for the whole module; the server in front of it is restarted where a test needs that.
+checkpoint (``conftest.py``, shared with the other modules); the server in front of it is
+restarted where a test needs that.
 
 - podium's client and ``tritonclient.http``, JSON and binary tensors, logprobs and top-k = oracle;
 - every bad request gets its 4xx, the next good request succeeds; auth;
@@ -22,33 +23,18 @@ import requests
 import torch
 
 import podium
-from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logprobs, random_batch
-from podium.config.spec import TeacherSpec
+from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
+from podium.client import BatchError
+from podium.client.errors import TeacherRequestError
 from podium.rendezvous import Generation
-from podium.teacher.group import TeacherWorkerGroup
 
-from .helpers import Teacher, TeacherDef, make_run
+from .helpers import LLAMA, QWEN, Teacher, make_run
 from .test_server import MAX_BODY, check_bad_requests_then_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
-LLAMA = TeacherDef("11a11a11a11a", "llama", ("llama", "math"))
-QWEN = TeacherDef("22b22b22b22b", "qwen", ("qwen", "chat"))
 ATOL = 5e-5
 FAST = {"ready_timeout_s": 120.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2}
-
-
-def make_group(checkpoint: Path, definition: TeacherDef) -> Any:
-    spec = TeacherSpec(key=definition.key, name=definition.name, aliases=definition.aliases,
-                       model_name=str(checkpoint), num_nodes=1, gpus_per_node=1, precision="fp32")
-    return TeacherWorkerGroup(spec)
-
-
-@pytest.fixture(scope="module")
-def llama_group(ray_cluster: Any, tiny_llama_checkpoint: Path) -> Iterator[Any]:
-    group = make_group(tiny_llama_checkpoint, LLAMA)
-    yield group
-    group.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +108,47 @@ def test_tritonclient_matches_the_oracle(run: tuple[Path, Teacher], tiny_llama_c
     client.close()
 
 
+@pytest.mark.parametrize("binary, values, indices", [
+    (True, "FP32", "INT64"), (False, "FP32", "INT64"), (True, "BF16", "INT32"),
+    (False, "BF16", "INT64"),  # a JSON client still gets BF16 as binary data (JSON has no bfloat16)
+], ids=["binary", "json", "bf16-int32", "json-bf16"])
+def test_topk_logits_and_candidate_logprobs_match_the_oracle(run: tuple[Path, Teacher], tiny_llama_checkpoint: Path,
+                                                             binary: bool, values: str, indices: str) -> None:
+    """NeMo RL's get_topk_logits form (z / T of the k likeliest next tokens) and candidate logprobs,
+    through podium's client on each wire form; BF16 values are the oracle's rounded to bfloat16."""
+    path, _ = run
+    batch = random_batch(256, [14, 3, 9, 1], seq_len=14, seed=31)
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    logits = hf_oracle_logits(tiny_llama_checkpoint, ids, lengths, temperature=0.8)
+    ref_vals, ref_idx = torch.topk(logits, 8, dim=-1)
+    valid = torch.arange(14)[None, :] < (lengths[:, None] - 1)
+    # bfloat16 keeps 8 significant bits: the oracle's value rounded, within one step of it
+    atol = ATOL if values == "FP32" else float(ref_vals.abs().max()) * 2 ** -8
+    with podium.connect(path, binary=binary, **FAST) as client:
+        top = client.get_topk_logits("math", batch, k=8, temperature=0.8, values_datatype=values, indices_datatype=indices)
+        assert top["topk_logits"].dtype == torch.float32 and top["topk_indices"].dtype == torch.int64
+        assert tuple(top["topk_logits"].shape) == (4, 14, 8)
+        np.testing.assert_allclose(top["topk_logits"][valid].numpy(), ref_vals[valid].numpy(), atol=atol)
+        assert torch.equal(top["topk_indices"][valid], ref_idx[valid]) and not top["topk_logits"][~valid].any()
+        cands = torch.randint(0, 256, (4, 14, 5), generator=torch.Generator().manual_seed(3))
+        got = client.get_candidate_logprobs("llama", batch, cands, temperature=0.8, values_datatype=values)
+        ref = torch.log_softmax(logits, dim=-1).gather(-1, cands)
+        atol = ATOL if values == "FP32" else float(ref.abs().max()) * 2 ** -8
+        np.testing.assert_allclose(got["candidate_logprobs"][valid].numpy(), ref[valid].numpy(), atol=atol)
+
+
+def test_k_out_of_range_is_refused_and_the_teacher_keeps_serving(run: tuple[Path, Teacher]) -> None:
+    path, _ = run
+    batch = random_batch(256, [4, 2], seq_len=4)
+    with podium.connect(path, **FAST) as client:
+        with pytest.raises(BatchError, match="'top_k' = 0 is out of range"):  # before anything is sent
+            client.get_topk_logits("llama", batch, k=0)
+        # the vocabulary is the teacher's to check: a 400 that names it, never retried
+        with pytest.raises(TeacherRequestError, match=r"'top_k' = 257 is out of range \(1..256\)"):
+            client.get_topk_logits("llama", batch, k=257)
+        assert client.get_topk_logits("llama", batch, k=256)["topk_logits"].shape == (2, 4, 256)
+
+
 def test_every_bad_request_gets_its_4xx_then_a_good_one_succeeds(run: tuple[Path, Teacher], llama_group: Any,
                                                                  tiny_llama_checkpoint: Path) -> None:
     _, teacher = run
@@ -181,13 +208,11 @@ def test_client_follows_a_restart_of_the_real_teacher(run: tuple[Path, Teacher],
 
 
 @pytest.fixture(scope="module")
-def qwen_teacher(run: tuple[Path, Teacher], tiny_qwen2_checkpoint: Path) -> Iterator[Teacher]:
+def qwen_teacher(run: tuple[Path, Teacher], qwen_group: Any) -> Iterator[Teacher]:
     _, llama = run
-    group = make_group(tiny_qwen2_checkpoint, QWEN)
-    teacher = Teacher(group, llama.layout, QWEN, llama.token, generation=Generation(3000, 0)).start()
+    teacher = Teacher(qwen_group, llama.layout, QWEN, llama.token, generation=Generation(3000, 0)).start()
     yield teacher
     teacher.stop()
-    group.shutdown()
 
 
 def test_two_real_teachers_at_once_rows_in_order(run: tuple[Path, Teacher], qwen_teacher: Teacher,

@@ -1,0 +1,27 @@
+"""podium.nemo_rl: podium's teachers where NeMo RL holds its own, unchanged.
+
+- :func:`teacher_worker_groups` ``(rendezvous_path, opd_cfg) -> (groups, alias_to_group_alias)``:
+  what NeMo RL's MOPD setup returns, for ``async_grpo_train``.
+- :func:`distillation_teacher` ``(rendezvous_path, alias=None)``: what NeMo RL's distillation loop
+  holds as ``teacher_policy``; :func:`distillation_policy` makes NeMo RL's ``setup`` build it.
+- The facades: :class:`RemoteTeacherWorkerGroup` (``worker_group``), :class:`RemoteDistillationTeacher`
+  (``distillation``), on one lazy, picklable connection each (``remote``).
+
+Importing this package does not import NeMo RL; results are ``BatchedDataDict`` where NeMo RL is
+importable, else dicts of torch tensors.
+"""
+
+from podium.nemo_rl.distillation import RemoteDistillationTeacher
+from podium.nemo_rl.remote import Sharding
+from podium.nemo_rl.wiring import NemoRLWiringError, distillation_policy, distillation_teacher, teacher_worker_groups
+from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
+
+__all__ = [
+    "NemoRLWiringError",
+    "RemoteDistillationTeacher",
+    "RemoteTeacherWorkerGroup",
+    "Sharding",
+    "distillation_policy",
+    "distillation_teacher",
+    "teacher_worker_groups",
+]
