@@ -18,6 +18,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     table.add_column("checkpoint", overflow="fold", ratio=3)
     table.add_column("TP/PP/CP/EP", no_wrap=True)
     table.add_column("DP", justify="right", no_wrap=True)
+    table.add_column("T", justify="right", no_wrap=True)  # temperature: logits are divided by it
     table.add_column("nodes×GPUs", no_wrap=True)
     for spec in plan.teachers:
         if Path(spec.model_name).is_absolute():
@@ -32,6 +33,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             f"{spec.tensor_model_parallel_size}/{spec.pipeline_model_parallel_size}/"
             f"{spec.context_parallel_size}/{spec.expert_model_parallel_size}",
             str(spec.data_parallel_size),
+            f"{spec.temperature:g}",
             f"{spec.num_nodes}×{spec.gpus_per_node}",
         )
     console.print(table)
@@ -55,7 +57,7 @@ def _age(seconds: float | None) -> str:
 
 def status_table(rows: list, title: str = "podium status") -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("teacher", "aliases", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
+    for col in ("teacher", "aliases", "T", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
                 "heartbeat"):
         table.add_column(col, overflow="fold")
     for r in rows:
@@ -68,7 +70,7 @@ def status_table(rows: list, title: str = "podium status") -> Table:
             status += f" [red]final after {failures}[/red]" if r.final else f" [yellow]retrying: {failures}[/yellow]"
         name = r.name if r.in_plan else f"{r.name} [dim](not in recipe)[/dim]"
         restarts = "-" if r.restarts is None else str(r.restarts)
-        table.add_row(name, ", ".join(r.aliases), r.job_id or "-", r.slurm_state, restarts, r.generation or "-",
+        table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts, r.generation or "-",
                       status, r.url or "-", health, _age(r.heartbeat_age_s))
     return table
 

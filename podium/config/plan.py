@@ -1,4 +1,5 @@
-"""The plan: a recipe's MOPD teacher mapping turned into deduplicated ``TeacherSpec``s.
+"""The plan: a recipe's teachers (MOPD mapping, or a distillation recipe's one teacher:
+:mod:`podium.config.sources`) turned into deduplicated ``TeacherSpec``s.
 
 NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known flaws fixed:
 
@@ -35,14 +36,10 @@ from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, Parall
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
 from podium.config.routing import route_agent
+from podium.config.sources import DEFAULT_CFG, MAPPING, OPD, OVERRIDES, TeacherSource, teacher_source
 from podium.config.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
-
-OPD = "on_policy_distillation"
-MAPPING = f"{OPD}.teacher_model_by_agent_name"
-DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
-OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
 
 SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size")
 TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
@@ -107,28 +104,22 @@ def load_plan(
 
 def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -> Plan:
     base_dir = recipe_path.expanduser().resolve().parent
-    mapping = resolve_section(cfg, MAPPING)
+    source = teacher_source(cfg)
+    mapping = source.mapping
     if not isinstance(mapping, dict) or not mapping:
-        raise ConfigError(f"{MAPPING}: must be a non-empty mapping of agent alias -> checkpoint")
-    _check_names(mapping, MAPPING)
+        raise ConfigError(f"{source.mapping_key}: must be a non-empty mapping of agent alias -> checkpoint")
+    _check_names(mapping, source.mapping_key)
     for alias, ckpt in mapping.items():
         if not isinstance(ckpt, str) or not ckpt.strip():
-            raise ConfigError(f"{MAPPING}.{alias}: expected a checkpoint path or hub id, got {ckpt!r}")
+            raise ConfigError(f"{source.mapping_entry(alias)}: expected a checkpoint path or hub id, got {ckpt!r}")
 
-    default_alias = resolve_section(cfg, f"{OPD}.default_teacher_alias", required=False)
+    default_alias = source.default_alias
     if default_alias is not None and default_alias not in mapping:
         raise ConfigError(
             f"{OPD}.default_teacher_alias: {default_alias!r} is not an alias of {MAPPING}"
             f"{did_you_mean(str(default_alias), mapping)}"
         )
-    strict = bool(resolve_section(cfg, f"{OPD}.strict_agent_name_match", required=False) or False)
-    dedup = resolve_section(cfg, f"{OPD}.deduplicate_shared_teacher_checkpoints", required=False)
-    dedup = True if dedup is None else bool(dedup)
-
-    defaults = resolve_section(cfg, DEFAULT_CFG, required=False) or {}
-    overrides = resolve_section(cfg, OVERRIDES, required=False) or {}
-    _check_mapping(defaults, DEFAULT_CFG)
-    _check_mapping(overrides, OVERRIDES)
+    strict, dedup, overrides = source.strict, source.dedup, source.overrides
     _check_names(overrides, OVERRIDES)
     _check_names(launcher.teachers, f"{SECTION}.teachers")
     for alias in overrides:
@@ -139,7 +130,7 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
     for alias in launcher.teachers:
         if alias not in mapping:
             raise ConfigError(
-                f"{SECTION}.teachers.{alias}: not an alias of {MAPPING}{did_you_mean(alias, mapping)}"
+                f"{SECTION}.teachers.{alias}: not an alias of {source.mapping_key}{did_you_mean(alias, mapping)}"
             )
     cluster_gpus = resolve_section(cfg, "cluster.gpus_per_node", required=False)
 
@@ -147,7 +138,8 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
     resolved: dict[str, _AliasSettings] = {}
     for alias, ckpt in mapping.items():
         ref = normalise_checkpoint(ckpt, base_dir)
-        settings = _alias_settings(alias, defaults, overrides.get(alias), cluster_gpus)
+        settings = _alias_settings(alias, source, overrides.get(alias), cluster_gpus)
+        settings.values["temperature"] = source.temperature  # NeMo RL's teachers inherit it
         launcher_over = launcher.teachers[alias].model_dump() if alias in launcher.teachers else {}
         settings.launcher_overrides = {k: v for k, v in launcher_over.items() if v}
         settings.model_name = ref.name
@@ -294,17 +286,16 @@ def _check_mapping(value: Any, where: str) -> None:
 
 
 def _alias_settings(
-    alias: str, defaults: dict[str, Any], override: Any, cluster_gpus: Any
+    alias: str, source: TeacherSource, override: Any, cluster_gpus: Any
 ) -> _AliasSettings:
     over_path = f"{OVERRIDES}.{alias}"
     if override is not None:
         _check_mapping(override, over_path)
-    merged: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for source, where in ((defaults, DEFAULT_CFG), (override or {}, over_path)):
-        for key, value in source.items():
-            merged[key] = value
-            origins[key] = f"{where}.{key}"
+    merged: dict[str, Any] = dict(source.defaults)
+    origins: dict[str, str] = dict(source.origins)
+    for key, value in (override or {}).items():
+        merged[key] = value
+        origins[key] = f"{over_path}.{key}"
 
     # Explicit megatron_cfg_overrides win over keys folded into them.
     explicit = merged.pop("megatron_cfg_overrides", None) or {}

@@ -41,6 +41,7 @@ class TeacherStatus:
     name: str
     key: str
     aliases: tuple[str, ...]
+    temperature: float = 1.0  # what the teacher divides its logits by (its record's, else its spec's)
     job_id: Optional[str] = None
     cluster: str = ""
     slurm_state: str = "NOT SUBMITTED"
@@ -101,7 +102,8 @@ class TeacherStatus:
         return self.status
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "aliases": list(self.aliases), "job_id": self.job_id,
+        return {"name": self.name, "key": self.key, "aliases": list(self.aliases), "temperature": self.temperature,
+                "job_id": self.job_id,
                 "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
                 "restarts": self.restarts,
                 "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
@@ -209,7 +211,7 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
     rows = []
     for spec, files in teachers:
         row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases),
-                            in_plan=spec.key in in_plan)
+                            temperature=spec.temperature, in_plan=spec.key in in_plan)
         rec = records.get(spec.key)
         if rec is not None:
             row.job_id, row.cluster, row.submitted_at = rec.job_id, rec.cluster, rec.submitted_at
@@ -233,6 +235,8 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
             row.timings = dict(endpoint.extra.get("timings", {}))
             row.restart = dict(endpoint.extra.get("restart", {}))
             row.final = endpoint.extra.get("final")
+            if endpoint.model is not None:
+                row.temperature = endpoint.model.temperature
             if probe and endpoint.url and endpoint.status is Status.READY:
                 row.health = _probe(endpoint.url)
         rows.append(row)

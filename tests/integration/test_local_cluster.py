@@ -1,5 +1,6 @@
 """``cluster: local`` end to end, as a user runs it: ``podium up --wait`` from a script that captures
-its output, ``status``, a trainer call checked against transformers, ``logs``, ``down``; and the
+its output, ``status``, a trainer call checked against transformers (at the recipe's temperature) and NeMo RL's
+MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; and the
 README's first command, ``podium demo``.
 
 No Slurm: submitit's local controller runs the same node entry, Ray head and Megatron group.
@@ -14,13 +15,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
+import podium.nemo_rl
+from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from launcher_helpers import RAY_PORTS
 from podium.launcher.cleanup import run_processes
 from podium.launcher.run_dir import known_teachers
 
 TOL = 2e-3
+TEMPERATURE = 0.9
 
 
 def podium_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -34,6 +39,8 @@ def test_local_up_wait_through_pipes_status_logs_down(tiny_llama_checkpoint: Pat
     run_dir = tmp_path / "run"
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"""\
+policy:
+  generation: {{temperature: {TEMPERATURE}}}
 on_policy_distillation:
   teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}, code: {tiny_llama_checkpoint}}}
   non_colocated_teachers:
@@ -54,14 +61,22 @@ podium:
         assert status.returncode == 0, status.stderr
         (row,) = json.loads(status.stdout)
         assert row["ready"] and row["cluster"] == "local" and row["aliases"] == ["math", "code"]
-
-        import podium
+        assert row["temperature"] == TEMPERATURE  # the policy's, which NeMo RL's teachers inherit
 
         data = random_batch(256, [5, 9, 2], seed=3)
         with podium.connect(run_dir / "rendezvous.json", ready_timeout_s=60) as client:
-            got = client.get_logprobs("code", data)["logprobs"].numpy()
-        expected = hf_oracle_logprobs(tiny_llama_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
-        assert float(np.abs(got - expected).max()) < TOL
+            got = client.get_logprobs("code", data)["logprobs"]
+        expected = hf_oracle_logprobs(tiny_llama_checkpoint, data["input_ids"], data["input_lengths"], TEMPERATURE)
+        assert float(np.abs(got.numpy() - expected.numpy()).max()) < TOL
+
+        # NeMo RL's MOPD fan-out on what podium.nemo_rl hands it for this recipe
+        opd = OmegaConf.load(recipe)["on_policy_distillation"]
+        groups, alias_to_group_alias = podium.nemo_rl.teacher_worker_groups(run_dir / "rendezvous.json", opd)
+        assert list(groups) == ["math"] and alias_to_group_alias == {"math": "math", "code": "math"}
+        collector = TrajectoryCollector(groups, alias_to_group_alias, opd, policy_make_seq_div_by=4)
+        ids = pad_to_multiple(data["input_ids"], collector.pad_multiple)
+        out = collector.compute_teacher_logprobs(ids, ["code", "math", "code"], data["input_lengths"].int())
+        assert float(np.abs(out[:, :9].numpy() - expected.numpy()).max()) < TOL and not out[:, 9:].any()
 
         # Still serving a few heartbeats later: nothing (the watchdog, say) takes a healthy local
         # teacher for a broken one.

@@ -1,0 +1,146 @@
+"""Where a recipe names its teachers: the two NeMo RL recipe shapes podium plans from.
+
+- **MOPD** (``on_policy_distillation``): ``teacher_model_by_agent_name`` maps aliases to
+  checkpoints; ``non_colocated_teachers.default_teacher_cfg`` / ``teacher_overrides.<alias>`` give
+  each alias's settings; the teachers inherit the policy's ``generation.temperature``.
+- **Classic distillation** (``distillation`` + a top-level ``teacher`` policy block, as
+  ``examples/configs/distillation_math.yaml``): one teacher, alias ``teacher``, whose parallel
+  sizes come from the backend the block enables (``teacher.megatron_cfg`` when enabled, else
+  ``teacher.dtensor_cfg``: ``tensor_parallel_size``, ``context_parallel_size``), its precision,
+  ``logprob_batch_size`` and its own ``generation.temperature`` (NeMo RL's teacher ``Policy``
+  reads its own block).
+
+:func:`teacher_source` reads either into one :class:`TeacherSource`: the values and, for every
+value, the recipe key it came from (what errors name). The plan does the rest the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from podium.config.errors import ConfigError
+from podium.config.recipe import resolve_section
+
+OPD = "on_policy_distillation"
+MAPPING = f"{OPD}.teacher_model_by_agent_name"
+DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
+OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
+POLICY_TEMPERATURE = "policy.generation.temperature"
+
+DISTILLATION = "distillation"
+TEACHER = "teacher"  # the classic distillation recipe's teacher block, and its teacher's alias
+DISTILLATION_ALIAS = "teacher"
+# teacher.<backend>.<key> -> podium's setting, per NeMo RL backend
+_MEGATRON_KEYS = {k: k for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                 "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")}
+_DTENSOR_KEYS = {"tensor_parallel_size": "tensor_model_parallel_size", "context_parallel_size": "context_parallel_size"}
+
+
+@dataclass
+class TeacherSource:
+    """A recipe's teachers: the alias → checkpoint mapping, the settings every alias starts from
+    (``defaults``, each with its recipe key in ``origins``), per-alias overrides, routing flags and
+    the temperature the teachers divide their logits by."""
+
+    kind: str  # "mopd" or "distillation"
+    mapping: dict[str, Any]
+    mapping_key: str
+    defaults: dict[str, Any]
+    origins: dict[str, str]  # setting -> recipe key it came from
+    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides_key: str = OVERRIDES
+    default_alias: Optional[str] = None
+    strict: bool = False
+    dedup: bool = True
+    temperature: float = 1.0
+    temperature_key: str = POLICY_TEMPERATURE
+
+    def mapping_entry(self, alias: str) -> str:
+        """The recipe key of one alias's checkpoint."""
+        return self.mapping_key if self.kind == "distillation" else f"{self.mapping_key}.{alias}"
+
+
+def teacher_source(cfg: DictConfig) -> TeacherSource:
+    """The recipe's teachers: MOPD when it has ``on_policy_distillation``, else classic
+    distillation when it has a ``teacher`` block, else an error saying what podium looks for."""
+    if resolve_section(cfg, OPD, required=False) is not None:
+        return _mopd(cfg)
+    if resolve_section(cfg, f"{TEACHER}.model_name", required=False) is not None:
+        return _distillation(cfg)
+    raise ConfigError(f"{MAPPING}: missing from the recipe (podium plans the teachers of a MOPD recipe, "
+                      f"'{OPD}.teacher_model_by_agent_name', or of a distillation recipe, '{TEACHER}.model_name')")
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    return value
+
+
+def _temperature(value: Any, where: str) -> float:
+    """A sampling temperature, which NeMo RL's teachers divide their logits by (None: 1)."""
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{where}: must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _mopd(cfg: DictConfig) -> TeacherSource:
+    mapping = resolve_section(cfg, MAPPING, required=False)
+    if mapping is None:
+        raise ConfigError(f"{MAPPING}: missing from the recipe")
+    default_alias = resolve_section(cfg, f"{OPD}.default_teacher_alias", required=False)
+    dedup = resolve_section(cfg, f"{OPD}.deduplicate_shared_teacher_checkpoints", required=False)
+    defaults = _mapping(resolve_section(cfg, DEFAULT_CFG, required=False) or {}, DEFAULT_CFG)
+    return TeacherSource(
+        kind="mopd",
+        mapping=mapping,
+        mapping_key=MAPPING,
+        defaults=defaults,
+        origins={key: f"{DEFAULT_CFG}.{key}" for key in defaults},
+        overrides=_mapping(resolve_section(cfg, OVERRIDES, required=False) or {}, OVERRIDES),
+        default_alias=default_alias,
+        strict=bool(resolve_section(cfg, f"{OPD}.strict_agent_name_match", required=False) or False),
+        dedup=True if dedup is None else bool(dedup),
+        temperature=_temperature(resolve_section(cfg, POLICY_TEMPERATURE, required=False), POLICY_TEMPERATURE),
+    )
+
+
+def _distillation(cfg: DictConfig) -> TeacherSource:
+    block = _mapping(resolve_section(cfg, TEACHER), TEACHER)
+    megatron = block.get("megatron_cfg") or {}
+    backend, keys = ("megatron_cfg", _MEGATRON_KEYS) if megatron.get("enabled") else ("dtensor_cfg", _DTENSOR_KEYS)
+    sizes = _mapping(block.get(backend) or {}, f"{TEACHER}.{backend}")
+    defaults: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for theirs, ours in keys.items():
+        if sizes.get(theirs) is not None:
+            defaults[ours], origins[ours] = sizes[theirs], f"{TEACHER}.{backend}.{theirs}"
+    for theirs, ours in (("precision", "precision"), ("logprob_batch_size", "micro_batch_size")):
+        if block.get(theirs) is not None:
+            defaults[ours], origins[ours] = block[theirs], f"{TEACHER}.{theirs}"
+    gpus = resolve_section(cfg, "cluster.gpus_per_node", required=False)
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        # NeMo RL runs the teacher on the trainer's nodes; podium gives it the nodes its model
+        # parallel size needs, whole nodes of the cluster's size
+        model_parallel = 1
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            value = defaults.get(key, 1)
+            model_parallel *= value if isinstance(value, int) and value > 0 else 1
+        defaults["num_nodes"] = max(1, -(-model_parallel // gpus))
+        origins["num_nodes"] = f"{TEACHER}.{backend} parallel sizes over cluster.gpus_per_node"
+    temperature_key = f"{TEACHER}.generation.temperature"
+    return TeacherSource(
+        kind="distillation",
+        mapping={DISTILLATION_ALIAS: block.get("model_name")},
+        mapping_key=f"{TEACHER}.model_name",
+        defaults=defaults,
+        origins=origins,
+        temperature=_temperature(resolve_section(cfg, temperature_key, required=False), temperature_key),
+        temperature_key=temperature_key,
+    )
