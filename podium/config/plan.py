@@ -186,7 +186,7 @@ def checkpoint_problems(spec: TeacherSpec) -> list[str]:
     """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
     if not Path(spec.model_name).is_absolute():
         return []
-    problem = checkpoint_problem(spec.model_name)
+    problem = checkpoint_problem(spec.model_name, spec.expert_model_parallel_size)
     return [f"teacher {spec.name!r}: {problem}"] if problem else []
 
 
@@ -330,7 +330,7 @@ def _alias_settings(
     try:
         layout.check(f"teacher {alias!r}")
     except LayoutError as exc:
-        where = ", ".join(origins[k] for k in exc.keys if k in origins)
+        where = ", ".join(dict.fromkeys(origins[k] for k in exc.keys if k in origins))
         raise ConfigError(f"{exc} (from {where})" if where else str(exc)) from None
     values.update(layout.model_dump())
     return _AliasSettings(alias, values, origins, megatron)

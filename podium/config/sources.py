@@ -133,7 +133,7 @@ def _distillation(cfg: DictConfig) -> TeacherSource:
             value = defaults.get(key, 1)
             model_parallel *= value if isinstance(value, int) and value > 0 else 1
         defaults["num_nodes"] = max(1, -(-model_parallel // gpus))
-        origins["num_nodes"] = f"{TEACHER}.{backend} parallel sizes over cluster.gpus_per_node"
+        origins["num_nodes"] = f"{TEACHER}.{backend}"  # its model-parallel size over cluster.gpus_per_node
     temperature_key = f"{TEACHER}.generation.temperature"
     return TeacherSource(
         kind="distillation",

@@ -39,7 +39,10 @@ class NemoRLWiringError(ValueError):
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
-    """A plain dict of a dict or OmegaConf node (interpolations resolved)."""
+    """A plain dict of a dict, an OmegaConf node (interpolations resolved) or a pydantic model
+    (NeMo RL's ``OnPolicyDistillationConfig``, dumped as its ``opd._opd_cfg`` dumps it)."""
+    if hasattr(cfg, "model_dump"):
+        return dict(cfg.model_dump(exclude_none=True))
     try:
         from omegaconf import DictConfig, OmegaConf
 

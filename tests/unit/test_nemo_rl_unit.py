@@ -96,6 +96,23 @@ def test_wiring_a_recipe_the_run_does_not_serve_names_the_key(two_teacher_run: P
         teacher_worker_groups(two_teacher_run, section, ready_timeout_s=0.1)
 
 
+def test_the_section_may_come_as_nemo_rl_holds_it(two_teacher_run: Path) -> None:
+    """A dict, an OmegaConf node, or a pydantic model (NeMo RL's MasterConfig holds an
+    OnPolicyDistillationConfig): each is read the same way."""
+    from omegaconf import OmegaConf
+    from pydantic import BaseModel
+
+    class OnPolicyDistillationConfig(BaseModel):
+        enabled: bool = True
+        teacher_model_by_agent_name: dict[str, str] = {}
+        default_teacher_alias: str | None = None
+
+    section = {"teacher_model_by_agent_name": {"swe": "/ckpt/swe"}}
+    for form in (section, OmegaConf.create(section), OnPolicyDistillationConfig(**section)):
+        with pytest.raises(NemoRLWiringError, match="teacher_model_by_agent_name.swe: run 'r'"):
+            teacher_worker_groups(two_teacher_run, form, ready_timeout_s=0.1)
+
+
 def test_the_shipped_distillation_recipe_plans_its_teacher(nemo_rl_configs: Path) -> None:
     recipe = nemo_rl_configs / DISTILLATION_RECIPE
     plan = load_plan(recipe)
