@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from podium.net import find_free_port
 from podium.teacher.worker import TeacherWorker
 
 
@@ -14,9 +15,10 @@ def test_port_held_on_another_address_of_the_node_is_not_picked() -> None:
     # although p binds on 127.0.0.2 alone.
     worker = TeacherWorker.__new__(TeacherWorker)  # pick_master_port needs no setup
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
-        other.bind(("127.0.0.3", 0))
+        # below the kernel's ephemeral range: once released, no outgoing connection takes it meanwhile
+        held = find_free_port((21000, 21999), "127.0.0.3")
+        other.bind(("127.0.0.3", held))
         other.listen()
-        held = other.getsockname()[1]
         with pytest.raises(OSError, match=f"no free port in {held}-{held}"):
             worker.pick_master_port((held, held))
     assert worker.pick_master_port((held, held)) == held  # free again once released
