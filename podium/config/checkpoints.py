@@ -25,6 +25,19 @@ from typing import Literal
 
 CheckpointFormat = Literal["hf", "torch_dist"]
 
+# The HF architectures podium loads (``config.json`` ``architectures``), by the family of name
+# maps that reads them (``podium.teacher.hf_checkpoint``): the one list, checked at plan time.
+ARCHITECTURE_FAMILIES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "llama",  # + routed experts (mlp.gate, mlp.experts.E.*_proj)
+    "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
+    "GPT2LMHeadModel": "gpt2",
+}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_FAMILIES)
+
 HF_CONFIG = "config.json"
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -100,12 +113,32 @@ def detect_format(path: str | Path) -> CheckpointFormat | None:
         return None
 
 
-def checkpoint_problem(path: str | Path) -> str | None:
-    """Why podium cannot load the local checkpoint ``path``, or None when it can."""
+def checkpoint_problem(path: str | Path, expert_model_parallel_size: int = 1) -> str | None:
+    """Why podium cannot load the local checkpoint ``path`` (its format, its architecture, or
+    experts that EP does not divide), or None when it can."""
     try:
-        find_checkpoint(path)
+        found = find_checkpoint(path)
     except CheckpointError as exc:
         return str(exc)
+    if found.kind != "hf":
+        return None
+    try:
+        config = json.loads((found.path / HF_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        return f"checkpoint {found.path}: unreadable {HF_CONFIG}: {exc}"
+    archs = list(config.get("architectures") or [])
+    if not any(a in ARCHITECTURE_FAMILIES for a in archs):
+        return (f"checkpoint {found.path}: architecture {', '.join(archs) or config.get('model_type')!r} is not "
+                f"supported (podium loads {', '.join(SUPPORTED_ARCHITECTURES)}); convert it to a Megatron "
+                "torch_dist checkpoint with megatron-bridge, or serve another checkpoint")
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    ep = int(expert_model_parallel_size)
+    if ep > 1 and not experts:
+        return (f"checkpoint {found.path}: expert_model_parallel_size={ep} but {', '.join(archs)} has no routed "
+                "experts; set it to 1")
+    if experts and experts % ep:
+        return (f"checkpoint {found.path}: {experts} experts cannot be split over EP{ep} "
+                f"({experts} / {ep} is not a whole number per rank); choose an EP that divides {experts}")
     return None
 
 

@@ -147,6 +147,10 @@ def build_and_load(
             tp_rank=parallel_state.get_tensor_model_parallel_rank(),
             tp_size=tp,
             padded_vocab_size=padded,
+            ep_rank=parallel_state.get_expert_model_parallel_rank(),
+            ep_size=parallel_state.get_expert_model_parallel_world_size(),
+            etp_rank=parallel_state.get_expert_tensor_parallel_rank(),
+            etp_size=parallel_state.get_expert_tensor_parallel_world_size(),
         )
         stats = load_hf_weights(model, resolved.path, desc, layout)
     elapsed = time.perf_counter() - started

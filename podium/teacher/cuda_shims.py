@@ -1,8 +1,9 @@
 """CPU-only shims for megatron-core: the few CUDA calls it makes even when running on CPU/gloo.
 
 This module owns every monkeypatch podium applies to torch/megatron, so that an upgrade has one
-place to look. They are applied only when CUDA is absent (``torch.cuda.is_available()`` is False),
-by the worker process before it builds a model, and by ``convert`` before it saves a checkpoint.
+place to look. They are applied only when CUDA is absent (``torch.cuda.is_available()`` is False;
+``te_general_gemm``: when TransformerEngine is), by the worker process before it builds a model,
+and by ``convert`` before it saves a checkpoint.
 
 What megatron-core 0.16.1 needs on a CPU-only torch build (each shim is named; the test
 ``tests/teacher/test_cuda_shims.py`` runs, for each one, the megatron code path with all shims but
@@ -19,6 +20,19 @@ new one, fails that test instead of hiding):
     With PP > 1 and tied embeddings, ``LanguageModule.setup_embeddings_and_output_layer`` moves the
     shared weight with ``tensor.cuda()`` before its all-reduce. The shim makes ``Tensor.cuda`` return
     the tensor unchanged *only during that call*.
+``te_general_gemm``
+    The MoE router's forward tests ``te_general_gemm is not None``, a name ``moe_utils`` defines
+    only when TransformerEngine imports: ``NameError`` without TE, *also on a GPU*. The shim defines
+    it as ``None`` (the router then uses torch). Applied wherever TE is absent.
+``moe_dtoh_stream``
+    Building the ``alltoall`` token dispatcher creates a class-wide ``torch.cuda.Stream()`` for its
+    device-to-host copies. The shim sets a placeholder, so none is created.
+``moe_dtoh_sync``
+    The ``alltoall`` dispatcher's forward copies the split sizes to the host on that stream
+    (``torch.cuda.current_stream``, ``torch.cuda.stream``, an event) and hands them to
+    ``all_to_all_single``, which on gloo takes Python lists only. The shim does the same step with
+    no stream work: split sizes become lists (``output_splits_tp`` a numpy array, as megatron reads
+    it with ``.tolist()``).
 """
 
 from __future__ import annotations
@@ -30,7 +44,9 @@ from typing import Any, Callable, Iterable
 
 logger = logging.getLogger(__name__)
 
-SHIM_NAMES: tuple[str, ...] = ("current_device", "synchronize", "tied_embedding_cuda")
+SHIM_NAMES: tuple[str, ...] = ("current_device", "synchronize", "tied_embedding_cuda", "te_general_gemm",
+                               "moe_dtoh_stream", "moe_dtoh_sync")
+NO_TE_SHIMS: tuple[str, ...] = ("te_general_gemm",)  # needed wherever TransformerEngine is absent
 
 _applied: set[str] = set()
 _lock = threading.Lock()
@@ -85,10 +101,53 @@ def _shim_tied_embedding_cuda() -> None:
     LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer  # type: ignore[method-assign]
 
 
+def _shim_te_general_gemm() -> None:
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+class _NoStream:
+    """Stands where the ``alltoall`` dispatcher keeps its device-to-host CUDA stream."""
+
+    __podium_shim__ = True
+
+
+def _shim_moe_dtoh_stream() -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    if MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NoStream()
+
+
+def _shim_moe_dtoh_sync() -> None:
+    import numpy as np
+    import torch
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    def as_list(value: Any) -> Any:
+        return value.tolist() if isinstance(value, (torch.Tensor, np.ndarray)) else value
+
+    def _maybe_dtoh_and_synchronize(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            self.input_splits = as_list(self.input_splits)
+            self.output_splits = as_list(self.output_splits)
+            if isinstance(self.output_splits_tp, torch.Tensor):
+                self.output_splits_tp = self.output_splits_tp.numpy()
+        return tokens_per_expert
+
+    _maybe_dtoh_and_synchronize.__podium_shim__ = True  # type: ignore[attr-defined]
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize  # type: ignore[method-assign]
+
+
 _SHIMS: dict[str, Callable[[], None]] = {
     "current_device": _shim_current_device,
     "synchronize": _shim_synchronize,
     "tied_embedding_cuda": _shim_tied_embedding_cuda,
+    "te_general_gemm": _shim_te_general_gemm,
+    "moe_dtoh_stream": _shim_moe_dtoh_stream,
+    "moe_dtoh_sync": _shim_moe_dtoh_sync,
 }
 assert tuple(_SHIMS) == SHIM_NAMES
 
@@ -96,17 +155,22 @@ assert tuple(_SHIMS) == SHIM_NAMES
 def apply_cuda_shims(skip: Iterable[str] = ()) -> tuple[str, ...]:
     """Apply every shim (except ``skip``) once per process when CUDA is absent; return those active.
 
-    With CUDA present this does nothing and returns ``()``. ``skip`` exists for the test that checks
-    each shim is still needed.
+    With CUDA present only the shims for a missing TransformerEngine apply. ``skip`` exists for the
+    test that checks each shim is still needed.
     """
     skip = set(skip)
     unknown = skip - set(SHIM_NAMES)
     if unknown:
         raise ValueError(f"unknown CUDA shim(s) {sorted(unknown)}; known: {list(SHIM_NAMES)}")
-    if cuda_available():
+    import importlib.util
+
+    cuda = cuda_available()
+    te = importlib.util.find_spec("transformer_engine") is not None
+    wanted = [n for n in SHIM_NAMES if not cuda or (n in NO_TE_SHIMS and not te)]
+    if not wanted:
         return ()
     with _lock:
-        for name in SHIM_NAMES:
+        for name in wanted:
             if name in skip or name in _applied:
                 continue
             _SHIMS[name]()

@@ -4,8 +4,9 @@ This module owns:
 
 - ``describe_hf_config``: the normalised architecture (:class:`ModelDescription`) of an HF
   ``config.json`` for the families podium maps by hand: Llama, Mistral, Qwen2 (q/k/v bias),
-  Qwen3 (q/k RMSNorm) and GPT-2. Anything else is a ``ValueError`` naming the checkpoint and the
-  architecture.
+  Qwen3 (q/k RMSNorm), the MoE models Qwen3-MoE (q/k norm, layer mix by ``decoder_sparse_step``
+  / ``mlp_only_layers``, ``norm_topk_prob``) and Mixtral, and GPT-2. Anything else is a
+  ``ValueError`` naming the checkpoint, the architecture and the supported list.
 - :class:`SafetensorsCheckpoint`: the tensors of a directory (``model.safetensors`` or a sharded
   ``model.safetensors.index.json``), opened lazily with ``safe_open``; ``get_slice`` reads only the
   requested rows/columns from disk.
@@ -22,6 +23,9 @@ Layouts (Megatron side, TP rank ``r`` of ``tp``):
 - row-parallel ``linear_proj``/``linear_fc2``: the rank's input columns; biases whole.
 - vocabulary (embedding, output layer): rows ``[r·Vp/tp, (r+1)·Vp/tp)`` of the padded vocabulary;
   rows at or past the real vocabulary are zeros (their logits are masked at the head).
+- routed experts (local spec, ``SequentialMLP``): the router ``[E, h]`` whole on every rank;
+  EP rank ``e`` holds experts ``[e·E/EP, (e+1)·E/EP)``, each split over expert-TP as a dense
+  SwiGLU MLP over TP (fc1 ``cat[gate_r, up_r]``, fc2 the rank's columns).
 - GPT-2's Conv1D weights are ``[in, out]``: sliced on the other axis and transposed.
 - tied output layer (``tie_word_embeddings``): the last PP stage's ``output_layer.weight`` comes
   from the embedding tensor.
@@ -37,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from podium.config.checkpoints import SAFE_INDEX, SAFE_SINGLE
+from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SAFE_INDEX, SAFE_SINGLE, SUPPORTED_ARCHITECTURES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -45,15 +49,14 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 
-# HF architecture name -> family handled by the maps below.
-_FAMILIES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "llama",
-    "Qwen3ForCausalLM": "llama",
-    "GPT2LMHeadModel": "gpt2",
+# HF architecture name -> family handled by the maps below (the one list: config.checkpoints).
+_FAMILIES = ARCHITECTURE_FAMILIES
+# HF names of an MoE layer's router and experts, per architecture: (block prefix, router, expert
+# gate/up/down projections).
+_MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
+    "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
 }
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,18 @@ class ModelDescription:
     qk_norm: bool = False
     tied_embeddings: bool = False
     sliding_window: int | None = None
+    # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
+    # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[bool, ...] = ()
     hf_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def any_linear_bias(self) -> bool:
@@ -175,7 +189,8 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
     hidden = int(config["hidden_size"])
     theta, scaling = _rope(config, checkpoint)
     attention_bias = bool(config.get("attention_bias", False))
-    sliding = config.get("sliding_window") if model_type == "mistral" else None
+    sliding = config.get("sliding_window") if model_type in ("mistral", "mixtral") else None
+    layers = int(config["num_hidden_layers"])
     return ModelDescription(
         architecture=arch,
         family=family,
@@ -196,11 +211,35 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
         qkv_bias=attention_bias or arch == "Qwen2ForCausalLM",
         attn_out_bias=attention_bias and arch != "Qwen2ForCausalLM",
         mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         sliding_window=int(sliding) if sliding else None,
+        **(_moe_fields(config, arch, layers, checkpoint) if arch in _MOE_NAMES else {}),
         hf_config=dict(config),
     )
+
+
+def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: str) -> dict[str, Any]:
+    """The routed-expert fields of a Qwen3-MoE / Mixtral config (names differ by family and by
+    transformers version: ``num_experts`` or ``num_local_experts``)."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    if config.get("shared_expert_intermediate_size"):
+        raise ValueError(f"checkpoint {checkpoint}: {arch} shared experts are not supported")
+    if arch == "Qwen3MoeForCausalLM":
+        step = int(config.get("decoder_sparse_step") or 1)
+        dense = {int(i) for i in (config.get("mlp_only_layers") or [])}
+        moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+        ffn = int(config["moe_intermediate_size"])
+        norm = bool(config.get("norm_topk_prob", False))
+    else:  # Mixtral: every layer, experts of intermediate_size, top-k weights renormalised
+        moe_layers = (True,) * layers
+        ffn = int(config["intermediate_size"])
+        norm = True
+    return dict(num_experts=experts, moe_topk=topk, moe_ffn_hidden_size=ffn, norm_topk_prob=norm,
+                moe_layers=moe_layers)
 
 
 class SafetensorsCheckpoint:
@@ -288,11 +327,16 @@ _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 @dataclass(frozen=True)
 class RankLayout:
-    """What a rank holds: its TP coordinates and the padded vocabulary."""
+    """What a rank holds: its TP coordinates, the padded vocabulary and, for routed experts, its
+    expert-parallel rank (which experts) and expert-TP rank (which slice of each)."""
 
     tp_rank: int
     tp_size: int
     padded_vocab_size: int
+    ep_rank: int = 0
+    ep_size: int = 1
+    etp_rank: int = 0
+    etp_size: int = 1
 
 
 class _Reader:
@@ -335,10 +379,38 @@ def _fuse_qkv(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", groups: i
     return torch.cat([q, k, v], dim=1).reshape(groups * (q_per_group + 2) * head_dim, *rest)
 
 
+_EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+
+
+def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
+    """An MoE layer's router and this rank's experts: local expert ``i`` of EP rank ``e`` is
+    global expert ``e · E/EP + i``; each is split over expert-TP like a dense MLP over TP."""
+    import torch
+
+    d = r.desc
+    block, router, (gate, up, down) = _MOE_NAMES[d.architecture]
+    p = f"model.layers.{layer}.{block}"
+    if local == "mlp.router.weight":
+        return r.ckpt.read(p + f"{router}.weight")
+    match = _EXPERT_RE.match(local)
+    if match is None:
+        return None
+    lay = r.lay
+    expert = lay.ep_rank * (d.num_experts // lay.ep_size) + int(match.group(1))
+    size = d.moe_ffn_hidden_size // lay.etp_size
+    part = slice(lay.etp_rank * size, (lay.etp_rank + 1) * size)
+    e = f"{p}experts.{expert}."
+    if match.group(2) == "linear_fc1":
+        return torch.cat([r.ckpt.read(e + f"{gate}.weight", rows=part), r.ckpt.read(e + f"{up}.weight", rows=part)])
+    return r.ckpt.read(e + f"{down}.weight", cols=part)
+
+
 def _llama_sources(r: _Reader, layer: int | None, local: str) -> "torch.Tensor | None":
     import torch
 
     d = r.desc
+    if layer is not None and d.is_moe and d.moe_layers[layer] and local.startswith("mlp."):
+        return _moe_sources(r, layer, local)
     if layer is None:
         if local == "embedding.word_embeddings.weight":
             return r.vocab_rows("model.embed_tokens.weight")

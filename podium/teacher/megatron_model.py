@@ -54,8 +54,7 @@ TRAINING_ONLY_KEYS: frozenset[str] = frozenset(
         "distributed_data_parallel_config",
         "train_iters",
         "freeze_moe_router",
-        "moe_router_dtype",
-        "moe_router_load_balancing_type",
+        "moe_router_load_balancing_type",  # inference routing is forced (see moe_settings)
         "moe_router_bias_update_rate",
         "moe_permute_fusion",
         "apply_rope_fusion",
@@ -125,6 +124,17 @@ def check_model_layout(desc: ModelDescription, parallel: Mapping[str, int], wher
         raise ValueError(f"{who}: TP{tp} must divide the MLP size ({desc.ffn_hidden_size})")
     if desc.num_layers % pp:
         raise ValueError(f"{who}: PP{pp} must divide the number of layers ({desc.num_layers})")
+    ep = int(parallel.get("expert_model_parallel_size", 1))
+    etp = int(parallel.get("expert_tensor_parallel_size", 1))
+    if not desc.is_moe and (ep > 1 or etp > 1):
+        raise ValueError(f"{who}: has no routed experts; expert_model_parallel_size={ep} / "
+                         f"expert_tensor_parallel_size={etp} need an MoE model (set them to 1)")
+    if desc.is_moe:
+        if desc.num_experts % ep:
+            raise ValueError(f"{who}: EP{ep} must divide the experts ({desc.num_experts}): "
+                             f"{desc.num_experts} experts / EP{ep} is not a whole number per rank")
+        if desc.moe_ffn_hidden_size % etp:
+            raise ValueError(f"{who}: expert-TP{etp} must divide the experts' MLP size ({desc.moe_ffn_hidden_size})")
     if cp > 1 and not te_available():
         raise ValueError(f"{who}: CP{cp} needs TransformerEngine's attention on CUDA (not available here)")
 
@@ -201,10 +211,75 @@ def build_transformer_config(
     if desc.sliding_window:
         kwargs["window_size"] = (desc.sliding_window - 1, 0)
     kwargs.update(config_overrides)
+    if desc.is_moe:
+        kwargs.update(moe_settings(desc, parallel, config_overrides, where))
     try:
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise ValueError(f"{desc.architecture}: invalid Megatron TransformerConfig ({exc})") from exc
+
+
+def moe_dispatcher(parallel: Mapping[str, int], requested: str | None) -> str:
+    """The token dispatcher: on CUDA the recipe's (default ``alltoall``); on CPU/gloo
+    ``alltoall`` (with the CPU shims), or ``allgather`` where expert-TP exceeds attention-TP
+    (gloo cannot all-gather tensors of different sizes, which ``alltoall`` would need there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return requested or "alltoall"
+    tp = int(parallel.get("tensor_model_parallel_size", 1))
+    etp = int(parallel.get("expert_tensor_parallel_size", 1))
+    chosen = "allgather" if etp > tp else "alltoall"
+    if requested not in (None, chosen):
+        logger.info("moe_token_dispatcher_type=%r needs CUDA; using %r on CPU/gloo", requested, chosen)
+    return chosen
+
+
+# What an inference teacher's routing must be, whatever the recipe trained with: dropless (no
+# capacity, no padding to it), the router's own top-k weights (no scaling), no sinkhorn (it changes
+# routing even in eval), no losses, no jitter.
+MOE_INFERENCE: dict[str, Any] = {
+    "moe_expert_capacity_factor": None,
+    "moe_pad_expert_input_to_capacity": False,
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_load_balancing_type": "none",
+    "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None,
+    "moe_input_jitter_eps": None,
+}
+
+
+def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides: Mapping[str, Any],
+                 where: str = "megatron_cfg_overrides") -> dict[str, Any]:
+    """The MoE part of the TransformerConfig: the experts and routing of the checkpoint (an
+    override may repeat them, not contradict them), the inference settings (forced, logged when an
+    override differs) and the dispatcher for this device."""
+    import torch
+
+    from_checkpoint: dict[str, Any] = {
+        "num_moe_experts": desc.num_experts,
+        "moe_router_topk": desc.moe_topk,
+        "moe_ffn_hidden_size": desc.moe_ffn_hidden_size,
+        # HF norm_topk_prob: top-k of the logits, softmax over those k (renormalised); without it,
+        # softmax over all experts first, the top-k probabilities as they are
+        "moe_router_pre_softmax": not desc.norm_topk_prob,
+        "moe_router_score_function": "softmax",
+        "moe_layer_freq": [int(m) for m in desc.moe_layers],
+    }
+    for key, value in from_checkpoint.items():
+        if key in overrides and overrides[key] != value:
+            raise ValueError(f"{where}: {key}={overrides[key]!r} contradicts the checkpoint ({desc.architecture}: "
+                             f"{key}={value!r}); remove it")
+    forced = dict(MOE_INFERENCE)
+    if not te_available():
+        forced.update(moe_grouped_gemm=False, moe_router_fusion=False, moe_permute_fusion=False)
+    for key, value in forced.items():
+        if key in overrides and overrides[key] != value:
+            logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key], value)
+    dispatcher = moe_dispatcher(parallel, overrides.get("moe_token_dispatcher_type"))
+    if not torch.cuda.is_available() and dispatcher == "allgather":
+        logger.info("expert-TP > TP on CPU/gloo: allgather token dispatcher")
+    return {**from_checkpoint, **forced, "moe_token_dispatcher_type": dispatcher}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,10 +461,21 @@ def install_lean_swiglu(model: Any) -> int:
     return count
 
 
-def layer_spec(desc: ModelDescription, use_te: bool) -> Any:
-    """TE spec (GPU with TransformerEngine) or the local spec with SDPA core attention."""
+def layer_spec(desc: ModelDescription, use_te: bool, config: "TransformerConfig | None" = None) -> Any:
+    """TE spec (GPU with TransformerEngine) or the local spec with SDPA core attention; for an
+    MoE model the decoder block's per-layer specs (dense and MoE layers as ``moe_layer_freq``
+    says; local experts as ``SequentialMLP``)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    if desc.is_moe:
+        if config is None:
+            raise ValueError(f"{desc.architecture}: an MoE layer spec needs the TransformerConfig")
+        block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=use_te,
+                                                 normalization=desc.normalization)
+        if not use_te:
+            for spec in block.layer_specs:
+                spec.submodules.self_attention.submodules.core_attention = _sdpa_core_attention_cls()
+        return block
     if use_te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=desc.qk_norm)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=desc.qk_norm, normalization=desc.normalization)
@@ -423,7 +509,7 @@ def build_gpt_model(
             kwargs.update(seq_len_interpolation_factor=float(scaling["factor"]))
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(desc, use_te),
+        transformer_layer_spec=layer_spec(desc, use_te, config),
         vocab_size=padded_vocab,
         max_sequence_length=desc.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -223,6 +223,8 @@ class TeacherWorker:
             "cp_rank": self.cp_rank,
             "dp_rank": self.dp_rank,
             "dp_size": self.dp_size,
+            "ep_rank": parallel_state.get_expert_model_parallel_rank(),
+            "etp_rank": parallel_state.get_expert_tensor_parallel_rank(),
             "is_output": bool(self.is_last and self.tp_rank == 0 and self.cp_rank == 0),
             "checkpoint_kind": loaded.checkpoint.kind,
             "checkpoint_path": str(loaded.checkpoint.path),

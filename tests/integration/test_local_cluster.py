@@ -1,6 +1,7 @@
 """``cluster: local`` end to end, as a user runs it: ``podium up --wait`` from a script that captures
 its output, ``status``, a trainer call checked against transformers (at the recipe's temperature) and NeMo RL's
-MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; and the
+MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; a Qwen3-MoE teacher at EP2 called by
+podium's client and by ``tritonclient``; and the
 README's first command, ``podium demo``.
 
 No Slurm: submitit's local controller runs the same node entry, Ray head and Megatron group.
@@ -23,6 +24,7 @@ from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from launcher_helpers import RAY_PORTS
 from podium.launcher.cleanup import run_processes
 from podium.launcher.run_dir import known_teachers
+from podium.rendezvous.token import read_token
 
 TOL = 2e-3
 TEMPERATURE = 0.9
@@ -100,6 +102,51 @@ podium:
     assert down.returncode == 0 and "stopped: math" in down.stdout, down.stderr
     for _, files in known_teachers(run_dir):
         assert run_processes(files) == {}  # every process the job started has ended
+
+
+def test_local_moe_teacher_at_ep2_serves_podium_client_and_tritonclient(tiny_qwen3_moe_checkpoint: Path,
+                                                                       tmp_path: Path) -> None:
+    """A Qwen3-MoE teacher with its experts split over two workers (EP2), through ``podium up``."""
+    import tritonclient.http as triton
+
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{moe: {tiny_qwen3_moe_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 2, expert_model_parallel_size: 2, precision: fp32}}
+podium:
+  cluster: local
+  run_dir: {run_dir}
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
+""")
+    try:
+        up = podium_cli("up", str(recipe), "--wait", "--timeout", "300")
+        assert up.returncode == 0, up.stdout + up.stderr[-3000:]
+        data = random_batch(256, [7, 12, 3], seed=5)
+        expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+        with podium.connect(run_dir / "rendezvous.json", ready_timeout_s=60) as client:
+            got = client.get_logprobs("moe", data)["logprobs"].numpy()
+            record = client.teacher("moe").record
+        assert float(np.abs(got - expected).max()) < TOL
+        assert record.model.data_parallel_size == 2  # TP1 on 2 workers: attention data-parallel, experts split
+        assert record.model.parallel_sizes["expert_model_parallel_size"] == 2
+        token = read_token(run_dir / "auth_token")
+        http = triton.InferenceServerClient(record.url.split("//", 1)[1])
+        ids = data["input_ids"].numpy()
+        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"), triton.InferInput("input_lengths", [3], "INT64")]
+        inputs[0].set_data_from_numpy(ids)
+        inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
+        result = http.infer("moe", inputs, headers={"Authorization": f"Bearer {token}"})
+        assert float(np.abs(result.as_numpy("logprobs") - expected).max()) < TOL
+        http.close()
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}
 
 
 def test_demo_the_readme_first_command(tmp_path: Path) -> None:

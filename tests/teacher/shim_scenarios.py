@@ -6,7 +6,10 @@ the scenario; exit status 0 when it worked, 3 when it failed (the error is print
 Scenarios:
 - ``forward``: one rank, a tiny GPTModel forward (needs ``current_device``);
 - ``save``: one rank, ``dist_checkpointing.save`` of that model (needs ``synchronize``);
-- ``tied_pp2``: two ranks, PP2 with tied embeddings, model construction (needs ``tied_embedding_cuda``).
+- ``tied_pp2``: two ranks, PP2 with tied embeddings, model construction (needs ``tied_embedding_cuda``);
+- ``moe_ep2``: two ranks, a Qwen3-MoE-shaped model built as podium builds it (experts split EP2,
+  the ``alltoall`` dispatcher), one forward (needs ``te_general_gemm``, ``moe_dtoh_stream``,
+  ``moe_dtoh_sync``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str)
     from podium.teacher.worker import destroy_parallel, init_parallel
 
     apply_cuda_shims(skip=[skip] if skip else [])
+    if scenario == "moe_ep2":
+        _moe_forward(rank, world, store)
+        return
     init_parallel(rank, world, store, {"pipeline_model_parallel_size": world})
     try:
         model = _build(world)
@@ -67,14 +73,43 @@ def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str)
         destroy_parallel()
 
 
+MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
+    "norm_topk_prob": True, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 8, "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+}
+
+
+def _moe_forward(rank: int, world: int, store: str) -> None:
+    import torch
+
+    from podium.teacher.hf_checkpoint import describe_hf_config
+    from podium.teacher.megatron_model import build_gpt_model, build_transformer_config
+    from podium.teacher.worker import destroy_parallel, init_parallel
+
+    parallel = {"expert_model_parallel_size": world}
+    init_parallel(rank, world, store, parallel)
+    try:
+        desc = describe_hf_config(MOE_CONFIG)
+        config = build_transformer_config(desc, parallel, "fp32")
+        assert config.moe_token_dispatcher_type == "alltoall", config.moe_token_dispatcher_type
+        model = build_gpt_model(desc, config, 64)
+        ids = torch.randint(0, 64, (2, 6 + rank))  # each rank its own rows: uneven token counts
+        with torch.no_grad():
+            model(ids, torch.arange(ids.shape[1])[None].expand_as(ids), None)
+    finally:
+        destroy_parallel()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["forward", "save", "tied_pp2"])
+    parser.add_argument("scenario", choices=["forward", "save", "tied_pp2", "moe_ep2"])
     parser.add_argument("--skip", default="")
     args = parser.parse_args()
     import torch.multiprocessing as mp
 
-    world = 2 if args.scenario == "tied_pp2" else 1
+    world = 2 if args.scenario in ("tied_pp2", "moe_ep2") else 1
     tmp = tempfile.mkdtemp(prefix="shims-")
     out = os.path.join(tmp, "ckpt")
     os.makedirs(out)

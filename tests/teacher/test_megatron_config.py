@@ -43,3 +43,42 @@ def test_padded_vocab():
     assert padded_vocab_size(101, 2) == 256
     assert padded_vocab_size(151936, 8, 128) == 152576
     assert padded_vocab_size(256, 2, 1) == 256
+
+
+def test_moe_routing_comes_from_the_checkpoint_and_inference_settings_are_forced(
+        tiny_qwen3_moe_checkpoint, tiny_qwen3_moe_unnormed_checkpoint, tiny_mixtral_checkpoint, caplog):
+    qwen = describe_model(tiny_qwen3_moe_checkpoint)
+    assert (qwen.num_experts, qwen.moe_topk, qwen.moe_ffn_hidden_size, qwen.moe_layers) == (4, 2, 32, (True, False, True))
+    # a recipe trained with capacity, sinkhorn and a flex dispatcher: an inference teacher is dropless
+    recipe = {"moe_expert_capacity_factor": 1.0, "moe_router_load_balancing_type": "sinkhorn",
+              "moe_token_dispatcher_type": "flex", "moe_router_dtype": "fp32"}
+    with caplog.at_level("INFO"):
+        cfg = build_transformer_config(qwen, {"expert_model_parallel_size": 2}, "fp32", recipe)
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (4, 2, 32)
+    assert cfg.moe_router_pre_softmax is False  # norm_topk_prob: softmax over the k chosen
+    assert cfg.moe_layer_freq == [1, 0, 1] and cfg.moe_router_score_function == "softmax"
+    assert cfg.moe_expert_capacity_factor is None and cfg.moe_router_topk_scaling_factor is None
+    assert cfg.moe_router_load_balancing_type == "none" and cfg.moe_router_dtype == "fp32"  # honoured
+    assert cfg.moe_token_dispatcher_type == "alltoall" and not cfg.moe_grouped_gemm  # CPU/gloo
+    assert "moe_expert_capacity_factor=1.0 is a training setting" in caplog.text
+    assert "'flex' needs CUDA" in caplog.text
+    unnormed = build_transformer_config(describe_model(tiny_qwen3_moe_unnormed_checkpoint), {}, "fp32")
+    assert unnormed.moe_router_pre_softmax is True  # softmax over all experts, top-k weights as they are
+    mixtral = describe_model(tiny_mixtral_checkpoint)
+    assert mixtral.norm_topk_prob and mixtral.moe_layers == (True, True) and not mixtral.qk_norm
+    # expert-TP above attention-TP: gloo cannot all-gather unequal tensors, allgather dispatcher
+    wide = build_transformer_config(mixtral, {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2},
+                                    "fp32")
+    assert wide.moe_token_dispatcher_type == "allgather"
+
+
+def test_moe_layouts_and_overrides_that_cannot_work_name_the_arithmetic(tiny_qwen3_moe_checkpoint, tiny_llama_checkpoint):
+    qwen = describe_model(tiny_qwen3_moe_checkpoint)
+    with pytest.raises(ValueError, match=r"EP3 must divide the experts \(4\): 4 experts / EP3 is not a whole number"):
+        build_transformer_config(qwen, {"expert_model_parallel_size": 3}, "fp32")
+    with pytest.raises(ValueError, match=r"expert-TP3 must divide the experts' MLP size \(32\)"):
+        build_transformer_config(qwen, {"expert_tensor_parallel_size": 3}, "fp32")
+    with pytest.raises(ValueError, match=r"moe_router_topk=4 contradicts the checkpoint \(Qwen3MoeForCausalLM: moe_router_topk=2\)"):
+        build_transformer_config(qwen, {}, "fp32", {"moe_router_topk": 4})
+    with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
+        build_transformer_config(describe_model(tiny_llama_checkpoint), {"expert_model_parallel_size": 2}, "fp32")

@@ -3,6 +3,7 @@ written. Runs the real CLI through typer's runner on small recipe files."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -158,3 +159,36 @@ def test_missing_or_unrecognised_checkpoint_is_an_error_before_submit(tmp_path: 
         require_checkpoints(plan)
     assert "checkpoint /ckpt/math does not exist" in str(err.value)
     assert f"checkpoint {tmp_path / 'junk'} is neither an HF directory" in str(err.value)
+
+
+def _hf_dir(root: Path, name: str, config: dict) -> Path:
+    import json
+
+    path = root / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+@pytest.mark.parametrize("config, ep, message", [
+    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h"}, 1,
+     "architecture 'NemotronHForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
+     "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, GPT2LMHeadModel)"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
+     "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),
+    ({"architectures": ["LlamaForCausalLM"]}, 2, "expert_model_parallel_size=2 but LlamaForCausalLM has no routed experts"),
+])
+def test_a_checkpoint_podium_cannot_serve_is_refused_before_submit(tmp_path: Path, config: dict, ep: int,
+                                                                   message: str) -> None:
+    """Where the checkpoint's config is visible, its architecture and experts are checked at plan
+    time: never a crash on the allocation."""
+    from podium.config.errors import ConfigError
+    from podium.config.plan import load_plan, require_checkpoints
+
+    ckpt = _hf_dir(tmp_path, "ckpt", config)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(BASE.replace("/ckpt/math", str(ckpt)).replace("/ckpt/chat", str(ckpt))
+                      .replace("tensor_model_parallel_size: 2", f"tensor_model_parallel_size: 2\n      expert_model_parallel_size: {ep}"))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        require_checkpoints(load_plan(recipe))

@@ -1,0 +1,94 @@
+"""MoE teachers (routed experts) against HF transformers: Qwen3-MoE (``norm_topk_prob`` true and
+false, a dense layer between MoE layers) and Mixtral, on the real Megatron group (Ray, CPU/gloo,
+the ``alltoall`` dispatcher with the CPU shims), at the layouts that split experts differently:
+
+- TP1·EP1: one rank holds every expert;
+- TP1·EP2: two ranks, each with half the experts and its own rows (attention data-parallel,
+  uneven token counts per rank);
+- TP2·EP2·ETP1 and TP2·EP2·ETP2 on 4 ranks (2 nodes): attention split in two, experts in two
+  groups, whole or split again.
+
+One group per layout for the module; logprobs within 1e-4 of the oracle (fp32), top-k too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
+
+pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def qwen_ep1(ray_cluster, tiny_qwen3_moe_checkpoint):
+    yield from start_group(tiny_qwen3_moe_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def qwen_ep2(ray_cluster, tiny_qwen3_moe_checkpoint):
+    yield from start_group(tiny_qwen3_moe_checkpoint, per_node=2, expert_model_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def qwen_unnormed_ep2(ray_cluster, tiny_qwen3_moe_unnormed_checkpoint):
+    yield from start_group(tiny_qwen3_moe_unnormed_checkpoint, per_node=2, expert_model_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def qwen_tp2_ep2(ray_cluster, tiny_qwen3_moe_checkpoint):
+    yield from start_group(tiny_qwen3_moe_checkpoint, nodes=2, per_node=2, tp=2, expert_model_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def mixtral_tp2_ep2_etp2(ray_cluster, tiny_mixtral_checkpoint):
+    yield from start_group(tiny_mixtral_checkpoint, nodes=2, per_node=2, tp=2, expert_model_parallel_size=2,
+                           expert_tensor_parallel_size=2)
+
+
+def test_qwen3_moe_one_rank_holds_every_expert(qwen_ep1, tiny_qwen3_moe_checkpoint):
+    assert_matches_oracle(qwen_ep1, tiny_qwen3_moe_checkpoint, ragged_batch(VOCAB, seed=51), top_k=4)
+
+
+def test_qwen3_moe_experts_split_over_two_ranks_with_their_own_rows(qwen_ep2, tiny_qwen3_moe_checkpoint):
+    assert qwen_ep2.data_parallel_size == 2
+    assert sorted(i["ep_rank"] for i in qwen_ep2.worker_info) == [0, 1]
+    for lengths in [(5,), (3, 9, 1), (16, 2, 7, 7, 11)]:  # odd counts: ranks get different tokens
+        assert_matches_oracle(qwen_ep2, tiny_qwen3_moe_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)),
+                              top_k=3)
+
+
+def test_qwen3_moe_without_renormalised_top_k(qwen_unnormed_ep2, tiny_qwen3_moe_unnormed_checkpoint):
+    assert_matches_oracle(qwen_unnormed_ep2, tiny_qwen3_moe_unnormed_checkpoint, ragged_batch(VOCAB, seed=52))
+
+
+def test_qwen3_moe_tp2_ep2(qwen_tp2_ep2, tiny_qwen3_moe_checkpoint):
+    # attention split in two (TP2), the experts in two groups (EP2) of whole experts (ETP1)
+    info = qwen_tp2_ep2.worker_info
+    assert sorted(i["tp_rank"] for i in info) == sorted(i["ep_rank"] for i in info) == [0, 0, 1, 1]
+    assert {i["etp_rank"] for i in info} == {0}
+    assert_matches_oracle(qwen_tp2_ep2, tiny_qwen3_moe_checkpoint, ragged_batch(VOCAB, seed=53, width=18), top_k=4)
+
+
+def test_mixtral_tp2_ep2_with_experts_split_again(mixtral_tp2_ep2_etp2, tiny_mixtral_checkpoint):
+    assert_matches_oracle(mixtral_tp2_ep2_etp2, tiny_mixtral_checkpoint, ragged_batch(VOCAB, seed=54), top_k=4)
+
+
+def test_the_oracle_catches_a_forgotten_ep_offset_and_a_flipped_router(tiny_qwen3_moe_checkpoint, tmp_path):
+    """Negative controls (``moe_controls.py``, TP1·EP2): the same model built with every rank's
+    experts taken from 0, or with ``norm_topk_prob`` read the wrong way round, is far from HF;
+    as podium builds it, it matches."""
+    out = tmp_path / "diffs.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("moe_controls.py")), str(tiny_qwen3_moe_checkpoint),
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    diffs = json.loads(out.read_text())
+    assert diffs["right"] < 1e-4, diffs
+    assert diffs["no_ep_offset"] > 1e-2 and diffs["router_flipped"] > 1e-2, diffs
