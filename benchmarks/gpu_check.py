@@ -1,0 +1,191 @@
+"""The GPU path, checked in one command on a machine with one GPU (prints JSON).
+
+For each model (nothing is downloaded: random weights from a fixed seed, written as HF safetensors):
+
+- ``dense``: a Llama-like model of ~1B parameters (18 layers × 2048, GQA 16/8, 32k vocab);
+- ``moe``: a small Qwen3-MoE (8 layers × 1024, 8 experts, top-2);
+
+it builds podium's teacher group with NCCL at TP1 on the GPU (TransformerEngine's layer spec when
+TE is installed, the local spec otherwise; bf16), and reports:
+
+- ``max_abs_err``: logprobs against HF transformers on the same GPU and dtype;
+- ``podium_tok_per_s`` / ``hf_tok_per_s`` / ``ratio``: ``get_logprobs`` against HF's forward +
+  log-softmax in-process, ``--batch`` rows × ``--seq`` tokens, median of ``--reps``;
+- ``mfu``: model FLOPs (forward: 2 × active parameters per token + causal attention) per second
+  over the GPU's dense bf16 peak (by device name; null when unknown).
+
+``--dry-run`` (what CI runs, no GPU needed): the argument checks, both model configs as podium
+plans and builds them (``TransformerConfig``), the HF models constructed on the meta device
+(parameter counts, FLOPs per token) and the report, with no measurement.
+
+    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dense": ("llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=18,
+                            num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096)),
+    "moe": ("qwen3_moe", dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704,
+                              num_experts=8, num_experts_per_tok=2, mlp_only_layers=[], num_hidden_layers=8,
+                              num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                              max_position_embeddings=4096)),
+}
+# Dense bf16 peak (FLOP/s) by a substring of torch.cuda.get_device_name().
+PEAK_BF16: dict[str, float] = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
+                               "A10": 125e12, "B200": 2250e12}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="dense,moe", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: configs, meta-device models, the report")
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--models: unknown {unknown or 'none given'}; choose from {', '.join(MODELS)}")
+    for name in ("batch", "seq", "reps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def hf_model_class_and_config(name: str) -> tuple[Any, Any]:
+    import transformers
+
+    from podium.tiny import _BASE_CONFIGS
+
+    kind, overrides = MODELS[name]
+    config_cls, model_cls, base = _BASE_CONFIGS[kind]
+    config = getattr(transformers, config_cls)(**{**base, **overrides})
+    config.architectures = [model_cls]
+    return getattr(transformers, model_cls), config
+
+
+def describe(name: str, seq: int) -> dict[str, Any]:
+    """Parameters and forward FLOPs per token of a model, from its HF model on the meta device, and
+    podium's TransformerConfig for it (bf16, TP1): what the dry run checks."""
+    import torch
+
+    from podium.teacher.hf_checkpoint import describe_hf_config
+    from podium.teacher.megatron_model import build_transformer_config
+
+    model_cls, config = hf_model_class_and_config(name)
+    desc = describe_hf_config(config.to_dict(), name)
+    megatron = build_transformer_config(desc, {}, "bf16", use_cpu_initialization=True)
+    with torch.device("meta"):
+        model = model_cls(config)
+    params = sum(p.numel() for p in model.parameters())
+    embedding = desc.vocab_size * desc.hidden_size
+    if desc.is_moe:  # the experts a token does not visit do no work for it
+        per_expert = 3 * desc.hidden_size * desc.moe_ffn_hidden_size
+        idle = sum(desc.moe_layers) * (desc.num_experts - desc.moe_topk) * per_expert
+    else:
+        idle = 0
+    active = params - embedding - idle  # the input embedding is a lookup; the output layer is a matmul
+    attention = 2 * desc.num_layers * seq * desc.num_attention_heads * desc.head_dim  # causal: half of 4·L·s·d
+    return {"architecture": desc.architecture, "parameters": params, "active_parameters": active,
+            "flops_per_token": 2 * active + attention, "layers": desc.num_layers, "hidden": desc.hidden_size,
+            "experts": desc.num_experts, "dispatcher": getattr(megatron, "moe_token_dispatcher_type", None)
+            if desc.is_moe else None}
+
+
+def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from podium.config.spec import TeacherSpec
+    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.megatron_model import te_available
+    from podium.tiny import make_tiny_checkpoint, random_batch
+
+    kind, overrides = MODELS[name]
+    ckpt = make_tiny_checkpoint(kind, work / name, **overrides)
+    batch = random_batch(int(overrides["vocab_size"]), [args.seq] * args.batch, seed=3)
+    spec = TeacherSpec(key=hashlib.sha256(name.encode()).hexdigest()[:12], name=name, aliases=(name,), model_name=str(ckpt),
+                       num_nodes=1, gpus_per_node=1, precision="bf16", micro_batch_size=args.batch)
+    group = TeacherWorkerGroup(spec)
+    try:
+        out = group.get_logprobs(batch)["logprobs"]
+        timings = []
+        for _ in range(args.reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            group.get_logprobs(batch)
+            timings.append(time.perf_counter() - t0)
+        device = group.worker_info[0].get("device")
+    finally:
+        group.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    ids = batch["input_ids"].cuda()
+
+    def hf_logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()
+            lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        return torch.nn.functional.pad(lp, (1, 0))
+
+    expected = hf_logprobs().cpu()
+    hf_times = []
+    for _ in range(args.reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf_logprobs()
+        torch.cuda.synchronize()
+        hf_times.append(time.perf_counter() - t0)
+    tokens = args.batch * args.seq
+    ours, theirs = tokens / statistics.median(timings), tokens / statistics.median(hf_times)
+    peak = next((v for k, v in PEAK_BF16.items() if k in torch.cuda.get_device_name()), None)
+    return {"max_abs_err": float((out - expected).abs().max()), "podium_tok_per_s": round(ours, 1),
+            "hf_tok_per_s": round(theirs, 1), "ratio": round(ours / theirs, 4),
+            "mfu": round(ours * info["flops_per_token"] / peak, 4) if peak else None,
+            "worker_device": device, "layer_spec": "transformer_engine" if te_available() else "local",
+            "podium_all_s": [round(t, 4) for t in timings]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report: dict[str, Any] = {"dry_run": args.dry_run, "batch": args.batch, "seq": args.seq, "models": {}}
+    for name in args.models:
+        report["models"][name] = describe(name, args.seq)
+    if not args.dry_run:
+        import ray
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_check: no CUDA device here; --dry-run checks the rest", file=sys.stderr)
+            return 2
+        report["gpu"] = torch.cuda.get_device_name()
+        report["torch"] = torch.__version__
+        ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
+        work = Path(tempfile.mkdtemp(prefix="podium-gpu-check-"))
+        try:
+            for name in args.models:
+                report["models"][name].update(measure(name, args, work, report["models"][name]))
+        finally:
+            ray.shutdown()
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    sys.exit(main())
