@@ -32,21 +32,24 @@ def write_recipe(path: Path, aliases: dict[str, tuple[Path, int]],
                  slurm: Optional[Mapping[str, Any]] = None,
                  server: Optional[Mapping[str, Any]] = None,
                  restart: Optional[Mapping[str, Any]] = None,
-                 teachers: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Path:
+                 teachers: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 teacher_cfg: Optional[Mapping[str, Any]] = None) -> Path:
     """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server``/``restart`` entries override the
-    defaults; ``teachers``: per-alias launcher overrides (``{"a": {"slurm": {"signal": "TERM"}}}``)."""
+    defaults; ``teachers``: per-alias launcher overrides (``{"a": {"slurm": {"signal": "TERM"}}}``);
+    ``teacher_cfg``: entries over the default teacher config (``{"expert_model_parallel_size": 2}``)."""
     mapping = "\n".join(f"    {a}: {ck}" for a, (ck, _) in aliases.items())
     overrides = "\n".join(f"      {a}: {{num_nodes: {n}}}" for a, (_, n) in aliases.items())
     first = next(iter(aliases))
     slurm_cfg = {"gpus": False, "exclusive": False, "time": "00:30:00", "partition": "low", **(slurm or {})}
     server_cfg = {"heartbeat_s": 2, "stale_after_s": 10, **(server or {})}
+    cfg = {"tensor_model_parallel_size": 1, "num_nodes": 1, "gpus_per_node": 1, "precision": "fp32", **(teacher_cfg or {})}
     path.write_text(f"""\
 on_policy_distillation:
   teacher_model_by_agent_name:
 {mapping}
   default_teacher_alias: {first}
   non_colocated_teachers:
-    default_teacher_cfg: {{tensor_model_parallel_size: 1, num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+    default_teacher_cfg: {_flow(cfg)}
     teacher_overrides:
 {overrides}
 podium:

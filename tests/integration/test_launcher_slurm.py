@@ -147,6 +147,37 @@ def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoin
     slurm_cluster.wait_for_state(plain_job, "CANCELLED", timeout_s=60)
 
 
+def test_moe_teacher_with_experts_on_two_nodes(slurm_cluster, tiny_qwen3_moe_checkpoint, tmp_path) -> None:
+    """A Qwen3-MoE teacher at EP2 over 2 Slurm nodes (one worker each: each node holds half the
+    experts and takes its own rows), called by podium's client and by tritonclient."""
+    import tritonclient.http as triton
+
+    from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+    from podium.rendezvous.records import read_record
+    from podium.rendezvous.token import read_token
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"moe": (tiny_qwen3_moe_checkpoint, 2)},
+                          teacher_cfg={"expert_model_parallel_size": 2})
+    run_dir = tmp_path / "run"
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "180")
+        check_logprobs(run_dir, {"moe": tiny_qwen3_moe_checkpoint})
+        record = read_record(next(run_dir.glob("teachers/moe-*/endpoint.json")))
+        assert record.model.parallel_sizes["expert_model_parallel_size"] == 2 and record.model.data_parallel_size == 2
+        data = random_batch(256, [9, 4], seed=8)
+        ids = data["input_ids"].numpy()
+        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"), triton.InferInput("input_lengths", [2], "INT64")]
+        inputs[0].set_data_from_numpy(ids)
+        inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
+        http = triton.InferenceServerClient(record.url.split("//", 1)[1])
+        result = http.infer("moe", inputs, headers={"Authorization": f"Bearer {read_token(run_dir / 'auth_token')}"})
+        http.close()
+        expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+        assert float(abs(result.as_numpy("logprobs") - expected).max()) < 2e-3
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
 def test_down_ends_both(two_teachers, slurm_cluster) -> None:
     """Last in the module: `down` cancels both jobs and leaves no Ray process of them (repeatable)."""
     _, run_dir = two_teachers
