@@ -236,6 +236,24 @@ def serve(group: Any, layout: Any, key: str, name: str, token: str, generation: 
     return server
 
 
+def reexec_with_allocator() -> None:
+    """Run this script again under the fixed allocator (and Ray/gloo settings) unless it already is."""
+    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV,
+                                                              "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+
+
+def bench_run(prefix: str, teachers: dict[str, str]) -> tuple[Path, Any, str]:
+    """A temporary run: ``(dir, RunLayout, token)`` with a rendezvous of ``teachers`` (key -> name)."""
+    from podium.rendezvous import RunLayout, build_rendezvous, create_token, write_rendezvous
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    layout = RunLayout(tmp / "run")
+    entries = [{"key": key, "name": name, "aliases": [name]} for key, name in teachers.items()]
+    write_rendezvous(layout, build_rendezvous("bench", entries, layout=layout))
+    return tmp, layout, create_token(layout.auth_token_path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--client", help=argparse.SUPPRESS)
@@ -251,21 +269,13 @@ def main() -> None:
     if args.client:
         client_main(args.client)
         return
-    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV,
-                                                              "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+    reexec_with_allocator()
 
     import torch
 
-    from podium.rendezvous import RunLayout, build_rendezvous, create_token, write_rendezvous
-
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="podium-bench-"))
-    layout = RunLayout(tmp / "run")
-    teachers = [{"key": k, "name": n, "aliases": [n]} for k, n in
-                (("model0000000", "model"), ("instant00000", "instant"), ("slowa0000000", "slow_a"), ("slowb0000000", "slow_b"))]
-    write_rendezvous(layout, build_rendezvous("bench", teachers, layout=layout))
-    token = create_token(layout.auth_token_path)
+    tmp, layout, token = bench_run("podium-bench-", {"model0000000": "model", "instant00000": "instant",
+                                                      "slowa0000000": "slow_a", "slowb0000000": "slow_b"})
     result: dict[str, Any] = {
         "group": args.group,
         "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "dtype": "fp32"},

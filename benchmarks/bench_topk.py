@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_endpoint import ALLOCATOR_ENV, ClientProcess, build_megatron_group, serve  # noqa: E402  (one copy of each)
+from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
 DATATYPES = (("FP32", "INT64"), ("BF16", "INT32"))
 BYTES = {"FP32": 4, "BF16": 2, "INT64": 8, "INT32": 4}
@@ -111,21 +110,14 @@ def main() -> None:
     if args.client:
         client_main(args.client)
         return
-    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV,
-                                                              "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+    reexec_with_allocator()
 
     import torch
 
     from podium.protocol.names import TOPK_LOGIT_INDICES, TOPK_LOGITS
-    from podium.rendezvous import RunLayout, build_rendezvous, create_token, write_rendezvous
 
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="podium-bench-topk-"))
-    layout = RunLayout(tmp / "run")
-    teachers = [{"key": k, "name": n, "aliases": [n]} for k, n in (("instant00000", "instant"), ("model0000000", "model"))]
-    write_rendezvous(layout, build_rendezvous("bench", teachers, layout=layout))
-    token = create_token(layout.auth_token_path)
+    tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model"})
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
     result: dict[str, Any] = {"k": args.k, "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
     servers: list[Any] = []
