@@ -230,6 +230,8 @@ def moe_dispatcher(parallel: Mapping[str, int], requested: str | None) -> str:
     tp = int(parallel.get("tensor_model_parallel_size", 1))
     etp = int(parallel.get("expert_tensor_parallel_size", 1))
     chosen = "allgather" if etp > tp else "alltoall"
+    if chosen == "allgather":
+        logger.info("expert-TP%d > TP%d on CPU/gloo: allgather token dispatcher", etp, tp)
     if requested not in (None, chosen):
         logger.info("moe_token_dispatcher_type=%r needs CUDA; using %r on CPU/gloo", requested, chosen)
     return chosen
@@ -254,7 +256,6 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
     """The MoE part of the TransformerConfig: the experts and routing of the checkpoint (an
     override may repeat them, not contradict them), the inference settings (forced, logged when an
     override differs) and the dispatcher for this device."""
-    import torch
 
     from_checkpoint: dict[str, Any] = {
         "num_moe_experts": desc.num_experts,
@@ -277,8 +278,6 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
         if key in overrides and overrides[key] != value:
             logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key], value)
     dispatcher = moe_dispatcher(parallel, overrides.get("moe_token_dispatcher_type"))
-    if not torch.cuda.is_available() and dispatcher == "allgather":
-        logger.info("expert-TP > TP on CPU/gloo: allgather token dispatcher")
     return {**from_checkpoint, **forced, "moe_token_dispatcher_type": dispatcher}
 
 
