@@ -47,8 +47,3 @@ class RemoteDistillationTeacher(RemoteTeacher):
 
     def offload_before_refit(self) -> None:
         """No-op: nothing of the teacher's lives on the trainer's GPUs."""
-
-    def shutdown(self) -> bool:
-        """Close this trainer's connections to the teacher (the teacher keeps running)."""
-        self.close()
-        return True

@@ -145,6 +145,11 @@ class RemoteTeacher:
             self._client = None
             self._closed = True
 
+    def shutdown(self) -> bool:
+        """NeMo RL's ``shutdown()`` of a teacher: :meth:`close` (the teacher keeps running)."""
+        self.close()
+        return True
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.alias!r} at {self.rendezvous_path})"
 

@@ -56,8 +56,3 @@ class RemoteTeacherWorkerGroup(RemoteTeacher):
             out["reference_topk_logprobs"] = result["topk_logprobs"]
             out["reference_topk_indices"] = result["topk_indices"]
         return as_batched_data_dict(out)
-
-    def shutdown(self) -> bool:
-        """Close this trainer's connections to the teacher (the teacher keeps running)."""
-        self.close()
-        return True
