@@ -2,7 +2,9 @@
 
 One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
 slots) is brought up once per module and shared; tests that need their own run (two concurrent
-``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher) bring up small ones.
+``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher, an MoE teacher) bring up
+small ones; those that do not need the shared run come after its ``down``, so they do not compete
+with it for the cores.
 The jobs build the real Megatron teacher group; the oracle is transformers in the test process.
 """
 
@@ -93,6 +95,23 @@ def test_concurrent_up_submit_once_and_two_runs_side_by_side(two_teachers, check
     check_logprobs(run_a, {"math": checkpoints["llama"], "chat": checkpoints["qwen2"]})
 
 
+def test_down_ends_both(two_teachers, slurm_cluster) -> None:
+    """Last of the shared run's tests: `down` cancels both jobs and leaves no Ray process of them (repeatable)."""
+    _, run_dir = two_teachers
+    jobs = list(job_ids(run_dir).values())
+    podium("down", str(run_dir))
+    for job in jobs:
+        slurm_cluster.wait_for_state(job, "CANCELLED", timeout_s=60)
+    deadline = time.monotonic() + 20
+    while ray_processes_of(jobs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes_of(jobs)
+    proc = podium("status", str(run_dir), "--json", check=False)
+    assert proc.returncode == 1
+    assert all(r["status"] in ("stopped", "draining") for r in json.loads(proc.stdout))
+    assert "stopped" in podium("down", str(run_dir)).stdout  # safe to repeat
+
+
 def test_node_failing_at_start_fails_fast_naming_it(slurm_cluster, checkpoints, tmp_path) -> None:
     """`up --wait` ends with the node's failure, not its own --timeout: stderr names the rank, the
     node and the injected fault (a wait that timed out would say none of that). One failure is
@@ -176,20 +195,3 @@ def test_moe_teacher_with_experts_on_two_nodes(slurm_cluster, tiny_qwen3_moe_che
         assert float(abs(result.as_numpy("logprobs") - expected).max()) < 2e-3
     finally:
         podium("down", str(run_dir), check=False)
-
-
-def test_down_ends_both(two_teachers, slurm_cluster) -> None:
-    """Last in the module: `down` cancels both jobs and leaves no Ray process of them (repeatable)."""
-    _, run_dir = two_teachers
-    jobs = list(job_ids(run_dir).values())
-    podium("down", str(run_dir))
-    for job in jobs:
-        slurm_cluster.wait_for_state(job, "CANCELLED", timeout_s=60)
-    deadline = time.monotonic() + 20
-    while ray_processes_of(jobs) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not ray_processes_of(jobs)
-    proc = podium("status", str(run_dir), "--json", check=False)
-    assert proc.returncode == 1
-    assert all(r["status"] in ("stopped", "draining") for r in json.loads(proc.stdout))
-    assert "stopped" in podium("down", str(run_dir)).stdout  # safe to repeat
