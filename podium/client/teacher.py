@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -45,6 +47,7 @@ from podium.client.transport import HTTPResponse, HTTPTransport
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, as_int_array, batch_inputs, validate_options
 from podium.protocol.names import (
+    CALLER_HEADER,
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
     GENERATION_HEADER,
@@ -71,6 +74,12 @@ from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import EndpointRecord, Status, read_record
 
 logger = logging.getLogger(__name__)
+
+
+def _caller() -> str:
+    """Who calls, for the endpoint's turns between callers: this process (read per call: a
+    forked worker is another caller)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -513,7 +522,7 @@ class TeacherClient:
             binary_outputs=binary,
             parameters=params,
         )
-        headers = {REQUEST_ID_HEADER: request_id,
+        headers = {REQUEST_ID_HEADER: request_id, CALLER_HEADER: _caller(),
                    "Content-Type": oip.BINARY_CONTENT_TYPE if header_len is not None else oip.JSON_CONTENT_TYPE}
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)

@@ -8,7 +8,8 @@ podium:
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
   ray:    {port_range, temp_dir_root, interface, object_store_memory_mb}
-  server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s}
+  server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s, max_queue,
+           max_tokens_per_microbatch, max_queue_delay_ms, batch_requests}
   restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes}
   teachers:
     ALIAS: {slurm: {...}, ray: {...}, server: {...}, restart: {...}}   # merged over the above
@@ -111,6 +112,15 @@ class ServerSettings(_Strict):
     stale_after_s: float = Field(default=60.0, gt=0)
     drain_s: float = Field(default=10.0, ge=0)  # on preemption, queued requests get this long
     max_queue: int = Field(default=64, gt=0)  # infer requests queued or running at once; beyond: 503 + Retry-After
+    # Tokens (rows × their bucket length) in one forward micro-batch. None: the teacher block's
+    # sequence_packing / dynamic_batching logprob_mb_tokens where enabled (classic distillation
+    # recipes), else micro_batch_size × the model's max sequence length (NeMo RL's own formula).
+    max_tokens_per_microbatch: int | None = Field(default=None, gt=0)
+    # How long an idle teacher lets a request wait for company before computing it (requests
+    # that arrive while it computes are batched anyway).
+    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    # False: one request per group call, in arrival order (no batching across callers).
+    batch_requests: bool = True
 
     @field_validator("port_range")
     @classmethod

@@ -41,7 +41,7 @@ from podium.config.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 
-SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size")
+SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size", "max_tokens_per_microbatch")
 TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
 
 

@@ -124,6 +124,12 @@ def _distillation(cfg: DictConfig) -> TeacherSource:
     for theirs, ours in (("precision", "precision"), ("logprob_batch_size", "micro_batch_size")):
         if block.get(theirs) is not None:
             defaults[ours], origins[ours] = block[theirs], f"{TEACHER}.{theirs}"
+    for batching in ("sequence_packing", "dynamic_batching"):  # NeMo RL's order of precedence
+        section = block.get(batching) or {}
+        if isinstance(section, dict) and section.get("enabled") and section.get("logprob_mb_tokens") is not None:
+            defaults["max_tokens_per_microbatch"] = section["logprob_mb_tokens"]
+            origins["max_tokens_per_microbatch"] = f"{TEACHER}.{batching}.logprob_mb_tokens"
+            break
     gpus = resolve_section(cfg, "cluster.gpus_per_node", required=False)
     if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
         # NeMo RL runs the teacher on the trainer's nodes; podium gives it the nodes its model

@@ -32,6 +32,9 @@ class TeacherSpec(ParallelLayout):
     model_name: str  # normalised local checkpoint path, or an HF hub id left as written
     precision: Precision = DEFAULT_PRECISION
     micro_batch_size: PositiveInt = 1
+    # The teacher config's token budget of a micro-batch (classic recipes: the teacher block's
+    # logprob_mb_tokens); `podium.server.max_tokens_per_microbatch` wins over it.
+    max_tokens_per_microbatch: PositiveInt | None = None
     # Logits are divided by it (the recipe's policy.generation.temperature, as NeMo RL's teachers
     # inherit it); a request may ask for another.
     temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
@@ -65,6 +68,12 @@ class TeacherSpec(ParallelLayout):
     def _layout(self) -> "TeacherSpec":
         self.check(f"teacher {self.name!r}")
         return self
+
+    def token_budget(self, max_sequence_length: int) -> int:
+        """Tokens in one forward micro-batch: the server setting, else the recipe's, else what NeMo
+        RL plans for one (``micro_batch_size`` rows of the longest sequence)."""
+        return int(self.launcher.server.max_tokens_per_microbatch or self.max_tokens_per_microbatch
+                   or self.micro_batch_size * max_sequence_length)
 
     @property
     def label(self) -> str:

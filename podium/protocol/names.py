@@ -60,12 +60,15 @@ AUTHORIZATION = "Authorization"
 REQUEST_ID_HEADER = "X-Request-ID"
 GENERATION_HEADER = "X-Podium-Generation"
 TEACHER_HEADER = "X-Podium-Teacher"
+# Who is calling (host:pid of the client): the endpoint's scheduler takes turns between callers.
+CALLER_HEADER = "X-Podium-Caller"
 RETRY_AFTER = "Retry-After"
 
 # Routes.
 HEALTH_LIVE = "/v2/health/live"
 HEALTH_READY = "/v2/health/ready"
 SERVER_METADATA = "/v2"
+METRICS = "/metrics"  # Prometheus text format, no auth (as Triton's and vLLM's)
 
 
 def model_path(name: str) -> str:

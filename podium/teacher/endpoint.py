@@ -3,10 +3,11 @@
 Owns the aiohttp server on the teacher's head node: routes, bearer-token auth, request validation
 (every bad request is a 4xx JSON ``{"error": ...}`` and the server keeps serving; the batch rule
 itself is ``podium.protocol.batch``), reading a body (a binary request's declared tensor sizes are
-checked against ``Content-Length`` before room for them is allocated), the bounded in-order queue in
-front of the group (``max_queue`` requests at once, beyond it 503 + ``Retry-After``; one group call
-at a time, on an executor thread so health probes answer while the group computes; a request whose
-client went away leaves the queue and never reaches the group), readiness (set by the owner of the
+checked against ``Content-Length`` before room for them is allocated), the bounded queue in front
+of the group (``max_queue`` requests at once, beyond it 503 + ``Retry-After``; the requests of all
+callers batched into group calls by ``podium.teacher.scheduler``, one call at a time, on an
+executor thread so health probes answer while the group computes; a request whose client went
+away leaves the queue and never reaches the group), metrics (``podium.teacher.metrics``), readiness (set by the owner of the
 teacher's lifecycle, ``podium.launcher.lifecycle``, with a reason when it is false), what a group
 failure is answered with (:meth:`EndpointServer.failure`), draining (503 + ``Retry-After``), and
 binding a free port of a range. It serves and reports; it publishes nothing: the lifecycle owns the
@@ -16,6 +17,7 @@ endpoint record. The wire codec is ``podium.protocol.oip``.
 verb   route                                       auth   answer
 =====  ==========================================  =====  ========================================
 GET    /v2/health/live                             no     200 while the process serves HTTP
+GET    /metrics                                    no     Prometheus text (``podium.teacher.metrics``)
 GET    /v2/health/ready                            yes    200 once the owner says ready, 503 when
                                                           not ready (with the reason) or draining
 GET    /v2                                         yes    server metadata (extensions)
@@ -51,6 +53,7 @@ from podium.protocol import oip
 from podium.protocol.batch import Batch, BatchError, Options, validate_batch, validate_options
 from podium.protocol.names import (
     AUTHORIZATION,
+    CALLER_HEADER,
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
     INDEX_DATATYPES,
@@ -72,6 +75,7 @@ from podium.protocol.names import (
     INPUT_IDS,
     INPUT_LENGTHS,
     LOGPROBS,
+    METRICS,
     MICRO_BATCH_SIZE,
     OUTPUTS,
     REQUEST_ID_HEADER,
@@ -86,6 +90,9 @@ from podium.protocol.names import (
 )
 from podium.rendezvous.records import Generation, ModelInfo
 from podium.rendezvous.token import tokens_equal
+from podium.teacher.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from podium.teacher.metrics import EndpointMetrics
+from podium.teacher.scheduler import CALL_MICROBATCHES, Job, Scheduler, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +100,8 @@ DEFAULT_PORT_RANGE = (23000, 23999)
 DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024
 DEFAULT_RETRY_AFTER_S = 5
 DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_QUEUE_DELAY_MS = 5.0
+DEFAULT_CALL_TOKENS = 16384  # for a group that does not say its token budget
 # Per-request storage key for the request id (typed key where aiohttp has them).
 _REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
 
@@ -138,6 +147,9 @@ class EndpointConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
     max_queue: int = DEFAULT_MAX_QUEUE  # requests admitted at once (reading, queued, computing)
+    max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS  # an idle group waits this long for company
+    batch_requests: bool = True  # False: one request per group call, in arrival order
+    call_tokens: Optional[int] = None  # tokens of one group call; default: the group's budget × DP × 2
     max_top_k: Optional[int] = None  # default: the vocabulary size
     model_name: Optional[str] = None
     tokenizer_fingerprint: Optional[str] = None
@@ -189,11 +201,15 @@ class EndpointServer:
         self._not_ready_reason = "starting"
         self._draining = False
         self._admitted = 0  # requests holding a queue slot: reading their body, queued or computing
-        self._pending = 0  # group calls submitted and not finished (queued or computing)
         self._served = 0
         self.abandoned = 0  # requests whose client went away before its answer
         self._idle: Optional[asyncio.Event] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-infer")
+        self._scheduler: Optional[Scheduler] = None
+        self.metrics = EndpointMetrics(config.teacher_key or config.served_name, lambda: self.queue_depth,
+                                       lambda: self._scheduler.queued_rows if self._scheduler else 0)
+        if config.generation is not None:
+            self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
         self._runner: Optional[web.AppRunner] = None
         self._sock: Optional[socket.socket] = None
         self.port: Optional[int] = None
@@ -226,8 +242,9 @@ class EndpointServer:
 
     @property
     def queue_depth(self) -> int:
-        """Group calls queued or computing (requests still reading their body not included)."""
-        return self._pending
+        """Requests queued or in the group's call (one whose client went away while the group computes
+        it too: the group is busy with it); requests still reading their body not included."""
+        return self._scheduler.depth if self._scheduler is not None else 0
 
     @property
     def served(self) -> int:
@@ -236,7 +253,7 @@ class EndpointServer:
 
     def _update_idle(self) -> None:
         if self._idle is not None:
-            if self._admitted == 0 and self._pending == 0:
+            if self._admitted == 0 and self.queue_depth == 0:
                 self._idle.set()
             else:
                 self._idle.clear()
@@ -268,6 +285,7 @@ class EndpointServer:
             middlewares=[self._error_middleware, self._auth_middleware],
         )
         app.router.add_get(HEALTH_LIVE, self._live)
+        app.router.add_get(METRICS, self._metrics)
         app.router.add_get(HEALTH_READY, self._ready_route)
         app.router.add_get(SERVER_METADATA, self._server_metadata)
         for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -276,10 +294,26 @@ class EndpointServer:
             app.router.add_post(prefix + "/infer", self._infer)
         return app
 
+    @property
+    def call_tokens(self) -> int:
+        """Tokens of one group call: the setting, else the group's micro-batch budget for each DP
+        replica, :data:`~podium.teacher.scheduler.CALL_MICROBATCHES` times."""
+        if self.config.call_tokens:
+            return int(self.config.call_tokens)
+        budget = getattr(self.group, "max_tokens_per_microbatch", None)
+        if not budget:
+            return DEFAULT_CALL_TOKENS
+        return int(budget) * int(getattr(self.group, "data_parallel_size", 1) or 1) * CALL_MICROBATCHES
+
     async def start(self) -> str:
         """Bind, start serving, return the URL."""
         self._idle = asyncio.Event()
         self._idle.set()
+        self._scheduler = Scheduler(self._call_group, call_tokens=self.call_tokens,
+                                    max_delay_s=self.config.max_queue_delay_ms / 1000.0,
+                                    batch_requests=self.config.batch_requests, on_call=self._observe_call,
+                                    on_change=self._update_idle)
+        self._scheduler.start()
         self._sock = listen_on_free_port(self.config.host, self.config.port_range)
         self.port = self._sock.getsockname()[1]
         # handler_cancellation: a request whose client went away is cancelled (aiohttp >= 3.9 does
@@ -298,7 +332,7 @@ class EndpointServer:
     def drain(self) -> None:
         """From now on: ready is 503, new infer requests are 503 + Retry-After; queued ones finish."""
         if not self._draining:
-            logger.info("teacher %r draining (%d requests queued)", self.config.served_name, self._pending)
+            logger.info("teacher %r draining (%d requests queued)", self.config.served_name, self.queue_depth)
         self._draining = True
 
     async def wait_idle(self, timeout: Optional[float] = None) -> bool:
@@ -314,10 +348,12 @@ class EndpointServer:
         """Drain, wait up to ``grace_s`` for queued requests, then close the listener."""
         self.drain()
         if self._idle is not None and not await self.wait_idle(grace_s):
-            logger.warning("teacher %r: %d requests still queued after %.0fs; closing", self.config.served_name, self._pending, grace_s)
+            logger.warning("teacher %r: %d requests still queued after %.0fs; closing", self.config.served_name, self.queue_depth, grace_s)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._scheduler is not None:
+            await self._scheduler.stop()
         self._executor.shutdown(wait=False, cancel_futures=False)
         logger.info("teacher %r stopped serving at %s after %d requests", self.config.served_name, self.url, self._served)
 
@@ -350,6 +386,8 @@ class EndpointServer:
         except Exception as exc:  # never let one request take the server down
             logger.exception("request %s %s failed", request.method, request.path)
             response = _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+        if request.method == "POST" and request.path.endswith("/infer"):
+            self.metrics.answered(response.status)
         response.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
         if self.config.generation is not None and GENERATION_HEADER not in response.headers:
             response.headers[GENERATION_HEADER] = str(self.config.generation)  # errors too: who answered
@@ -357,7 +395,7 @@ class EndpointServer:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if request.path != HEALTH_LIVE:
+        if request.path not in (HEALTH_LIVE, METRICS):
             header = request.headers.get(AUTHORIZATION, "")
             scheme, _, given = header.partition(" ")
             if not header:
@@ -413,6 +451,9 @@ class EndpointServer:
     async def _live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     async def _ready_route(self, request: web.Request) -> web.Response:
         if not self.ready:
             raise self._not_ready()
@@ -452,7 +493,7 @@ class EndpointServer:
                                INDICES_DATATYPE: list(INDEX_DATATYPES)},
                 "ready": self.ready,
                 "draining": self._draining,
-                "queue_depth": self._pending,
+                "queue_depth": self.queue_depth,
                 "admitted": self._admitted,
                 "max_queue": self.config.max_queue,
                 "abandoned": self.abandoned,
@@ -563,10 +604,10 @@ class EndpointServer:
                                    f"ask for {json_outputs} with binary_data")
         return batch, opts, outputs
 
-    def _compute(self, batch: Batch, opts: Options, outputs: list[str]) -> dict[str, np.ndarray]:
-        """Runs on the executor thread: one group call at a time, in arrival order."""
+    def _compute(self, batch: Batch, opts: Options, outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Runs on the executor thread: one group call (the scheduler's) at a time."""
         result = self.group.get_logprobs(batch, micro_batch_size=opts.micro_batch_size, top_k=opts.top_k,
-                                         temperature=opts.temperature, outputs=tuple(outputs))
+                                         temperature=opts.temperature, outputs=outputs)
         out: dict[str, np.ndarray] = {}
         for name in OUTPUTS:
             if name in result and result[name] is not None:
@@ -575,8 +616,21 @@ class EndpointServer:
                 if array.shape[:2] != (batch.rows, batch.width):  # a broken group is a 500, never a wrong answer
                     raise RuntimeError(f"the group returned {name} of shape {list(array.shape)} for a batch of "
                                        f"{batch.rows} rows and width {batch.width}")
-                out[name] = _wire(name, array, opts)
+                out[name] = array
         return out
+
+    async def _call_group(self, batch: Batch, job: Job) -> dict[str, np.ndarray]:
+        """The scheduler's group call, on the executor thread (health probes answer meanwhile)."""
+        outputs = tuple(o for o in OUTPUTS if o in job.outputs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, batch, job.opts, outputs)
+
+    def _observe_call(self, segments: "list[Segment]", seconds: float) -> None:
+        stats = getattr(self.group, "last_call", None)
+        tokens = sum(int(s.job.batch.input_lengths[s.start:s.end].sum()) for s in segments)
+        waits = [s.job.started - s.job.enqueued for s in segments if s.start == 0 and s.job.started is not None]
+        self.metrics.call(seconds=seconds, tokens=tokens, waits=waits,
+                          computed_tokens=getattr(stats, "computed_tokens", None),
+                          microbatches=getattr(stats, "microbatches", None))
 
     async def _infer(self, request: web.Request) -> web.Response:
         self._check_model(request)
@@ -594,25 +648,24 @@ class EndpointServer:
             self._admitted -= 1
             self._update_idle()
 
-    async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str) -> dict[str, np.ndarray]:
-        """The group call, queued in arrival order. Cancelled (its client went away) while queued,
-        it leaves the queue and never reaches the group; while computing, it finishes and its
-        answer is dropped. Either way it counts in :attr:`abandoned`."""
+    async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str,
+                   caller: str) -> dict[str, np.ndarray]:
+        """The request through the scheduler (batched with other callers' rows). Cancelled (its
+        client went away) before its first rows were sent, it leaves the queue and never reaches
+        the group; mid-way, no more of its rows are sent and its answer is dropped. Either way it
+        counts in :attr:`abandoned`."""
+        assert self._scheduler is not None, "endpoint not started"
         loop = asyncio.get_running_loop()
-        job = self._executor.submit(self._compute, batch, opts, outputs)
-        self._pending += 1
+        job = Job(request_id, caller, batch, opts, tuple(outputs), loop.create_future(),
+                  seq_multiple=self.sequence_length_multiple)
+        self._scheduler.submit(job)
         self._update_idle()
-
-        def finished() -> None:
-            self._pending -= 1
-            self._update_idle()
-
-        job.add_done_callback(lambda _: _call_soon(loop, finished))
         try:
-            return await asyncio.wrap_future(job)
+            result = await job.future
         except asyncio.CancelledError:
             self.abandoned += 1
-            if job.cancel():
+            self.metrics.abandoned_request()
+            if job.started is None:
                 logger.info("request %s: the client went away while it was queued; dropped before the group",
                             request_id)
             else:
@@ -621,10 +674,14 @@ class EndpointServer:
             raise
         except Exception as exc:
             answer = self.failure(exc)
+            self.metrics.failed("rejected" if answer.status < 500 else "group")
             if answer.status >= 500:
-                logger.exception("teacher %r: get_logprobs failed (request %s): HTTP %d", self.config.served_name,
-                                 request_id, answer.status)
+                logger.error("teacher %r: get_logprobs failed (request %s): HTTP %d: %s: %s", self.config.served_name,
+                             request_id, answer.status, type(exc).__name__, exc, exc_info=exc)
             raise answer from None
+        finally:
+            self._update_idle()
+        return {name: _wire(name, array, opts) for name, array in result.items()}
 
     async def _admitted_infer(self, request: web.Request) -> web.Response:
         req = await self._read_request(request)
@@ -632,8 +689,10 @@ class EndpointServer:
         request[_REQUEST_ID] = request_id
         batch, opts, outputs = self._validate(req)
         started = time.perf_counter()
-        result = await self._run(batch, opts, outputs, request_id)
+        caller = request.headers.get(CALLER_HEADER) or request.remote or "?"
+        result = await self._run(batch, opts, outputs, request_id, caller)
         self._served += 1
+        self.metrics.served(batch.rows, batch.tokens)
         logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
         missing = [name for name in outputs if name not in result]
         if missing:

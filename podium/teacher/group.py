@@ -14,9 +14,11 @@ This module owns the driver side of a teacher:
   every worker joins ``torch.distributed`` there (NCCL on GPU, gloo on CPU);
 - ``get_logprobs``: a validated batch (``podium.protocol.batch``: the endpoint validates once per
   request and hands over a ``Batch``, which is trusted; a plain mapping from an in-process caller
-  is validated here; bad input is a ``ValueError``, the group stays usable), padding the batch to a multiple of DP by repeating the last row, one shard per
-  data-parallel replica (``ray.put`` once, shared by the replica's ranks), the output rank's
-  result per replica concatenated and trimmed. One call at a time (a lock: a second caller waits);
+  is validated here; bad input is a ``ValueError``, the group stays usable), planned into
+  micro-batches by :mod:`podium.teacher.microbatch` (length buckets, the token budget
+  ``max_tokens_per_microbatch``, token-balanced replicas), one shard per data-parallel replica
+  (``ray.put`` once, shared by the replica's ranks), the output ranks' rows put back in the
+  batch's order; what the call computed in :attr:`last_call`. One call at a time (a lock: a second caller waits);
 - ``shutdown`` (idempotent) and a ``__del__`` safety net.
 """
 
@@ -32,6 +34,7 @@ from typing import Any, Mapping, Sequence
 from podium.config.spec import TeacherSpec
 from podium.protocol.batch import Batch, batch_inputs, validate_batch, validate_options
 from podium.protocol.names import CANDIDATE_LOGPROBS, LOGPROBS, TOPK_INDICES, TOPK_LOGPROBS
+from podium.teacher.microbatch import assign_replicas, computed_tokens, plan_microbatches
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,18 @@ class GroupOptions:
     hf_config: str | None = None  # config.json for a torch_dist checkpoint that lacks one
     seed: int = 1234
     name_prefix: str = "podium-teacher"
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """What one ``get_logprobs`` call computed: its rows and tokens, the micro-batches it ran and
+    the token positions they computed (rows × bucket length: padding included), its seconds."""
+
+    rows: int
+    tokens: int
+    microbatches: int
+    computed_tokens: int
+    seconds: float
 
 
 class TeacherWorkerGroup:
@@ -90,6 +105,12 @@ class TeacherWorkerGroup:
         self.max_sequence_length: int = int(info0["max_position_embeddings"])
         self.sequence_length_multiple: int = int(info0["sequence_length_multiple"])
         self.data_parallel_size: int = int(info0["dp_size"])
+        self.max_tokens_per_microbatch: int = spec.token_budget(self.max_sequence_length)
+        # Experts sharded (EP·ETP > 1): their groups may span DP replicas (they do once EP·ETP > TP),
+        # and every forward is a collective over them, so every replica runs as many micro-batches.
+        expert_ranks = spec.expert_model_parallel_size * spec.expert_tensor_parallel_size
+        self._lockstep = self.data_parallel_size > 1 and expert_ranks > 1
+        self.last_call: CallStats | None = None
         self.loaded_checkpoint_path: str = str(info0.get("checkpoint_path", self.checkpoint_path))
         logger.info(
             "teacher %r ready in %.1fs: %d workers, TP%d PP%d CP%d DP%d, vocab %d, checkpoint %s",
@@ -216,34 +237,49 @@ class TeacherWorkerGroup:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is shut down")
             if self._broken:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is broken by an earlier failure: {self._broken}")
-            rows = batch.rows
-            mbs = int(opts.micro_batch_size or self.spec.micro_batch_size)
-            dp = self.data_parallel_size
-            per = -(-rows // dp)
+            started = time.perf_counter()
+            plan = plan_microbatches(batch.input_lengths.tolist(), self.max_tokens_per_microbatch,
+                                     max_rows=opts.micro_batch_size, seq_multiple=self.sequence_length_multiple)
+            replicas = assign_replicas(plan, self.data_parallel_size, lockstep=self._lockstep,
+                                       seq_multiple=self.sequence_length_multiple)
             arrays = {"ids": batch.input_ids, "lengths": batch.input_lengths}
             if batch.candidate_ids is not None:
                 arrays["cands"] = batch.candidate_ids
-            # padded to a multiple of DP by repeating the last row; one shard per DP replica
-            shards = [{name: ray.put(torch.from_numpy(_rows(a, d * per, (d + 1) * per))) for name, a in arrays.items()}
-                      for d in range(dp)]
+            # each replica's rows in its plan's order (a filler row, -1, is one token 0 of length 1)
+            order = [[i for mb in shard for i in mb.rows] for shard in replicas]
+            shards = [{name: ray.put(torch.from_numpy(_take(a, rows, filler_length=name == "lengths")))
+                       for name, a in arrays.items()} if rows else None for rows in order]
             futures = []
             for actor, info in zip(self._actors, self.worker_info):
-                shard = shards[info["dp_rank"]]
-                futures.append(actor.get_logprobs.remote(shard["ids"], shard["lengths"], mbs, opts.top_k,
-                                                         temperature=t, outputs=tuple(outputs),
-                                                         candidate_ids=shard.get("cands")))
+                d = info["dp_rank"]
+                if shards[d] is None:  # fewer micro-batches than replicas: this one has nothing to do
+                    continue
+                steps = [(len(mb.rows), mb.seq_len) for mb in replicas[d]]
+                futures.append((d, info["is_output"], actor.get_logprobs.remote(
+                    shards[d]["ids"], shards[d]["lengths"], steps, opts.top_k, temperature=t, outputs=tuple(outputs),
+                    candidate_ids=shards[d].get("cands"))))
             try:
-                results = _get_first_error(futures, None)
+                results = _get_first_error([f for _, _, f in futures], None)
             except Exception as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"[:2000]
                 raise
-            by_dp: dict[int, dict[str, Any]] = {}
-            for info, out in zip(self.worker_info, results):
-                if info["is_output"]:
-                    by_dp[int(info["dp_rank"])] = out
+            answer: dict[str, Any] = {}
+            for (d, is_output, _), out in zip(futures, results):
+                if not is_output:
+                    continue
+                real = [k for k, i in enumerate(order[d]) if i >= 0]
+                where = torch.tensor([order[d][k] for k in real], dtype=torch.long)
+                for key, value in out.items():
+                    if key not in outputs:
+                        continue
+                    if key not in answer:
+                        answer[key] = value.new_zeros((batch.rows, *value.shape[1:]))
+                    answer[key][where] = value[real]
+            self.last_call = CallStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
+                                       computed_tokens=computed_tokens(replicas),
+                                       seconds=time.perf_counter() - started)
             # positions past the longest row come back as zeros, up to the caller's width
-            return {key: batch.pad(torch.cat([by_dp[d][key] for d in range(dp)])[:rows]).contiguous()
-                    for key in by_dp[0] if key in outputs}
+            return {key: batch.pad(value).contiguous() for key, value in answer.items()}
 
     # -- observability / lifecycle --------------------------------------------------------------
 
@@ -299,14 +335,14 @@ class TeacherWorkerGroup:
             pass
 
 
-def _rows(array: Any, start: int, end: int) -> Any:
-    """Rows ``[start, end)`` of ``array``; past its end, its last row again (DP padding)."""
+def _take(array: Any, rows: Sequence[int], filler_length: bool) -> Any:
+    """``array[rows]``, a filler row (``-1``) as zeros (a length of 1 for ``input_lengths``)."""
     import numpy as np
 
-    picked = array[start:min(end, len(array))]
-    missing = (end - start) - len(picked)
-    if missing > 0:
-        picked = np.concatenate([picked, np.repeat(array[-1:], missing, axis=0)])
+    index = np.asarray(rows, dtype=np.int64)
+    picked = array[np.maximum(index, 0)]
+    if (index < 0).any():
+        picked[index < 0] = 1 if filler_length else 0
     return np.ascontiguousarray(picked)
 
 

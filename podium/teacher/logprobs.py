@@ -18,7 +18,8 @@ This module owns the numerics of ``get_logprobs`` inside one worker:
   ``set_input_tensor`` and point-to-point ``isend``/``recv`` (Megatron's schedules hard-code CUDA);
   works with gloo and NCCL. Sends are asynchronous, so stage ``p`` starts micro-batch ``m+1`` while
   stage ``p+1`` works on ``m``.
-- micro-batch planning, CP load-balanced sequence split, and shifting into NeMo RL's alignment.
+- CP load-balanced sequence split, and shifting into NeMo RL's alignment (micro-batch planning is
+  ``podium.teacher.microbatch``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
+
+from podium.teacher.microbatch import GEMM_ROWS, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -37,29 +40,6 @@ logger = logging.getLogger(__name__)
 # re-read it per chunk and were 2-3x slower on CPU), small enough that the full [S·B, V] logits
 # never exist.
 CHUNK_ELEMENTS = 1 << 25
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Rows ``[start, end)`` of a rank's shard, run at sequence length ``seq_len``."""
-
-    start: int
-    end: int
-    seq_len: int
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def plan_microbatches(lengths: Sequence[int], micro_batch_size: int, seq_multiple: int = 1) -> list[MicroBatch]:
-    """Consecutive micro-batches, each trimmed to its longest row (rounded up to ``seq_multiple``)."""
-    plan = []
-    for start in range(0, len(lengths), micro_batch_size):
-        end = min(start + micro_batch_size, len(lengths))
-        longest = max(int(x) for x in lengths[start:end])
-        plan.append(MicroBatch(start, end, round_up(max(longest, 1), seq_multiple)))
-    return plan
 
 
 def next_token_labels(input_ids: "torch.Tensor") -> "torch.Tensor":
@@ -236,6 +216,12 @@ class LogprobHead:
             if cands is not None:
                 cands = cands.index_select(0, keep)
         n = rows.shape[0]
+        # Row counts of the logits GEMM stay multiples of GEMM_ROWS (zero rows, dropped below): a
+        # position's logits then never depend on how many positions share its micro-batch (see
+        # podium.teacher.microbatch), and its answer is the same batched or alone.
+        extra = -n % GEMM_ROWS
+        if extra:
+            rows = torch.cat([rows, rows.new_zeros((extra, hidden_size))])
         local_vocab = weight.shape[0]
         start = self.tp_rank * local_vocab
         valid = max(0, min(local_vocab, self.vocab_size - start))
@@ -254,7 +240,7 @@ class LogprobHead:
             top_vals = torch.full((n, k), float("-inf"), dtype=torch.float32, device=device)
             top_idx = torch.zeros((n, k), dtype=torch.int64, device=device)
         if valid > 0 and n > 0:
-            step = max(1, self.chunk_elements // valid)
+            step = max(GEMM_ROWS, self.chunk_elements // valid // GEMM_ROWS * GEMM_ROWS)
             in_range = (targets >= start) & (targets < start + valid)
             local_t = (targets - start).clamp(0, valid - 1)
             if cands is not None:
@@ -262,7 +248,7 @@ class LogprobHead:
                 cand_local = (cands - start).clamp(0, valid - 1)
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
-                logits = torch.matmul(rows[r0:r1], w.t()).float()
+                logits = torch.matmul(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)], w.t())[: r1 - r0].float()
                 if scale != 1.0:
                     logits.mul_(scale)
                 logsm = torch.log_softmax(logits, dim=-1)  # one vectorised pass

@@ -253,7 +253,7 @@ class TeacherWorker:
         self,
         input_ids: Any,
         input_lengths: Any,
-        micro_batch_size: int,
+        plan: Sequence[tuple[int, int]],
         top_k: int | None = None,
         *,
         temperature: float = 1.0,
@@ -262,7 +262,10 @@ class TeacherWorker:
     ) -> dict[str, Any] | None:
         """This replica's shard ``input_ids [b, S]`` through the model; on the output rank, the
         requested ``outputs`` (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
-        top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``)."""
+        top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``).
+
+        ``plan`` is the driver's (:mod:`podium.teacher.microbatch`): consecutive micro-batches of the
+        shard as ``(rows, seq_len)``, the same on every rank of the replica."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state
@@ -274,7 +277,6 @@ class TeacherWorker:
             forward_only_stage_loop,
             next_token_labels,
             next_token_outputs,
-            plan_microbatches,
             to_nemo_rl,
         )
 
@@ -288,24 +290,29 @@ class TeacherWorker:
         lengths = torch.as_tensor(input_lengths, dtype=torch.long)
         cands_all = torch.as_tensor(candidate_ids, dtype=torch.long) if candidate_ids is not None else None
         batch, width = ids_all.shape
-        plan = plan_microbatches(lengths.tolist(), micro_batch_size, self.seq_multiple)
+        spans, start = [], 0
+        for rows, seq_len in plan:
+            spans.append((start, start + int(rows), int(seq_len)))
+            start += int(rows)
+        if start != batch:
+            raise ValueError(f"worker {self.rank}: the plan covers {start} rows of a shard of {batch}")
         microbatches, candidates = [], []
-        for mb in plan:
-            ids = torch.zeros(mb.end - mb.start, mb.seq_len, dtype=torch.long)
-            take = min(width, mb.seq_len)
-            ids[:, :take] = ids_all[mb.start : mb.end, :take]
+        for lo, hi, seq_len in spans:
+            ids = torch.zeros(hi - lo, seq_len, dtype=torch.long)
+            take = min(width, seq_len)
+            ids[:, :take] = ids_all[lo:hi, :take]
             # padding positions hold token 0: never out of the vocabulary, never looked at
-            ids[torch.arange(mb.seq_len)[None, :] >= lengths[mb.start : mb.end, None]] = 0
+            ids[torch.arange(seq_len)[None, :] >= lengths[lo:hi, None]] = 0
             labels = next_token_labels(ids)
-            pos = torch.arange(mb.seq_len, dtype=torch.long)[None, :].expand_as(ids)
+            pos = torch.arange(seq_len, dtype=torch.long)[None, :].expand_as(ids)
             # the head computes only positions whose next token is in the sequence
-            wanted = torch.arange(mb.seq_len)[None, :] < (lengths[mb.start : mb.end, None] - 1)
+            wanted = torch.arange(seq_len)[None, :] < (lengths[lo:hi, None] - 1)
             tensors = {"input_ids": ids, "position_ids": pos, "labels": labels, "wanted": wanted}
             tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device) for k, v in tensors.items()}
             microbatches.append(tensors)
             if cands_all is not None:
-                c = torch.zeros(mb.end - mb.start, mb.seq_len, cands_all.shape[-1], dtype=torch.long)
-                c[:, :take] = cands_all[mb.start : mb.end, :take]
+                c = torch.zeros(hi - lo, seq_len, cands_all.shape[-1], dtype=torch.long)
+                c[:, :take] = cands_all[lo:hi, :take]
                 candidates.append(cp_split(c, self.cp_size, self.cp_rank).contiguous().to(self.device))
         if self.head is not None:
             self.head.top_k = top_k if (want_shifted_topk or want_logits) else None
@@ -327,7 +334,7 @@ class TeacherWorker:
         if not self.is_last:
             return None
         full: dict[str, torch.Tensor] = {}
-        for mb, out in zip(plan, results):
+        for (lo, hi, seq_len), out in zip(spans, results):
             pieces = dict(out)
             if self.cp_size > 1:
                 group = parallel_state.get_context_parallel_group()
@@ -335,11 +342,11 @@ class TeacherWorker:
                     gathered = [torch.empty_like(value) for _ in range(self.cp_size)]
                     dist.all_gather(gathered, value.contiguous(), group=group)
                     pieces[key] = cp_unsplit(gathered, self.cp_size)
-            take = min(width, mb.seq_len)
+            take = min(width, seq_len)
             for key, value in pieces.items():
                 if key not in full:
                     full[key] = torch.zeros((batch, width, *value.shape[2:]), dtype=value.dtype)
-                full[key][mb.start : mb.end, :take] = value[:, :take].cpu()
+                full[key][lo:hi, :take] = value[:, :take].cpu()
         self.last_call_seconds = time.perf_counter() - started
         if not (self.tp_rank == 0 and self.cp_rank == 0):
             return None

@@ -98,6 +98,12 @@ class FakeGroup:
                 raise AssertionError(f"{len(self.calls)} calls reached the group within {timeout_s:.0f}s, "
                                      f"not {n}: {self.calls}")
 
+    @property
+    def first_tokens(self) -> list[int]:
+        """Every row's first token, in the order the group received the rows (a call may hold the
+        rows of several requests)."""
+        return [int(t) for got in self.received for t in got["input_ids"][:, 0]]
+
     def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
                      temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
         """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row);

@@ -305,10 +305,10 @@ class UnmaskedGroup(FakeGroup):
 
 
 class NarrowGroup(FakeGroup):
-    """A broken group: answers only the cut columns, not the caller's width."""
+    """A broken group: answers one column fewer than the batch it was given."""
 
     def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
-        return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths))}
+        return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths)[:, :-1].copy())}
 
 
 def test_a_group_answer_of_the_wrong_shape_is_a_500_never_a_wrong_answer() -> None:
@@ -316,7 +316,7 @@ def test_a_group_answer_of_the_wrong_shape_is_a_500_never_a_wrong_answer() -> No
     try:
         resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body([[1, 2, 3, 0]], [3]),
                              headers={"Authorization": "Bearer t0ken"}, timeout=60)
-        assert resp.status_code == 500 and "of shape [1, 3] for a batch of 1 rows and width 4" in resp.json()["error"]
+        assert resp.status_code == 500 and "of shape [1, 2] for a batch of 1 rows and width 3" in resp.json()["error"]
     finally:
         server.stop()
 
@@ -364,12 +364,15 @@ def _wait_until(condition: Any, what: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.005)
 
 
-def test_requests_run_one_at_a_time_in_order_and_none_is_dropped() -> None:
-    """Requests queue in arrival order behind a call the group holds; health answers meanwhile."""
+@pytest.mark.parametrize("batch_requests", [False, True], ids=["fifo", "batched"])
+def test_requests_queue_in_order_behind_a_busy_group_and_none_is_dropped(batch_requests: bool) -> None:
+    """Requests queue in arrival order behind a call the group holds; health answers meanwhile.
+    Then, one request per call in arrival order (``batch_requests: false``), or the queued requests
+    batched into fewer calls, their rows in arrival order (one caller)."""
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group)
+    server = _server(group, batch_requests=batch_requests)
     endpoint = server.server
     n = 12
     results: dict[int, np.ndarray] = {}
@@ -412,7 +415,12 @@ def test_requests_run_one_at_a_time_in_order_and_none_is_dropped() -> None:
     assert not any(t.is_alive() for t in threads)
     assert not errors, errors
     assert sorted(results) == list(range(n))
-    assert group.calls == list(range(n))  # FIFO, one at a time (FakeGroup asserts no overlap)
+    # the group saw every request's rows once, in arrival order (FakeGroup asserts no overlap)
+    assert group.first_tokens[0::2] == list(range(n))
+    if batch_requests:
+        assert group.calls[0] == 0 and len(group.calls) < n  # what queued behind call 0 went together
+    else:
+        assert group.calls == list(range(n))  # FIFO, one at a time
 
 
 def test_draining_answers_503_with_retry_after_and_finishes_queued_work() -> None:
@@ -609,7 +617,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_are_a
             thread.join(120)
         server.stop()
     assert {i: status for i, (status, _) in outcome.items()} == {0: 200, 1: 200, 2: 200}, outcome
-    assert group.calls == [0, 1, 2]  # the refused request never reached the group
+    assert group.first_tokens[0::2] == [0, 1, 2]  # the refused request (99) never reached the group
 
 
 def test_a_queued_request_whose_client_went_away_never_reaches_the_group() -> None:

@@ -1,5 +1,5 @@
 """Logprob numerics and bookkeeping without processes: the head at TP1, NeMo RL alignment,
-micro-batch plans, the CP split, and the group's input handling that needs no workers."""
+the CP split, and the group's input handling that needs no workers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from podium.teacher.logprobs import (
     cp_unsplit,
     next_token_labels,
     next_token_outputs,
-    plan_microbatches,
     ties_by_id,
     to_nemo_rl,
 )
@@ -126,11 +125,6 @@ def test_nemo_rl_alignment():
     shifted = to_nemo_rl(per_position, lengths, vals, idx)
     assert torch.equal(shifted["topk_indices"][1], torch.tensor([[0, 0], [1, 1], [0, 0], [0, 0]]))
     assert shifted["topk_logprobs"].dtype == torch.float32
-
-
-def test_microbatch_plan_trims_each_to_its_longest_row():
-    plan = plan_microbatches([3, 9, 1, 4, 2], 2, seq_multiple=4)
-    assert [(m.start, m.end, m.seq_len) for m in plan] == [(0, 2, 12), (2, 4, 4), (4, 5, 4)]
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

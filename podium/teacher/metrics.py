@@ -1,0 +1,127 @@
+"""The endpoint's Prometheus metrics (``GET /metrics``, text format), one registry per endpoint.
+
+Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` histograms) under the
+``podium_`` prefix; every series carries the teacher's ``teacher`` label, and
+``podium_generation_info`` says which job and restart answers. What ``podium status`` shows per
+replica (tokens/s over the last minute, queue depth, padding share) is read from here by
+:func:`summary`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+disable_created_metrics()  # no *_created series: a scrape shows what was served, not when counters began
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+WINDOW_S = 60.0
+_TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class EndpointMetrics:
+    """The counters, gauges and histograms of one endpoint (thread-safe: prometheus_client is)."""
+
+    def __init__(self, teacher: str, queue_depth: Callable[[], float], queued_rows: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"teacher": teacher}
+        r = self.registry
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, ("teacher", *extra), registry=r)
+
+        self.requests = counter("podium_requests", "Infer requests answered, by HTTP status", ("status",))
+        self.rows = counter("podium_rows", "Rows answered 200")
+        self.tokens = counter("podium_tokens", "Real tokens (input lengths) of rows answered 200")
+        self.computed = counter("podium_computed_tokens",
+                                "Token positions the model computed (rows x bucket length, padding included)")
+        self.calls = counter("podium_group_calls", "Group calls (one or more requests each)")
+        self.microbatches = counter("podium_microbatches", "Forward micro-batches run")
+        self.errors = counter("podium_errors", "Failed infer requests, by kind", ("kind",))
+        self.abandoned = counter("podium_abandoned_requests", "Requests whose client went away before the answer")
+        self.forward = Histogram("podium_forward_seconds", "Seconds of one group call", ("teacher",),
+                                 buckets=_TIME_BUCKETS, registry=r)
+        self.wait = Histogram("podium_queue_wait_seconds", "Seconds from a request's arrival to its first rows' call",
+                              ("teacher",), buckets=_TIME_BUCKETS, registry=r)
+        self.call_tokens = Histogram("podium_call_tokens", "Real tokens in one group call", ("teacher",),
+                                     buckets=_TOKEN_BUCKETS, registry=r)
+        self.queue = Gauge("podium_queue_depth", "Requests queued or computing", ("teacher",), registry=r)
+        self.queue.labels(**labels).set_function(queue_depth)
+        self.queue_rows = Gauge("podium_queue_rows", "Rows waiting for a group call", ("teacher",), registry=r)
+        self.queue_rows.labels(**labels).set_function(queued_rows)
+        self.rate = Gauge("podium_tokens_per_second_1m", "Real tokens answered per second over the last minute",
+                          ("teacher",), registry=r)
+        self.rate.labels(**labels).set_function(self._tokens_per_second)
+        self.generation = Gauge("podium_generation_info", "The job and restart that answer (value 1)",
+                                ("teacher", "job_id", "restart"), registry=r)
+        self._teacher = teacher
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._lock = threading.Lock()
+        for metric in (self.rows, self.tokens, self.computed, self.calls, self.microbatches, self.abandoned):
+            metric.labels(**labels)  # present (at 0) from the start
+
+    def set_generation(self, job_id: str, restart: int) -> None:
+        self.generation.labels(teacher=self._teacher, job_id=job_id, restart=str(restart)).set(1)
+
+    def answered(self, status: int) -> None:
+        """An infer request answered with HTTP ``status``."""
+        self.requests.labels(teacher=self._teacher, status=str(status)).inc()
+
+    def served(self, rows: int, tokens: int) -> None:
+        """The rows and real tokens of a request answered 200."""
+        self.rows.labels(teacher=self._teacher).inc(rows)
+        self.tokens.labels(teacher=self._teacher).inc(tokens)
+        with self._lock:
+            self._recent.append((time.monotonic(), tokens))
+
+    def abandoned_request(self) -> None:
+        self.abandoned.labels(teacher=self._teacher).inc()
+
+    def failed(self, kind: str) -> None:
+        self.errors.labels(teacher=self._teacher, kind=kind).inc()
+
+    def call(self, *, seconds: float, tokens: int, computed_tokens: Optional[int], microbatches: Optional[int],
+             waits: list[float]) -> None:
+        t = self._teacher
+        self.calls.labels(teacher=t).inc()
+        self.forward.labels(teacher=t).observe(seconds)
+        self.call_tokens.labels(teacher=t).observe(tokens)
+        self.computed.labels(teacher=t).inc(computed_tokens if computed_tokens is not None else tokens)
+        if microbatches:
+            self.microbatches.labels(teacher=t).inc(microbatches)
+        for w in waits:
+            self.wait.labels(teacher=t).observe(w)
+
+    def _tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - WINDOW_S:
+                self._recent.popleft()
+            return sum(n for _, n in self._recent) / WINDOW_S
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def summary(text: str) -> dict[str, float]:
+    """The key figures of one endpoint's ``/metrics`` text: tokens/s over the last minute, queue
+    depth, padding share (padded share of the computed token positions), requests and errors."""
+    values: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] += sample.value
+    computed = values.get("podium_computed_tokens_total", 0.0)
+    tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every call
+    return {
+        "tokens_per_s_1m": values.get("podium_tokens_per_second_1m", 0.0),
+        "queue_depth": values.get("podium_queue_depth", 0.0),
+        "padding_share": (1.0 - tokens / computed) if computed else 0.0,
+        "requests": values.get("podium_requests_total", 0.0),
+        "errors": values.get("podium_errors_total", 0.0),
+    }

@@ -1,0 +1,304 @@
+"""The endpoint's scheduler: every caller's requests in one queue, batched into group calls.
+
+A teacher is shared by trainers that each send small, ragged batches (NeMo RL's trajectory
+collector calls once per prompt group, from a thread pool). Computing them one request at a time
+pads each to its own longest row and leaves the model mostly idle between calls; this module
+gives the group fewer, fuller calls instead:
+
+- one queue of :class:`Job` (a validated request and its future) from all callers;
+- a **call** is formed when the group is free, from the requests that share the oldest request's
+  options (:attr:`Job.key`: top-k, temperature, outputs, row cap, candidate count); it holds up to
+  ``call_tokens`` tokens (each row counted at its bucket length,
+  :func:`podium.teacher.microbatch.bucket_length`), taken **round-robin across callers** (each
+  caller's share of a call is the room left over the callers that still have rows, at least one
+  row), so one caller's huge request is split across calls and never holds the others back;
+- an idle group waits up to ``max_delay_s`` for company (a request that arrives while the group
+  computes waits for the call anyway); a full call starts at once;
+- each row's answer goes back to its own request, in its own order; a request is answered when its
+  last row is, identical to its answer alone (see ``podium.teacher.microbatch``);
+- a request cancelled before its first row was sent leaves the queue; one cancelled mid-way sends
+  no more rows. The queue's bound (503 + Retry-After beyond it) is the endpoint's ``max_queue``.
+
+The group computes its own micro-batches from a call (token budget, length buckets, DP balance);
+the scheduler decides only which rows go together. :func:`form_call` is pure logic, tested
+without processes; :class:`Scheduler` runs it on the endpoint's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+import numpy as np
+
+from podium.protocol.batch import Batch, Options
+from podium.teacher.microbatch import bucket_length
+
+logger = logging.getLogger(__name__)
+
+# A call holds this many micro-batches' worth of tokens per data-parallel replica: enough that the
+# group's per-call cost (one Ray round trip) is small, few enough that callers take turns often.
+CALL_MICROBATCHES = 2
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in the queue: its rows, how far they went, and what came back."""
+
+    request_id: str
+    caller: str
+    batch: Batch
+    opts: Options
+    outputs: tuple[str, ...]
+    future: "asyncio.Future[dict[str, np.ndarray]]"
+    enqueued: float = field(default_factory=time.monotonic)
+    seq_multiple: int = 1
+    next_row: int = 0  # rows [0, next_row) were sent to the group
+    done_rows: int = 0
+    started: Optional[float] = None  # when its first rows went to the group
+    results: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.costs = [bucket_length(n, self.seq_multiple) for n in self.batch.input_lengths.tolist()]
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Requests with equal keys may share a group call."""
+        cands = self.batch.candidate_ids
+        return (self.opts.top_k, self.opts.temperature, self.opts.micro_batch_size, frozenset(self.outputs),
+                None if cands is None else int(cands.shape[-1]))
+
+    @property
+    def remaining(self) -> int:
+        return self.batch.rows - self.next_row
+
+    @property
+    def cancelled(self) -> bool:
+        return self.future.done()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``[start, end)`` of ``job`` at rows ``[offset, offset + end - start)`` of a call."""
+
+    job: Job
+    start: int
+    end: int
+    offset: int
+
+
+def form_call(queue: Sequence[Job], call_tokens: int, after_caller: Optional[str] = None) -> list[Segment]:
+    """The rows of the next group call (see the module doc); marks them sent (``next_row``).
+
+    ``after_caller``: the caller served first in the previous call; the turn starts after it."""
+    live = [j for j in queue if j.remaining > 0 and not j.cancelled]
+    if not live:
+        return []
+    key = live[0].key
+    live = [j for j in live if j.key == key]
+    callers = list(dict.fromkeys(j.caller for j in live))
+    if after_caller in callers:
+        turn = callers.index(after_caller) + 1
+        callers = callers[turn:] + callers[:turn]
+    segments: list[Segment] = []
+    used = 0
+    offset = 0
+    while used < call_tokens:
+        active = [c for c in callers if any(j.caller == c and j.remaining > 0 for j in live)]
+        if not active:
+            break
+        share = max(1, (call_tokens - used) // len(active))
+        progressed = False
+        for caller in active:
+            taken = 0
+            for job in (j for j in live if j.caller == caller and j.remaining > 0):
+                start = job.next_row
+                while job.remaining > 0:
+                    cost = job.costs[job.next_row]
+                    if segments or job.next_row > start:  # the call's first row always goes
+                        if taken + cost > share or used + cost > call_tokens:
+                            break
+                    job.next_row += 1
+                    taken += cost
+                    used += cost
+                if job.next_row > start:
+                    segments.append(Segment(job, start, job.next_row, offset))
+                    offset += job.next_row - start
+                    progressed = True
+                if job.remaining > 0 or taken >= share:
+                    break  # this caller's share is used (or its next row does not fit)
+        if not progressed:
+            break
+    return segments
+
+
+def call_batch(segments: Sequence[Segment]) -> Batch:
+    """One batch of a call's rows (each row's real tokens; the width is the longest row)."""
+    lengths = np.concatenate([s.job.batch.input_lengths[s.start:s.end] for s in segments]).astype(np.int64)
+    width = int(lengths.max())
+    ids = np.zeros((len(lengths), width), dtype=np.int64)
+    cands = None
+    first = segments[0].job.batch.candidate_ids
+    if first is not None:
+        cands = np.zeros((len(lengths), width, first.shape[-1]), dtype=np.int64)
+    for s in segments:
+        src = s.job.batch
+        w = min(width, src.input_ids.shape[1])
+        ids[s.offset:s.offset + s.end - s.start, :w] = src.input_ids[s.start:s.end, :w]
+        if cands is not None:
+            cands[s.offset:s.offset + s.end - s.start, :w] = src.candidate_ids[s.start:s.end, :w]
+    return Batch(input_ids=ids, input_lengths=lengths, width=width, candidate_ids=cands)
+
+
+def deliver(segments: Sequence[Segment], result: dict[str, np.ndarray]) -> list[Job]:
+    """Each segment's rows of a call's ``result`` into its job; the jobs now complete."""
+    finished = []
+    for s in segments:
+        job = s.job
+        rows = s.end - s.start
+        for name, array in result.items():
+            if name not in job.outputs:
+                continue
+            if name not in job.results:
+                job.results[name] = np.zeros((job.batch.rows, job.batch.width, *array.shape[2:]), dtype=array.dtype)
+            w = min(job.batch.width, array.shape[1])
+            job.results[name][s.start:s.end, :w] = array[s.offset:s.offset + rows, :w]
+        job.done_rows += rows
+        if job.done_rows == job.batch.rows:
+            finished.append(job)
+    return finished
+
+
+Compute = Callable[[Batch, Job], Awaitable[dict[str, np.ndarray]]]
+
+
+class Scheduler:
+    """Runs :func:`form_call` on the event loop: one group call at a time through ``compute``.
+
+    ``compute(batch, job)`` runs a call (``job``: the call's first job, whose options it uses) and
+    returns its outputs as numpy ``[rows, width, ...]``; ``on_call(segments, seconds, waits)``
+    observes each call (metrics). ``batch_requests=False``: one whole request per call, in
+    arrival order."""
+
+    def __init__(self, compute: Compute, *, call_tokens: int, max_delay_s: float, batch_requests: bool = True,
+                 on_call: Optional[Callable[[Sequence[Segment], float], None]] = None,
+                 on_change: Optional[Callable[[], None]] = None) -> None:
+        self.compute = compute
+        self.call_tokens = max(1, int(call_tokens))
+        self.max_delay_s = max(0.0, float(max_delay_s))
+        self.batch_requests = batch_requests
+        self.on_call = on_call
+        self.on_change = on_change  # after a call ends (its jobs may be answered, the group is free)
+        self.in_flight: list[Job] = []
+        self.queue: list[Job] = []
+        self._arrived = asyncio.Event()
+        self._task: Optional[asyncio.Task[None]] = None
+        self._after: Optional[str] = None
+        self.calls = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="podium-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def submit(self, job: Job) -> None:
+        self.queue.append(job)
+        self._arrived.set()
+
+    @property
+    def depth(self) -> int:
+        """Requests queued (not cancelled) or in the running call (cancelled ones too)."""
+        return len({*(j for j in self.queue if not j.cancelled and j.remaining > 0), *self.in_flight})
+
+    @property
+    def queued_rows(self) -> int:
+        return sum(j.remaining for j in self.queue if not j.cancelled)
+
+    def _prune(self) -> None:
+        self.queue = [j for j in self.queue if j.remaining > 0 and not j.cancelled]
+
+    def _queued_tokens(self) -> int:
+        return sum(sum(j.costs[j.next_row:]) for j in self.queue if not j.cancelled)
+
+    async def _wait_for_company(self) -> None:
+        """Until a call's worth is queued or the oldest request has waited ``max_delay_s``."""
+        while self.batch_requests and self._queued_tokens() < self.call_tokens:
+            oldest = min(j.enqueued for j in self.queue)
+            left = self.max_delay_s - (time.monotonic() - oldest)
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return
+            self._prune()
+            if not self.queue:
+                return
+
+    def _next_call(self) -> list[Segment]:
+        if self.batch_requests:
+            segments = form_call(self.queue, self.call_tokens, self._after)
+            if segments:
+                self._after = segments[0].job.caller
+            return segments
+        job = self.queue[0]
+        segments = [Segment(job, job.next_row, job.batch.rows, 0)]
+        job.next_row = job.batch.rows
+        return segments
+
+    async def _loop(self) -> None:
+        while True:
+            self._prune()
+            if not self.queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            await self._wait_for_company()
+            self._prune()
+            if not self.queue:
+                continue
+            segments = self._next_call()
+            if not segments:
+                continue
+            now = time.monotonic()
+            for s in segments:
+                if s.job.started is None:
+                    s.job.started = now
+            self.in_flight = list(dict.fromkeys(s.job for s in segments))
+            try:
+                await self._run_call(segments)
+            finally:
+                self.in_flight = []
+                self._prune()
+                if self.on_change is not None:
+                    self.on_change()
+
+    async def _run_call(self, segments: list[Segment]) -> None:
+        started = time.perf_counter()
+        try:
+            result = await self.compute(call_batch(segments), segments[0].job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every request of the call fails with the group's error
+            self.calls += 1
+            for job in self.in_flight:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        self.calls += 1
+        if self.on_call is not None:
+            self.on_call(segments, time.perf_counter() - started)
+        for job in deliver(segments, result):
+            if not job.future.done():
+                job.future.set_result(job.results)
