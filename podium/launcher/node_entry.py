@@ -190,7 +190,10 @@ class _NodeRun:
             ip = self.backend.node_address(ray_cfg.interface)
             ports = rb.choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank)
             self.temp = rb.temp_dir(ray_cfg.temp_dir_root, ctx.job_id, ctx.restart, ctx.rank)
-            gpus = spec.gpus_per_node if spec.launcher.slurm.gpus else 0
+            gpus = self.backend.node_gpus(spec)
+            if spec.launcher.slurm.gpus and gpus < spec.gpus_per_node:
+                logger.warning("no CUDA device for gpus_per_node=%d on %s: the workers run on CPU",
+                               spec.gpus_per_node, ctx.host)
             cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.gpus_per_node + 1)
             common = dict(ip=ip, ports=ports, temp=self.temp, num_cpus=cpus, num_gpus=gpus,
                           object_store_memory_mb=ray_cfg.object_store_memory_mb)

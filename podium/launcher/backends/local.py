@@ -8,6 +8,12 @@ caller's stdin/stdout/stderr (``out=$(podium up --wait)`` would never see an end
 runs in a session of its own, so a Ctrl-C at ``podium up --wait`` does not end the teachers (a
 local teacher outlives ``up``, as a Slurm job does). The environment below is the controller's
 contract (``submitit/local/local.py``).
+
+GPUs. A recipe asks for GPUs (``gpus_per_node``, with ``podium.slurm.gpus`` on, the default, as
+NeMo RL's recipes ship); on a machine without a CUDA device the local teacher runs on CPU instead
+(``--num-gpus=0``: ``gpus_per_node`` CPU worker slots) and ``up`` says so in one line. Running
+slowly beats refusing: a first try on a laptop works, and the line says why it is slow. A machine
+with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_per_node``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Optional, Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
+from podium.launcher.devices import cuda_device_count
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
@@ -63,6 +70,24 @@ class LocalBackend(Backend):
         if spec.num_nodes != 1:
             raise SubmitError(f"teacher {spec.name!r}: cluster 'local' runs one node, the plan asks for "
                               f"num_nodes={spec.num_nodes} (set podium.cluster: slurm, or num_nodes: 1)")
+        wanted = super().node_gpus(spec)
+        found = cuda_device_count() if wanted else 0
+        if 0 < found < wanted:
+            raise SubmitError(f"teacher {spec.name!r}: gpus_per_node={wanted} but this machine has {found} CUDA "
+                              f"device{'s' if found > 1 else ''} (set gpus_per_node: {found}, or "
+                              f"podium.slurm.gpus: false to run on CPU)")
+
+    def notices(self, spec: TeacherSpec) -> list[str]:
+        wanted = super().node_gpus(spec)
+        if not wanted or cuda_device_count():
+            return []
+        return [f"teacher {spec.name!r} runs on CPU: no CUDA device found on this machine, so its "
+                f"gpus_per_node={wanted} workers are CPU processes, far slower than on GPUs "
+                f"(podium.slurm.gpus: false asks for CPU and silences this)"]
+
+    def node_gpus(self, spec: TeacherSpec) -> int:
+        wanted = super().node_gpus(spec)
+        return wanted if wanted and cuda_device_count() >= wanted else 0
 
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         command = node_command(spec, files)
