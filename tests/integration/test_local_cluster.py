@@ -214,3 +214,41 @@ def test_demo_the_readme_first_command(tmp_path: Path) -> None:
     for _, files in known_teachers(keep / "run"):
         assert run_processes(files) == {}
 
+
+def test_local_ray_start_dies_up_prints_its_cause_and_log(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """The head's own ``ray start`` dies (an argument it refuses, injected): the head notices at
+    once, and what ``up --wait`` prints in one line is the cause from that process's log with the
+    log's path, not a timeout."""
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+podium:
+  cluster: local
+  run_dir: {run_dir}
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}}}
+""")
+    # Ray's own refusal of a 1 MiB object store, from deep in a traceback of `ray start`
+    cause = "ValueError: Attempting to cap object store memory usage at 1048576 bytes"
+    env = {**os.environ, "PODIUM_RAY_START_ARGS": "--object-store-memory=1048576"}
+    try:
+        up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "300"],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=env)
+        assert up.returncode == 1, up.stdout + up.stderr[-3000:]
+        (ray_log,) = run_dir.glob("teachers/*/nodes/*/0.ray-start.log")
+        (error,) = [line for line in up.stderr.splitlines() if line.startswith("podium: error:")]
+        print(error)  # what a user reads (shown with -rP)
+        assert cause in error and f"log {ray_log}" in error, up.stderr[-3000:]
+        assert "`ray start` (pid " in error and "exited with 1" in error  # what died, not a timeout
+        assert "within" not in error and "timed out" not in error.lower()
+        (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
+        assert row["status"] == "failed" and cause in row["reason"] and "\n" not in row["reason"]
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}
