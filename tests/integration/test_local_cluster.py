@@ -64,13 +64,14 @@ def _holders(links: set[str]) -> list[str]:
     return found
 
 
-def podium_up_through_pipes(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess, list[str]]:
+def podium_up_through_pipes(*args: str, timeout: float,
+                            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``podium up --wait`` with pipes on stdin, stdout and stderr (``out=$(podium up --wait ...)``,
     a Python script's ``capture_output``): it must return and its pipes reach end of file (the
     timeout turns a regression into a failure, not a hang). Also returns the processes that still
     hold one of the three pipes afterwards (the teachers it started must hold none)."""
     proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "up", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     links = _pipe_inodes(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -106,7 +107,10 @@ podium:
   server: {{heartbeat_s: 2, stale_after_s: 10}}
 """)
     try:
-        up, holders = podium_up_through_pipes(str(recipe), "--wait", "--timeout", "300", timeout=600)
+        # CUDA_VISIBLE_DEVICES empty, as on issue 13's machine: Ray refuses `--num-gpus=2` then
+        # (unset, it would fake two GPUs), so the recipe's GPUs must not reach `ray start`
+        up, holders = podium_up_through_pipes(str(recipe), "--wait", "--timeout", "300", timeout=600,
+                                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
         assert up.returncode == 0, up.stdout + up.stderr[-3000:]
         assert "math: submitted job" in up.stdout and "all teachers ready" in up.stdout
         assert holders == []  # stdin included: the teachers hold none of their caller's pipes
