@@ -146,7 +146,15 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     result = UpResult(layout.run_dir, {}, {}, [], notices=notices(plan))
     for spec in plan.teachers:
         files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
-        record, action = ensure_submitted(spec, files)
+        try:
+            record, action = ensure_submitted(spec, files)
+        except SubmitError as exc:
+            if not result.job_ids:
+                raise
+            # The teachers before it have their jobs (recorded): say so, and that `up` again keeps them.
+            done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items())
+            raise SubmitError(f"{exc} [left running: {done}; `podium up` with the fixed recipe reattaches "
+                              f"them and submits the rest]") from exc
         changes = recorded_changes(spec, record) if action == "reattached" else []
         if changes and replace:
             old = record

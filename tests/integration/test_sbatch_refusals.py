@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher_helpers import identity, podium, queued_with, write_recipe
+from launcher_helpers import identity, job_ids, podium, queued_with, write_recipe
 from podium.launcher.sbatch_errors import one_line
 
 pytestmark = pytest.mark.slurm
@@ -85,3 +85,27 @@ def test_refusals_name_the_setting_and_a_fixed_retry_submits(slurm_cluster, slur
     finally:
         podium("down", str(run_dir), check=False)
     assert queued_with(comment) == []
+
+
+def test_a_refused_second_teacher_leaves_the_first_running_and_says_so(
+        slurm_cluster, slurm_jobs, tiny_llama_checkpoint, tiny_qwen2_checkpoint, tmp_path: Path) -> None:
+    """Teachers are submitted one by one: the one refused (its own partition override) stops ``up``;
+    the one before keeps its job, the error says which, and the fixed recipe's ``up`` reattaches it."""
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    aliases = {"math": (tiny_llama_checkpoint, 1), "chat": (tiny_qwen2_checkpoint, 1)}
+    write_recipe(recipe, aliases, slurm={"extra_sbatch": {"hold": True}},
+                 teachers={"chat": {"slurm": {"partition": "nope"}}})
+    try:
+        error = _refused(recipe, run_dir)
+        ids = job_ids(run_dir)
+        assert list(ids) == ["math"] and slurm_jobs.append(ids["math"]) is None
+        assert error.startswith("podium: error: teacher chat-") and "podium.slurm.partition='nope'" in error
+        assert f"[left running: math job {ids['math']};" in error
+
+        write_recipe(recipe, aliases, slurm={"extra_sbatch": {"hold": True}})
+        up = podium("up", str(recipe), "--run-dir", str(run_dir))
+        slurm_jobs.extend(job_ids(run_dir).values())
+        assert f"math: reattached job {ids['math']}" in up.stdout and "chat: submitted job" in up.stdout
+    finally:
+        podium("down", str(run_dir), check=False)
