@@ -121,7 +121,9 @@ def up(
         the_plan = load_plan(recipe, overrides or [], launcher)
         target = run_dir or default_run_dir(the_plan)
         if dry_run:
-            for submission in commands.dry_run(the_plan, target):
+            submissions = commands.dry_run(the_plan, target)
+            _notices(commands.notices(the_plan))
+            for submission in submissions:
                 typer.echo(f"# ---- {submission.teacher} ({submission.backend}): what `podium up` submits", err=True)
                 typer.echo(submission.render(), nl=False)
             return
@@ -132,6 +134,7 @@ def up(
     except SlurmQueryError as exc:  # the scheduler did not answer: never guess what runs
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(1)
+    _notices(result.notices)
     for name, action in result.actions.items():
         if name in result.replaced:
             typer.echo(f"{name}: replaced job {result.replaced[name]} with job {result.job_ids[name]}")
@@ -145,6 +148,11 @@ def up(
     typer.echo(f"rendezvous: {result.run_dir / 'rendezvous.json'}")
     if wait_ready:
         _wait(result.run_dir, timeout)
+
+
+def _notices(lines: List[str]) -> None:
+    for line in lines:
+        typer.echo(f"podium: note: {line}", err=True)
 
 
 def _wait(run_dir: Path, timeout: float) -> None:

@@ -120,6 +120,7 @@ class UpResult:
     orphans: list[str]  # teachers in the run dir that the plan no longer has
     replaced: dict[str, str] = field(default_factory=dict)  # teacher name -> the job it replaced
     notes: list[str] = field(default_factory=list)  # live jobs left running with other settings
+    notices: list[str] = field(default_factory=list)  # runs otherwise than asked (CPU for GPUs): stderr
 
 
 def recorded_changes(spec: TeacherSpec, record: JobRecord) -> Optional[list[SettingChange]]:
@@ -142,10 +143,18 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     """
     validate(plan)
     layout = prepare_run_dir(plan, run_dir)
-    result = UpResult(layout.run_dir, {}, {}, [])
+    result = UpResult(layout.run_dir, {}, {}, [], notices=notices(plan))
     for spec in plan.teachers:
         files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
-        record, action = ensure_submitted(spec, files)
+        try:
+            record, action = ensure_submitted(spec, files)
+        except SubmitError as exc:
+            if not result.job_ids:
+                raise
+            # The teachers before it have their jobs (recorded): say so, and that `up` again keeps them.
+            done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items())
+            raise SubmitError(f"{exc} [left running: {done}; `podium up` with the fixed recipe reattaches "
+                              f"them and submits the rest]") from exc
         changes = recorded_changes(spec, record) if action == "reattached" else []
         if changes and replace:
             old = record
@@ -183,6 +192,12 @@ def validate(plan: Plan) -> None:
     require_checkpoints(plan)
     for spec in plan.teachers:
         backend_for(spec.launcher.cluster).check(spec)
+
+
+def notices(plan: Plan) -> list[str]:
+    """One line per teacher that its backend runs otherwise than the recipe asks (a local teacher on
+    CPU where the recipe asks for GPUs), for ``up`` to print on stderr."""
+    return [line for spec in plan.teachers for line in backend_for(spec.launcher.cluster).notices(spec)]
 
 
 def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:

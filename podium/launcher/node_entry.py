@@ -41,7 +41,9 @@ bound), so queued requests keep their workers. Never ``ray stop``, never pkill: 
 this task started, by recorded ID.
 
 Fault injection for tests: ``PODIUM_FAIL_NODE_RANK=<rank>`` makes that rank's start fail;
-``PODIUM_DELAY_START_S=<s>`` makes every task wait that long before it installs its signal handlers.
+``PODIUM_DELAY_START_S=<s>`` makes every task wait that long before it installs its signal handlers;
+``PODIUM_RAY_START_ARGS="<args>"`` appends these arguments to every node's ``ray start`` (a bad
+one makes it die: what the head must notice at once, and report by its log's cause).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ if __name__ == "__main__":  # before any other import: a stop signal now must wa
 
 import logging  # noqa: E402
 import os  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -190,7 +193,10 @@ class _NodeRun:
             ip = self.backend.node_address(ray_cfg.interface)
             ports = rb.choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank)
             self.temp = rb.temp_dir(ray_cfg.temp_dir_root, ctx.job_id, ctx.restart, ctx.rank)
-            gpus = spec.gpus_per_node if spec.launcher.slurm.gpus else 0
+            gpus = self.backend.node_gpus(spec)
+            if spec.launcher.slurm.gpus and gpus < spec.gpus_per_node:
+                logger.warning("no CUDA device for gpus_per_node=%d on %s: the workers run on CPU",
+                               spec.gpus_per_node, ctx.host)
             cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.gpus_per_node + 1)
             common = dict(ip=ip, ports=ports, temp=self.temp, num_cpus=cpus, num_gpus=gpus,
                           object_store_memory_mb=ray_cfg.object_store_memory_mb)
@@ -248,6 +254,7 @@ class _NodeRun:
     def start_ray(self, common: dict[str, Any], head_address: Optional[str] = None) -> rb.RayNodeProcess:
         ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
         cmd = rb.start_command(head=head_address is None, head_address=head_address, **common)
+        cmd += shlex.split(os.environ.get("PODIUM_RAY_START_ARGS") or "")  # fault injection (tests)
         self.ray_proc = rb.RayNodeProcess(cmd, ray_log, token_path=self.token_path)
         self.state.write("ray_starting", ray=self.ray_proc.ref.to_dict())
         return self.ray_proc
@@ -403,7 +410,12 @@ class _HeadRun:
         # ray.init installs its own SIGTERM handler (exit 1): keep stop signals pending until ours
         # are back, so a signal in between reaches them instead of Ray's.
         with procs.stop_signals_blocked():
-            ray.init(address=address, _node_ip_address=ip, logging_level=logging.WARNING, log_to_driver=True)
+            try:
+                ray.init(address=address, _node_ip_address=ip, logging_level=logging.WARNING, log_to_driver=True)
+            except Exception:
+                if not ray_proc.alive():  # it died under the driver: its log says why, not ray.init's timeout
+                    raise rb.RayStartError(ray_proc.describe_exit()) from None
+                raise
             self.signals.install()
         self._wait_nodes(ray, ray_proc)
         self.lifecycle.stamp("ray_ready")

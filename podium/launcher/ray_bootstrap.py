@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from podium.launcher.exits import describe_death
 from podium.launcher.procs import ProcRef, kill_session, stop_signals_blocked
 from podium.net import port_free
 
@@ -219,8 +220,9 @@ class RayNodeProcess:
         self._log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         logger.info("starting Ray: %s (log %s)", " ".join(cmd), log_path)
         with stop_signals_blocked():  # inherited by every Ray process of this node
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=ray_env(token_path=token_path),
-                                         start_new_session=True)
+            # stdin from /dev/null, output to its log: Ray holds nothing of whoever started the task
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=ray_env(token_path=token_path), start_new_session=True)
         self.ref = ProcRef.of(self.proc.pid)
 
     @property
@@ -231,12 +233,8 @@ class RayNodeProcess:
         return self.proc.poll() is None
 
     def describe_exit(self) -> str:
-        tail = ""
-        try:
-            tail = self.log_path.read_text(errors="replace")[-1500:]
-        except OSError:
-            pass
-        return f"`ray start` (pid {self.pid}) exited with {self.proc.returncode}; log {self.log_path}:\n{tail}"
+        """One line: how ``ray start`` ended, the first line of its log that says why, the log."""
+        return describe_death("`ray start`", self.pid, self.proc.returncode, self.log_path)
 
     def wait_started(self, timeout_s: float) -> float:
         """Seconds until ``ray start`` says the node runs (every daemon of it up, the raylet

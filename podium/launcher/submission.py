@@ -146,7 +146,11 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 # Before sbatch: should this process die before job.json, whoever adopts the job
                 # knows what it was submitted with.
                 atomic_write_json(files.submitting, {"launcher": launcher, "time": time.time(), "by": _me()})
-                job_id = submit(spec, files)
+                try:
+                    job_id = submit(spec, files)
+                except SubmitError:  # refused: nothing was submitted, so no submission is in flight
+                    files.submitting.unlink(missing_ok=True)
+                    raise
                 _fault("exit-after-submit", f"teacher {spec.name!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,

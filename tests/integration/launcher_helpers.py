@@ -2,7 +2,8 @@
 
 - :func:`write_recipe`: a small MOPD recipe (aliases -> checkpoint and node count) for the cluster;
 - :func:`podium`: run the ``podium`` CLI as a user would (a subprocess), failing with its output;
-- :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`.
+- :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`;
+- :func:`identity` (a teacher's job ``--comment``), :func:`queued_with` (the queued jobs carrying it).
 """
 
 from __future__ import annotations
@@ -94,3 +95,20 @@ def ray_processes_of(jobs: list[str]) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     marks = [f"podium-{j}-" for j in jobs]
     return [line for line in out.splitlines() if any(m in line for m in marks)]
+
+
+def queued_with(comment: str) -> list[str]:
+    """Ids of the jobs in the queue (any state squeue shows) whose comment is ``comment``."""
+    out = subprocess.run(["squeue", "-h", "-O", "JobID:|,Comment:|"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return [line.split("|")[0] for line in out.splitlines() if line.split("|")[1:2] == [comment]]
+
+
+def identity(recipe: Path, run_dir: Path, *overrides: str) -> str:
+    """The ``--comment`` the recipe's one teacher's jobs carry in ``run_dir``."""
+    from podium.config.plan import load_plan
+    from podium.launcher.backends.slurm import job_comment
+    from podium.launcher.files import TeacherFiles
+
+    (spec,) = load_plan(recipe, list(overrides)).teachers
+    return job_comment(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))

@@ -1,5 +1,6 @@
 """``cluster: local`` end to end, as a user runs it: ``podium up --wait`` from a script that captures
-its output, ``status``, a trainer call checked against transformers (at the recipe's temperature) and NeMo RL's
+its output (with a NeMo RL recipe's ``gpus_per_node: 2`` on this machine without CUDA: on CPU, said
+once), ``status``, a trainer call checked against transformers (at the recipe's temperature) and NeMo RL's
 MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; a Qwen3-MoE teacher at EP2 called by
 podium's client and by ``tritonclient``; and the
 README's first command, ``podium demo``.
@@ -10,6 +11,7 @@ No Slurm: submitit's local controller runs the same node entry, Ray head and Meg
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from launcher_helpers import RAY_PORTS
 from podium.launcher.cleanup import run_processes
+from podium.launcher.devices import cuda_device_count
 from podium.launcher.run_dir import known_teachers
 from podium.rendezvous.token import read_token
 
@@ -37,7 +40,57 @@ def podium_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _pipe_inodes(proc: subprocess.Popen) -> set[str]:
+    """``pipe:[inode]`` of the pipes this test handed ``proc`` as its stdin/stdout/stderr."""
+    return {os.readlink(f"/proc/self/fd/{stream.fileno()}") for stream in (proc.stdin, proc.stdout, proc.stderr)}
+
+
+def _holders(links: set[str]) -> list[str]:
+    """Processes other than this one with a descriptor on one of ``links`` (``pipe:[inode]``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in links:
+                    found.append(f"{pid} ({Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}) fd {fd}")
+            except OSError:
+                pass
+    return found
+
+
+def podium_up_through_pipes(*args: str, timeout: float,
+                            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``podium up --wait`` with pipes on stdin, stdout and stderr (``out=$(podium up --wait ...)``,
+    a Python script's ``capture_output``): it must return and its pipes reach end of file (the
+    timeout turns a regression into a failure, not a hang). Also returns the processes that still
+    hold one of the three pipes afterwards (the teachers it started must hold none)."""
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "up", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    links = _pipe_inodes(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"`podium up` through pipes did not return (or its pipes did not close) within "
+                             f"{timeout:.0f}s; still holding them: {_holders(links)}\n{out}\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), _holders(links)
+
+
+CPU_NOTICE = "runs on CPU: no CUDA device found on this machine"
+
+
 def test_local_up_wait_through_pipes_status_logs_down(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """A NeMo RL recipe as shipped (``gpus_per_node: 2``, GPUs requested) on ``cluster: local`` on a
+    machine without CUDA: the teacher runs on two CPU workers, ``up`` says so once, and ``up --wait``
+    through pipes returns with nothing it started holding them."""
+    assert cuda_device_count() == 0, "this test is about a machine without CUDA"
     run_dir = tmp_path / "run"
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"""\
@@ -46,18 +99,23 @@ policy:
 on_policy_distillation:
   teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}, code: {tiny_llama_checkpoint}}}
   non_colocated_teachers:
-    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 2, precision: fp32}}
 podium:
   cluster: local
   run_dir: {run_dir}
-  slurm: {{gpus: false}}
   ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
   server: {{heartbeat_s: 2, stale_after_s: 10}}
 """)
     try:
-        up = podium_cli("up", str(recipe), "--wait", "--timeout", "300")
+        # CUDA_VISIBLE_DEVICES empty, as on issue 13's machine: Ray refuses `--num-gpus=2` then
+        # (unset, it would fake two GPUs), so the recipe's GPUs must not reach `ray start`
+        up, holders = podium_up_through_pipes(str(recipe), "--wait", "--timeout", "300", timeout=600,
+                                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
         assert up.returncode == 0, up.stdout + up.stderr[-3000:]
         assert "math: submitted job" in up.stdout and "all teachers ready" in up.stdout
+        assert holders == []  # stdin included: the teachers hold none of their caller's pipes
+        assert up.stderr.count(CPU_NOTICE) == 1, up.stderr[-3000:]
+        print(next(line for line in up.stderr.splitlines() if CPU_NOTICE in line))  # shown with -rP
 
         status = podium_cli("status", str(run_dir), "--json")
         assert status.returncode == 0, status.stderr
@@ -94,6 +152,7 @@ podium:
         logs = podium_cli("logs", str(run_dir), "math")
         assert logs.returncode == 0, logs.stderr
         assert f"teacher 'math' ready at {row['url']}" in logs.stdout  # the node task's own log
+        assert "--num-gpus=0" in logs.stdout  # Ray was offered no GPU: two CPU worker slots
         assert "_0_log.err <==" in logs.stdout
         missing = podium_cli("logs", str(run_dir), "nope")
         assert missing.returncode == 2 and "no teacher 'nope'" in missing.stderr and "math" in missing.stderr
@@ -157,4 +216,43 @@ def test_demo_the_readme_first_command(tmp_path: Path) -> None:
     for alias in ("math", "code", "chat"):
         assert f"│ {alias}" in demo.stdout  # one row per alias in the table
     for _, files in known_teachers(keep / "run"):
+        assert run_processes(files) == {}
+
+
+def test_local_ray_start_dies_up_prints_its_cause_and_log(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """The head's own ``ray start`` dies (an argument it refuses, injected): the head notices at
+    once, and what ``up --wait`` prints in one line is the cause from that process's log with the
+    log's path, not a timeout."""
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+podium:
+  cluster: local
+  run_dir: {run_dir}
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}}}
+""")
+    # Ray's own refusal of a 1 MiB object store, from deep in a traceback of `ray start`
+    cause = "ValueError: Attempting to cap object store memory usage at 1048576 bytes"
+    env = {**os.environ, "PODIUM_RAY_START_ARGS": "--object-store-memory=1048576"}
+    try:
+        up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "300"],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=env)
+        assert up.returncode == 1, up.stdout + up.stderr[-3000:]
+        (ray_log,) = run_dir.glob("teachers/*/nodes/*/0.ray-start.log")
+        (error,) = [line for line in up.stderr.splitlines() if line.startswith("podium: error:")]
+        print(error)  # what a user reads (shown with -rP)
+        assert cause in error and f"log {ray_log}" in error, up.stderr[-3000:]
+        assert "`ray start` (pid " in error and "exited with 1" in error  # what died, not a timeout
+        assert "within" not in error and "timed out" not in error.lower()
+        (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
+        assert row["status"] == "failed" and cause in row["reason"] and "\n" not in row["reason"]
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    for _, files in known_teachers(run_dir):
         assert run_processes(files) == {}

@@ -8,30 +8,13 @@ tested is what Slurm holds. Every job of a teacher carries its identity as ``--c
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from launcher_helpers import podium, write_recipe
+from launcher_helpers import identity, podium, queued_with, write_recipe
 
 pytestmark = pytest.mark.slurm
-
-
-def identity(recipe: Path, run_dir: Path, *overrides: str) -> str:
-    from podium.config.plan import load_plan
-    from podium.launcher.backends.slurm import job_comment
-    from podium.launcher.files import TeacherFiles
-
-    (spec,) = load_plan(recipe, list(overrides)).teachers
-    return job_comment(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))
-
-
-def queued_with(comment: str) -> list[str]:
-    """Ids of the jobs in the queue (any state squeue shows) whose comment is ``comment``."""
-    out = subprocess.run(["squeue", "-h", "-O", "JobID:|,Comment:|"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    return [line.split("|")[0] for line in out.splitlines() if line.split("|")[1:2] == [comment]]
 
 
 def recorded_job(run_dir: Path) -> str:

@@ -7,6 +7,8 @@ rest of the launcher asks it, and never asks which one it has.
 method                     runs on             does
 =========================  ==================  ============================================
 ``check(spec)``            login node          refuse what this kind cannot run (exit 2)
+``notices(spec)``          login node          one line each: how it runs ``spec`` otherwise
+                                               than asked (``up`` prints them on stderr)
 ``materialise(spec, f)``   login node          pure: the exact script/command ``submit``
                                                sends (what ``render``/``--dry-run`` print)
 ``submit(submission)``     login node          send it; the job id
@@ -16,6 +18,7 @@ method                     runs on             does
 ``cancel(jobs)``           login node          end those jobs (``job.json`` records)
 ``log_paths(f, job, n)``   login node          where the node tasks write
 ``node_context()``         in the allocation   rank, node count, generation, host
+``node_gpus(spec)``        both                GPUs each node's Ray offers (0: CPU slots)
 ``node_address(iface)``    in the allocation   the address Ray and the endpoint use
 ``requeue(ctx, ...)``      in the allocation   ask for the next generation; why not, if not
 ``stop_intent(ctx, sig)``  in the allocation   what a stop signal means (cancel, preemption,
@@ -61,6 +64,7 @@ class Submission:
     folder: Path  # the submitit folder: scripts and logs of this teacher's jobs
     text: str
     command: tuple[str, ...]  # the node entry every task runs
+    spec: Optional[TeacherSpec] = None  # what it was materialised from (a refusal is explained by it)
 
     def render(self) -> str:
         return self.text if self.text.endswith("\n") else self.text + "\n"
@@ -100,6 +104,15 @@ class Backend(abc.ABC):
 
     def check(self, spec: TeacherSpec) -> None:
         """Raise :class:`SubmitError` for what this backend cannot run."""
+
+    def notices(self, spec: TeacherSpec) -> list[str]:
+        """One-line notices about how ``spec`` runs here otherwise than its recipe asks."""
+        return []
+
+    def node_gpus(self, spec: TeacherSpec) -> int:
+        """GPUs each node's Ray offers the teacher's workers (``ray start --num-gpus``); with 0 the
+        workers are CPU slots. Slurm allocated what the recipe asked, so the recipe's count."""
+        return spec.gpus_per_node if spec.launcher.slurm.gpus else 0
 
     @abc.abstractmethod
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission: ...

@@ -8,6 +8,12 @@ caller's stdin/stdout/stderr (``out=$(podium up --wait)`` would never see an end
 runs in a session of its own, so a Ctrl-C at ``podium up --wait`` does not end the teachers (a
 local teacher outlives ``up``, as a Slurm job does). The environment below is the controller's
 contract (``submitit/local/local.py``).
+
+GPUs. A recipe asks for GPUs (``gpus_per_node``, with ``podium.slurm.gpus`` on, the default, as
+NeMo RL's recipes ship); on a machine without a CUDA device the local teacher runs on CPU instead
+(``--num-gpus=0``: ``gpus_per_node`` CPU worker slots) and ``up`` says so in one line. Running
+slowly beats refusing: a first try on a laptop works, and the line says why it is slow. A machine
+with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_per_node``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Optional, Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
+from podium.launcher.devices import cuda_device_count
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
@@ -56,6 +63,22 @@ def find_controllers(folder: str | Path) -> list[str]:
     return [name for name in os.listdir("/proc") if name.isdigit() and is_controller_of(int(name), folder)]
 
 
+def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, Optional[str]]:
+    """GPUs the local Ray node offers a teacher that asks for ``wanted`` on a machine with ``found``
+    CUDA devices, and the notice ``up`` prints: all it asks for when there are enough; none (CPU
+    worker slots) with a notice when there is no CUDA device; ``SubmitError`` when there are some,
+    but too few (the recipe must say which it wants)."""
+    if not wanted or found >= wanted:
+        return wanted, None
+    if found:
+        raise SubmitError(f"teacher {teacher!r}: gpus_per_node={wanted} but this machine has {found} CUDA "
+                          f"device{'s' if found > 1 else ''} (set gpus_per_node: {found}, or "
+                          f"podium.slurm.gpus: false to run on CPU)")
+    return 0, (f"teacher {teacher!r} runs on CPU: no CUDA device found on this machine, so its "
+               f"gpus_per_node={wanted} workers are CPU processes, far slower than on GPUs "
+               f"(podium.slurm.gpus: false asks for CPU and silences this)")
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -63,6 +86,18 @@ class LocalBackend(Backend):
         if spec.num_nodes != 1:
             raise SubmitError(f"teacher {spec.name!r}: cluster 'local' runs one node, the plan asks for "
                               f"num_nodes={spec.num_nodes} (set podium.cluster: slurm, or num_nodes: 1)")
+        self.gpu_use(spec)
+
+    def notices(self, spec: TeacherSpec) -> list[str]:
+        return [notice] if (notice := self.gpu_use(spec)[1]) else []
+
+    def node_gpus(self, spec: TeacherSpec) -> int:
+        return self.gpu_use(spec)[0]
+
+    def gpu_use(self, spec: TeacherSpec) -> tuple[int, Optional[str]]:
+        """:func:`local_gpu_use` of this teacher on this machine."""
+        wanted = super().node_gpus(spec)
+        return local_gpu_use(spec.name, wanted, cuda_device_count() if wanted else 0)
 
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         command = node_command(spec, files)

@@ -27,7 +27,9 @@ Every value that reaches a shell line goes through ``shlex.quote``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import shlex
 import subprocess
@@ -42,6 +44,7 @@ from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
+from podium.launcher.sbatch_errors import explain, one_line
 from podium.launcher.signals import StopIntent
 from podium.launcher.slurm_state import (
     JobState,
@@ -57,6 +60,12 @@ logger = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 TEACHER_TEMPLATE = "teacher.sbatch.j2"
 REQUEUE_TIMEOUT_S = 30.0
+SUBMITIT_TEMP_SCRIPTS = ".submission_file_*.sh"  # submitit's script before sbatch gives it a job id
+
+
+def _remove(paths: set[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def job_name(spec: TeacherSpec) -> str:
@@ -191,16 +200,31 @@ class SlurmBackend(Backend):
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         request = sbatch_request(spec, files)
         return Submission(backend=self.name, teacher=spec.label, folder=files.submitit,
-                          text=request.render(), command=request.command)
+                          text=request.render(), command=request.command, spec=spec)
 
     def submit(self, submission: Submission) -> str:
-        submission.folder.mkdir(parents=True, exist_ok=True)  # sbatch --output points here
+        """sbatch through submitit; a refusal is a :class:`SubmitError` of one line that names the
+        recipe settings at fault and the fix (:mod:`podium.launcher.sbatch_errors`), and leaves
+        nothing behind (no job; submitit's temporary script removed)."""
+        import submitit
+
+        folder = submission.folder
+        folder.mkdir(parents=True, exist_ok=True)  # sbatch --output points here
+        before = set(folder.glob(SUBMITIT_TEMP_SCRIPTS))
         try:
-            executor = _executor_class()(submission.folder, submission.text)
+            executor = _executor_class()(folder, submission.text)
             # submitit's own path from a command to a job: writes the file, runs sbatch, parses the
             # id, keeps the script as <job>_submission.sh. The command is in the script already.
-            job = executor._submit_command(shlex.join(submission.command))
+            # submitit also prints a refusal to stderr: podium's one line says it, with the fix.
+            with contextlib.redirect_stderr(io.StringIO()):
+                job = executor._submit_command(shlex.join(submission.command))
+        except submitit.core.utils.FailedJobError as exc:
+            _remove(set(folder.glob(SUBMITIT_TEMP_SCRIPTS)) - before)
+            if submission.spec is None:
+                raise SubmitError(f"teacher {submission.teacher}: sbatch refused the job: {one_line(str(exc))}") from exc
+            raise SubmitError(explain(str(exc), submission.spec)) from exc
         except Exception as exc:
+            _remove(set(folder.glob(SUBMITIT_TEMP_SCRIPTS)) - before)
             raise SubmitError(f"teacher {submission.teacher}: sbatch failed: {exc}") from exc
         return str(job.job_id)
 
