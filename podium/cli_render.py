@@ -7,7 +7,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from podium.config.needs import teacher_needs
 from podium.config.plan import Plan
+
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
@@ -39,6 +41,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(table)
     for spec in plan.teachers:
         console.print(f"[bold]{spec.name}[/bold] serves: {', '.join(spec.aliases)}", highlight=False)
+        for line in teacher_needs(spec):
+            console.print(f"  needs: {line}", highlight=False)
     totals = plan.totals
     console.print(
         f"{totals['teachers']} unique teacher(s) for {totals['aliases']} alias(es); "
