@@ -182,12 +182,21 @@ def wait(
 def status(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=0.5,
+                                          help="Refresh the table every SECONDS until Ctrl-C."),
 ) -> None:
-    """Per teacher: job, Slurm state, generation, endpoint, health; exit 0 only when all are ready."""
+    """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s over the last
+    minute, queue depth, padding share); exit 0 only when all are ready."""
     from podium.launcher import commands
     from podium.launcher.slurm_state import SlurmQueryError
     from podium.rendezvous.atomic import FileReadError
 
+    if watch is not None and not as_json:
+        from podium.cli_render import watch_status
+
+        target = _run_dir(run_dir)
+        watch_status(lambda: commands.status(target), watch)
+        return
     try:
         rows = commands.status(_run_dir(run_dir))
     except (FileReadError, SlurmQueryError) as exc:
