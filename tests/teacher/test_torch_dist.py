@@ -129,6 +129,8 @@ def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, 
         convert_hf_to_torch_dist(tiny_llama_checkpoint, converted_tp1)
     with pytest.raises(ValueError, match="not an HF directory"):
         convert_hf_to_torch_dist(converted_tp1, tmp_path / "out")
+    with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
+        convert_hf_to_torch_dist(tiny_llama_checkpoint, tmp_path / "out", ep=2)
     bad = tmp_path / "bert"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
