@@ -11,8 +11,10 @@ CPU shims), at the layouts that split experts differently:
 - TP2·EP2·ETP1 and TP2·EP2·ETP2 on 4 ranks (2 nodes): attention split in two, experts in two
   groups, whole or split again.
 
-One group per layout for the module; logprobs within 1e-4 of the oracle (fp32), top-k too
-(Qwen2-MoE: within 1e-5).
+One group per layout, each used by one test and so started and shut down around it (function
+scope): held together for the module, the seven groups would ask for more CPUs than the test
+cluster's 16 and the last would wait for a placement. Logprobs within 1e-4 of the oracle (fp32),
+top-k too (Qwen2-MoE: within 1e-5).
 """
 
 from __future__ import annotations
@@ -32,38 +34,38 @@ pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 VOCAB = 256
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen_ep1(ray_cluster, tiny_qwen3_moe_checkpoint):
     yield from start_group(tiny_qwen3_moe_checkpoint)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen_ep2(ray_cluster, tiny_qwen3_moe_checkpoint):
     yield from start_group(tiny_qwen3_moe_checkpoint, per_node=2, expert_model_parallel_size=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen_unnormed_ep2(ray_cluster, tiny_qwen3_moe_unnormed_checkpoint):
     yield from start_group(tiny_qwen3_moe_unnormed_checkpoint, per_node=2, expert_model_parallel_size=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen_tp2_ep2(ray_cluster, tiny_qwen3_moe_checkpoint):
     yield from start_group(tiny_qwen3_moe_checkpoint, nodes=2, per_node=2, tp=2, expert_model_parallel_size=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def mixtral_tp2_ep2_etp2(ray_cluster, tiny_mixtral_checkpoint):
     yield from start_group(tiny_mixtral_checkpoint, nodes=2, per_node=2, tp=2, expert_model_parallel_size=2,
                            expert_tensor_parallel_size=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen2_moe_ep2(ray_cluster, tiny_qwen2_moe_checkpoint):
     yield from start_group(tiny_qwen2_moe_checkpoint, per_node=2, expert_model_parallel_size=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen2_moe_tp2_ep2(ray_cluster, tiny_qwen2_moe_checkpoint):
     yield from start_group(tiny_qwen2_moe_checkpoint, per_node=2, tp=2, expert_model_parallel_size=2)
 
