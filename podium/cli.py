@@ -76,6 +76,8 @@ def convert(
     dst: Path = typer.Argument(..., help="Where to write the Megatron torch_dist checkpoint."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of the writing layout."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size of the writing layout."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel size of the writing layout (MoE: no process holds every expert)."),
+    etp: int = typer.Option(1, "--etp", help="Expert-tensor-parallel size of the writing layout (MoE)."),
     precision: Optional[str] = typer.Option(
         None, "--precision", help="bf16, fp16 or fp32 (default: the HF config's dtype, else bf16)."
     ),
@@ -85,7 +87,8 @@ def convert(
     from podium.teacher.convert import convert_hf_to_torch_dist
 
     try:
-        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, precision=precision, overwrite=overwrite)
+        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, ep=ep, etp=etp, precision=precision,
+                                       overwrite=overwrite)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as exc:
         _fail(str(exc))
         return

@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.megatron]
 VOCAB = 256
 
 
-def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True, ep: int = 1) -> subprocess.CompletedProcess:
     """``podium convert`` as a user runs it (the CLI in a subprocess)."""
     proc = subprocess.run(
         [sys.executable, "-m", "podium.cli", "convert", str(src), str(dst), "--tp", str(tp), "--pp", str(pp),
-         "--precision", "fp32"],
+         "--ep", str(ep), "--precision", "fp32"],
         capture_output=True, text=True, timeout=300,
     )
     if expect_ok:
@@ -131,6 +131,8 @@ def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, 
         convert_hf_to_torch_dist(converted_tp1, tmp_path / "out")
     with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
         convert_hf_to_torch_dist(tiny_llama_checkpoint, tmp_path / "out", ep=2)
+    proc = run_convert(tiny_llama_checkpoint, tmp_path / "out", ep=2, expect_ok=False)  # the CLI's --ep
+    assert proc.returncode == 2 and "has no routed experts; expert_model_parallel_size=2" in proc.stderr, proc.stderr
     bad = tmp_path / "bert"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
