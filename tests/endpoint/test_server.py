@@ -719,3 +719,68 @@ def test_a_group_that_says_it_is_broken_makes_the_failure_a_503_and_the_teacher_
         assert ready.status_code == 503 and "not ready (group broken: ActorDiedError" in ready.json()["error"]
     finally:
         server.stop()
+
+
+def _rows_body(tag: int, rows: int, length: int = 8) -> bytes:
+    """``rows`` rows of ``length`` tokens, every row's first token ``tag`` (what ``first_tokens`` shows)."""
+    ids = np.tile(np.arange(length) + 1, (rows, 1))
+    ids[:, 0] = tag
+    return infer_body(ids, np.full(rows, length))
+
+
+def test_a_huge_request_is_split_and_other_callers_take_turns_with_it() -> None:
+    """Caller A's 40 rows need 10 calls of 32 tokens; B's one row, sent while A's first call is in
+    the group, goes in the very next call (B's turn comes before A's), not after A's last row.
+    Calls hold at most 32 tokens (rows counted at their bucket length: 8 here)."""
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group, call_tokens=32, max_queue_delay_ms=0)
+    outcome: dict[int, Any] = {}
+    threads = []
+    try:
+        threads.append(_post_in_thread(server, _rows_body(1, 40), outcome, 1))  # caller: this host
+        group.wait_for_calls(1)
+        body = _rows_body(2, 1)
+        def call_b() -> None:
+            resp = requests.post(f"{server.url}/v2/models/m/infer", data=body, timeout=120,
+                                 headers={**AUTH, "X-Podium-Caller": "trainer-b"})
+            outcome[2] = (resp.status_code, resp.text)
+        threads.append(threading.Thread(target=call_b))
+        threads[-1].start()
+        _wait_until(lambda: server.server.queue_depth == 2, "B queued behind A's first call")
+        gate.release(40)
+        for t in threads:
+            t.join(120)
+    finally:
+        gate.release(40)
+        server.stop()
+    assert outcome[1][0] == 200 and outcome[2][0] == 200, outcome
+    calls = [got["input_ids"][:, 0].tolist() for got in group.received]
+    assert all(len(c) * 8 <= 32 for c in calls), calls  # the call budget
+    assert calls[0] == [1] * 4 and calls[1][0] == 2, calls  # B's turn right after A's first call
+    assert sum(c.count(1) for c in calls) == 40 and len(calls) == 11  # A split over 10 calls, no row twice
+
+
+def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
+    """A's 40 rows need 10 calls; its client goes away while the first is in the group: the rest
+    never reach it, and the next request is served."""
+    group = FakeGroup(vocab_size=128)
+    gate = Gate()
+    group.hold = gate
+    server = _server(group, call_tokens=32, max_queue_delay_ms=0)
+    endpoint = server.server
+    try:
+        a = _raw_infer(server, _rows_body(1, 40))
+        group.wait_for_calls(1)
+        a.close()
+        _wait_until(lambda: endpoint.abandoned == 1, "A counted abandoned")
+        gate.release()
+        _wait_until(lambda: endpoint.queue_depth == 0, "A's call finished and its rows left the queue")
+        gate.release()
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(2), headers=AUTH, timeout=60)
+        assert resp.status_code == 200
+        assert group.first_tokens.count(1) == 4 and group.first_tokens[-2:] == [2, 9]  # one call of A, then B
+    finally:
+        gate.release(40)
+        server.stop()
