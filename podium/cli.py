@@ -194,17 +194,17 @@ def status(
     from podium.launcher.slurm_state import SlurmQueryError
     from podium.rendezvous.atomic import FileReadError
 
-    if watch is not None and not as_json:
-        from podium.cli_render import watch_status
-
-        target = _run_dir(run_dir)
-        watch_status(lambda: commands.status(target), watch)
-        return
     try:
         rows = commands.status(_run_dir(run_dir))
     except (FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1)
+    if watch is not None and not as_json:
+        from podium.cli_render import watch_status
+
+        target = _run_dir(run_dir)
+        watch_status(lambda: commands.status(target), watch, errors=(FileReadError, SlurmQueryError))
+        return
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -87,22 +87,33 @@ def print_status(rows: list, console: Console | None = None) -> None:
     (console or Console()).print(status_table(rows))
 
 
-def watch_status(read: "Callable[[], list]", interval_s: float, console: Console | None = None) -> None:
+def watch_status(read: Callable[[], list], interval_s: float, console: Console | None = None,
+                 errors: tuple[type[BaseException], ...] = ()) -> None:
     """``status --watch``: the table refreshed every ``interval_s`` until Ctrl-C (in place on a
-    terminal; otherwise one table per refresh, for a log)."""
+    terminal; otherwise one table per refresh, for a log). A read that fails with one of
+    ``errors`` (sacct not answering for a moment) shows the error and the watch goes on."""
     import time
 
     from rich.live import Live
+    from rich.text import Text
 
     console = console or Console()
+
+    def view() -> Any:
+        stamp = time.strftime("%H:%M:%S")
+        try:
+            return status_table(read(), title=f"podium status ({stamp})")
+        except errors as exc:
+            return Text(f"podium status ({stamp}): {exc}", style="red")
+
     try:
         if console.is_terminal:
-            with Live(status_table(read()), console=console, refresh_per_second=4) as live:
+            with Live(view(), console=console, refresh_per_second=4) as live:
                 while True:
                     time.sleep(interval_s)
-                    live.update(status_table(read(), title=f"podium status ({time.strftime('%H:%M:%S')})"))
+                    live.update(view())
         while True:
-            console.print(status_table(read(), title=f"podium status ({time.strftime('%H:%M:%S')})"))
+            console.print(view())
             time.sleep(interval_s)
     except KeyboardInterrupt:
         pass

@@ -73,11 +73,13 @@ class RunLayout:
 
     @classmethod
     def from_rendezvous_path(cls, path: str | Path) -> "RunLayout":
-        """The layout whose ``rendezvous.json`` is ``path`` (what trainers are given)."""
+        """The layout whose ``rendezvous.json`` is ``path`` (what trainers are given), or whose run
+        dir it is: a path that is not a file (a run dir not made yet, a typo) is a run dir, so an
+        error names ``<path>/rendezvous.json``, not a file beside it."""
         path = Path(path)
-        if path.is_dir():
-            return cls(path)
-        return cls(path.parent)
+        if path.is_file() or path.name == RENDEZVOUS_FILE:
+            return cls(path.parent)
+        return cls(path)
 
     @property
     def rendezvous_path(self) -> Path:

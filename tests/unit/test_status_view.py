@@ -36,3 +36,17 @@ def test_the_status_table_shows_the_load_or_dashes():
     assert "1234" in math_line and "6.1%" in math_line
     chat_line = next(line for line in text.splitlines() if "chat" in line)
     assert chat_line.rstrip(" │").endswith("-")
+
+
+def test_status_of_a_run_dir_that_does_not_exist_names_its_rendezvous_file(tmp_path):
+    """A typo'd run dir is an error naming <run dir>/rendezvous.json (not a file beside it), with
+    --watch too (no traceback)."""
+    from typer.testing import CliRunner
+
+    from podium.cli import app
+
+    missing = tmp_path / "nope"
+    for args in (["status", str(missing)], ["status", str(missing), "--watch", "1"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert f"{missing}/rendezvous.json: missing" in result.output and "Traceback" not in result.output
