@@ -53,7 +53,7 @@ def rollout_requests(seed: int, n: int, vocab: int, max_len: int) -> list[tuple[
     """``n`` prompt groups: 2-8 rows, lengths long-tailed (Pareto, 8..max_len), ids random."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(abs(seed))
     out = []
     for _ in range(n):
         rows = int(rng.integers(2, 9))
@@ -71,6 +71,8 @@ def callers_main(args: argparse.Namespace) -> None:
     k, per = args.k, args.requests
     work = [rollout_requests(1000 * args.seed + c, per, args.vocab, args.max_len) for c in range(k)]
     params = json.loads(args.params)
+    warm_ids, warm_lengths = rollout_requests(-1 - args.seed, 1, args.vocab, 16)[0]
+    client.get_logprobs(args.alias, {"input_ids": warm_ids, "input_lengths": warm_lengths}, **params)  # connect
     latencies: list[float] = []
     errors: list[str] = []
     start = threading.Barrier(k + 1)
@@ -186,7 +188,7 @@ def main() -> None:
                        "tokens_per_s": round(run["tokens"] / run["wall_s"], 1),
                        "p50_ms": round(percentile(lat, 0.5) * 1e3, 1), "p99_ms": round(percentile(lat, 0.99) * 1e3, 1),
                        "padding_share": round(1 - real / computed, 4) if computed else None,
-                       "group_calls": int(calls)}
+                       "group_calls": int(calls) - 1}  # less the client's warm-up call
                 result["callers"].append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
         by = {(r["mode"], r["callers"]): r for r in result["callers"]}
