@@ -31,6 +31,30 @@ import torch
 SEED = 1234
 
 # kind -> (config class name, model class name, config kwargs)
+# The tiny Qwen3-MoE (Qwen2-MoE's tiny shape too, below).
+_QWEN3_MOE: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,  # the dense layer's MLP
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],  # layers 0 and 2 route to experts, layer 1 is dense
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    use_sliding_window=False,
+    attention_bias=False,
+    router_aux_loss_coef=0.0,
+)
+
 _BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": (
         "LlamaConfig",
@@ -103,57 +127,15 @@ _BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
             attention_bias=False,
         ),
     ),
-    "qwen3_moe": (
-        "Qwen3MoeConfig",
-        "Qwen3MoeForCausalLM",
-        dict(
-            vocab_size=256,
-            hidden_size=64,
-            intermediate_size=96,  # the dense layer's MLP
-            moe_intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[1],  # layers 0 and 2 route to experts, layer 1 is dense
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=128,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=False,
-            use_sliding_window=False,
-            attention_bias=False,
-            router_aux_loss_coef=0.0,
-        ),
-    ),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", _QWEN3_MOE),
+    # Qwen3-MoE's tiny shape, plus the gated shared expert and q/k/v biases, without q/k norm
     "qwen2_moe": (
         "Qwen2MoeConfig",
         "Qwen2MoeForCausalLM",
-        dict(
-            vocab_size=256,
-            hidden_size=64,
-            intermediate_size=96,  # the dense layer's MLP
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,  # the shared expert, behind its sigmoid gate
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=False,  # as Qwen1.5-MoE / Qwen2-57B-A14B
-            decoder_sparse_step=1,
-            mlp_only_layers=[1],  # layers 0 and 2 route to experts, layer 1 is dense
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=False,
-            use_sliding_window=False,
-            qkv_bias=True,
-            router_aux_loss_coef=0.0,
-        ),
+        {**{k: v for k, v in _QWEN3_MOE.items() if k not in ("head_dim", "attention_bias")},
+         "shared_expert_intermediate_size": 48,  # the shared expert, behind its sigmoid gate
+         "norm_topk_prob": False,  # as Qwen1.5-MoE / Qwen2-57B-A14B
+         "qkv_bias": True},
     ),
     "mixtral": (
         "MixtralConfig",
