@@ -258,31 +258,47 @@ class Scheduler:
         return segments
 
     async def _loop(self) -> None:
+        """Forever: the next call, run. A bug in forming a call fails the requests it touched, never
+        the loop (a dead loop would leave every later request waiting)."""
         while True:
-            self._prune()
-            if not self.queue:
-                self._arrived.clear()
-                await self._arrived.wait()
-                continue
-            await self._wait_for_company()
-            self._prune()
-            if not self.queue:
-                continue
-            segments = self._next_call()
-            if not segments:
-                continue
-            now = time.monotonic()
-            for s in segments:
-                if s.job.started is None:
-                    s.job.started = now
-            self.in_flight = list(dict.fromkeys(s.job for s in segments))
             try:
-                await self._run_call(segments)
-            finally:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.exception("scheduler: a call could not be formed or run")
+                for job in [*self.in_flight, *self.queue[:1]]:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
                 self.in_flight = []
                 self._prune()
                 if self.on_change is not None:
                     self.on_change()
+
+    async def _step(self) -> None:
+        """Wait for work (and company), then form and run one call."""
+        self._prune()
+        if not self.queue:
+            self._arrived.clear()
+            await self._arrived.wait()
+            return
+        await self._wait_for_company()
+        self._prune()
+        segments = self._next_call() if self.queue else []
+        if not segments:
+            return
+        now = time.monotonic()
+        for s in segments:
+            if s.job.started is None:
+                s.job.started = now
+        self.in_flight = list(dict.fromkeys(s.job for s in segments))
+        try:
+            await self._run_call(segments)
+        finally:
+            self.in_flight = []
+            self._prune()
+            if self.on_change is not None:
+                self.on_change()
 
     async def _run_call(self, segments: list[Segment]) -> None:
         started = time.perf_counter()

@@ -784,3 +784,26 @@ def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
     finally:
         gate.release(40)
         server.stop()
+
+
+def test_a_bug_in_forming_a_call_fails_that_request_and_the_scheduler_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from podium.teacher import scheduler
+
+    real = scheduler.call_batch
+    calls = {"n": 0}
+
+    def once_broken(segments: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise IndexError("a bug in call_batch")
+        return real(segments)
+
+    monkeypatch.setattr(scheduler, "call_batch", once_broken)
+    server = _server(FakeGroup(vocab_size=128))
+    try:
+        first = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(1), headers=AUTH, timeout=60)
+        assert first.status_code == 500 and "IndexError: a bug in call_batch" in first.json()["error"], first.text
+        second = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(2), headers=AUTH, timeout=60)
+        assert second.status_code == 200, second.text
+    finally:
+        server.stop()
