@@ -76,6 +76,8 @@ def convert(
     dst: Path = typer.Argument(..., help="Where to write the Megatron torch_dist checkpoint."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of the writing layout."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size of the writing layout."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel size of the writing layout (MoE: no process holds every expert)."),
+    etp: int = typer.Option(1, "--etp", help="Expert-tensor-parallel size of the writing layout (MoE)."),
     precision: Optional[str] = typer.Option(
         None, "--precision", help="bf16, fp16 or fp32 (default: the HF config's dtype, else bf16)."
     ),
@@ -85,7 +87,8 @@ def convert(
     from podium.teacher.convert import convert_hf_to_torch_dist
 
     try:
-        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, precision=precision, overwrite=overwrite)
+        out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, ep=ep, etp=etp, precision=precision,
+                                       overwrite=overwrite)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as exc:
         _fail(str(exc))
         return
@@ -182,12 +185,21 @@ def wait(
 def status(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=0.5,
+                                          help="Refresh the table every SECONDS until Ctrl-C."),
 ) -> None:
-    """Per teacher: job, Slurm state, generation, endpoint, health; exit 0 only when all are ready."""
+    """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s over the last
+    minute, queue depth, padding share); exit 0 only when all are ready."""
     from podium.launcher import commands
     from podium.launcher.slurm_state import SlurmQueryError
     from podium.rendezvous.atomic import FileReadError
 
+    if watch is not None and not as_json:
+        from podium.cli_render import watch_status
+
+        target = _run_dir(run_dir)
+        watch_status(lambda: commands.status(target), watch)
+        return
     try:
         rows = commands.status(_run_dir(run_dir))
     except (FileReadError, SlurmQueryError) as exc:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
 
+from podium.config.needs import teacher_needs
 from podium.config.plan import Plan
+
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
@@ -39,6 +42,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(table)
     for spec in plan.teachers:
         console.print(f"[bold]{spec.name}[/bold] serves: {', '.join(spec.aliases)}", highlight=False)
+        for line in teacher_needs(spec):
+            console.print(f"  needs: {line}", highlight=False)
     totals = plan.totals
     console.print(
         f"{totals['teachers']} unique teacher(s) for {totals['aliases']} alias(es); "
@@ -58,8 +63,8 @@ def _age(seconds: float | None) -> str:
 def status_table(rows: list, title: str = "podium status") -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("teacher", "aliases", "T", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
-                "heartbeat"):
-        table.add_column(col, overflow="fold")
+                "heartbeat", "tok/s 1m", "queue", "padding"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("tok/s 1m", "queue", "padding") else "left")
     for r in rows:
         health = {True: "[green]ok[/green]", False: "[red]down[/red]", None: "-"}[r.health]
         status = r.status + (f" ({r.reason})" if r.reason and r.status in ("failed", "stopped", "draining") else "")
@@ -70,13 +75,37 @@ def status_table(rows: list, title: str = "podium status") -> Table:
             status += f" [red]final after {failures}[/red]" if r.final else f" [yellow]retrying: {failures}[/yellow]"
         name = r.name if r.in_plan else f"{r.name} [dim](not in recipe)[/dim]"
         restarts = "-" if r.restarts is None else str(r.restarts)
+        load = r.load or {}
+        figures = (f"{load['tokens_per_s_1m']:.0f}", f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") \
+            if load else ("-", "-", "-")
         table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts, r.generation or "-",
-                      status, r.url or "-", health, _age(r.heartbeat_age_s))
+                      status, r.url or "-", health, _age(r.heartbeat_age_s), *figures)
     return table
 
 
 def print_status(rows: list, console: Console | None = None) -> None:
     (console or Console()).print(status_table(rows))
+
+
+def watch_status(read: "Callable[[], list]", interval_s: float, console: Console | None = None) -> None:
+    """``status --watch``: the table refreshed every ``interval_s`` until Ctrl-C (in place on a
+    terminal; otherwise one table per refresh, for a log)."""
+    import time
+
+    from rich.live import Live
+
+    console = console or Console()
+    try:
+        if console.is_terminal:
+            with Live(status_table(read()), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval_s)
+                    live.update(status_table(read(), title=f"podium status ({time.strftime('%H:%M:%S')})"))
+        while True:
+            console.print(status_table(read(), title=f"podium status ({time.strftime('%H:%M:%S')})"))
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        pass
 
 
 class WaitView:

@@ -4,8 +4,9 @@ What ``podium demo``, the tests and the benchmarks check teachers against; nothi
 configs are built in code and weights drawn from a fixed seed, then written with
 ``save_pretrained`` (safetensors). Kinds: ``llama`` (GQA, untied), ``qwen2`` (q/k/v bias),
 ``qwen3`` (q/k norm, tied), ``mistral`` (sliding window), ``qwen3_moe`` (4 experts, top-2, one
-dense layer between two MoE layers), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied, odd
-vocab 101).
+dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bias, top-k weights
+not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
+odd vocab 101).
 
 - ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
@@ -125,6 +126,32 @@ _BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
             tie_word_embeddings=False,
             use_sliding_window=False,
             attention_bias=False,
+            router_aux_loss_coef=0.0,
+        ),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,  # the dense layer's MLP
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,  # the shared expert, behind its sigmoid gate
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,  # as Qwen1.5-MoE / Qwen2-57B-A14B
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],  # layers 0 and 2 route to experts, layer 1 is dense
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            qkv_bias=True,
             router_aux_loss_coef=0.0,
         ),
     ),

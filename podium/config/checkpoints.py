@@ -33,6 +33,7 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
     "Qwen3MoeForCausalLM": "llama",  # + routed experts (mlp.gate, mlp.experts.E.*_proj)
+    "Qwen2MoeForCausalLM": "llama",  # + routed experts as Qwen3-MoE, a gated mlp.shared_expert, q/k/v bias
     "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
     "GPT2LMHeadModel": "gpt2",
 }

@@ -33,6 +33,7 @@ from podium.config.errors import ConfigError, did_you_mean
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
 from podium.config.names import name_problem
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
+from podium.config.needs import teacher_needs
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
 from podium.config.routing import route_agent
@@ -78,7 +79,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe_path,
-            "teachers": [{**t.to_json(), "data_parallel_size": t.data_parallel_size} for t in self.teachers],
+            "teachers": [{**t.to_json(), "data_parallel_size": t.data_parallel_size, "needs": teacher_needs(t)}
+                         for t in self.teachers],
             "routes": dict(self.routes),
             "default_alias": self.default_alias,
             "strict_agent_name_match": self.strict,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from podium.config.plan import Plan, require_checkpoints
+from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, backend_for, job_states
@@ -58,6 +59,9 @@ class TeacherStatus:
     restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
     final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
     in_plan: bool = True
+    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
+    # queue depth, padding share, requests, errors; None when not probed or not answering.
+    load: Optional[dict[str, float]] = None
 
     @property
     def ready(self) -> bool:
@@ -109,7 +113,7 @@ class TeacherStatus:
                 "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
                 "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
                 "timings": self.timings, "restart": self.restart, "final": self.final,
-                "submitted_at": self.submitted_at}
+                "submitted_at": self.submitted_at, "load": self.load}
 
 
 @dataclass
@@ -209,10 +213,21 @@ def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
 
 def _probe(url: str, timeout_s: float = 2.0) -> bool:
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/v2/health/live", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(f"{url.rstrip('/')}{HEALTH_LIVE}", timeout=timeout_s) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def _load(url: str, timeout_s: float = 2.0) -> Optional[dict[str, float]]:
+    """The key figures of the endpoint's ``/metrics`` (None when it does not answer them)."""
+    from podium.teacher.metrics import summary  # prometheus_client only: no torch
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}{METRICS}", timeout=timeout_s) as resp:
+            return summary(resp.read().decode("utf-8"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
@@ -254,6 +269,8 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
                 row.temperature = endpoint.model.temperature
             if probe and endpoint.url and endpoint.status is Status.READY:
                 row.health = _probe(endpoint.url)
+                if row.health:
+                    row.load = _load(endpoint.url)
         rows.append(row)
     rows.sort(key=lambda r: (not r.in_plan, r.name))
     return rows

@@ -1,8 +1,9 @@
 """``podium convert``: write a Megatron ``torch_dist`` checkpoint from an HF directory.
 
-This module owns :func:`convert_hf_to_torch_dist`. It starts ``TP × PP`` local processes (spawn),
-each builds its model stage and reads only its slices of the HF safetensors (the same map as a
-direct HF load, so no process holds the whole model unless TP = PP = 1), and all of them save
+This module owns :func:`convert_hf_to_torch_dist`. It starts ``TP × PP`` local processes (spawn;
+for an MoE model with expert parallelism, ``PP × lcm(TP, EP × ETP)``), each builds its model stage
+and reads only its slices of the HF safetensors and only its own experts (the same map as a direct
+HF load, so no process holds the whole model unless TP = PP = EP = 1), and all of them save
 together with ``dist_checkpointing``. The result is written into a temp directory next to the
 destination and renamed into place only when complete, so a concurrent reader sees either nothing
 or the whole checkpoint, and two concurrent converters cannot interleave their files.
@@ -10,7 +11,8 @@ or the whole checkpoint, and two concurrent converters cannot interleave their f
 The output directory holds the ``torch_dist`` files plus the HF ``config.json`` (the architecture,
 needed to load it), the generation config and tokenizer files when present, and
 ``podium_convert.json`` (source, layout, precision, podium version). A ``torch_dist`` checkpoint
-loads at any TP/PP layout (resharding).
+loads at any TP/PP layout, and an MoE one at any EP/expert-TP too (resharding: each expert is
+saved under its global index, whichever EP rank wrote it).
 
 Like every entry point that saves with ``dist_checkpointing``, the calling program must guard its
 main code with ``if __name__ == "__main__":`` (spawned processes re-import ``__main__``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -28,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
+from podium.config.layout import SHORT_NAMES
 from podium.rendezvous.atomic import fsync_dir
 
 logger = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ def convert_hf_to_torch_dist(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
     precision: str | None = None,
     megatron_cfg_overrides: Mapping[str, Any] | None = None,
     overwrite: bool = False,
@@ -89,7 +95,9 @@ def convert_hf_to_torch_dist(
     """Convert the HF checkpoint ``src`` into a ``torch_dist`` checkpoint at ``dst``; return ``dst``.
 
     ``tp``/``pp``: tensor/pipeline-parallel sizes of the writing layout, i.e. ``tp × pp`` local
-    processes share the work (the saved checkpoint loads at any layout). ``precision``: ``fp32``/``bf16``/``fp16`` of the saved tensors
+    processes share the work (the saved checkpoint loads at any layout); ``ep``/``etp``: expert
+    parallel and expert-TP sizes of the writing layout for an MoE model (each process then reads
+    only its own experts; ``PP × lcm(TP, EP × ETP)`` processes). ``precision``: ``fp32``/``bf16``/``fp16`` of the saved tensors
     (default: the HF config's dtype, else bf16). ``dst`` must not exist unless ``overwrite``; the
     result appears there atomically (temp dir + rename).
     """
@@ -106,21 +114,24 @@ def convert_hf_to_torch_dist(
         precision = normalise_precision(precision) if precision else from_hf_config(desc.hf_config)
     except ValueError as exc:
         raise ValueError(f"convert: --precision {exc}") from None
-    if int(tp) < 1 or int(pp) < 1:
-        raise ValueError(f"convert: tp ({tp}) and pp ({pp}) must be ≥ 1")
+    if min(int(tp), int(pp), int(ep), int(etp)) < 1:
+        raise ValueError(f"convert: tp ({tp}), pp ({pp}), ep ({ep}) and etp ({etp}) must be ≥ 1")
     from podium.teacher.megatron_model import check_model_layout
 
-    check_model_layout(desc, {"tensor_model_parallel_size": int(tp), "pipeline_model_parallel_size": int(pp)},
-                       where=f"convert {src}: ")
-    dst = Path(dst).expanduser().absolute()
-    if dst.exists() and not overwrite:
-        raise ValueError(f"convert: destination {dst} exists (pass overwrite=True, or --overwrite, to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
     parallel = {
         "tensor_model_parallel_size": int(tp),
         "pipeline_model_parallel_size": int(pp),
     }
-    world = parallel["tensor_model_parallel_size"] * parallel["pipeline_model_parallel_size"]
+    if desc.is_moe or int(ep) > 1 or int(etp) > 1:
+        parallel.update(expert_model_parallel_size=int(ep), expert_tensor_parallel_size=int(etp))
+    check_model_layout(desc, parallel, where=f"convert {src}: ")
+    dst = Path(dst).expanduser().absolute()
+    if dst.exists() and not overwrite:
+        raise ValueError(f"convert: destination {dst} exists (pass overwrite=True, or --overwrite, to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # the fewest processes that hold the layout: TP·PP, or more ranks of attention data
+    # parallelism where EP·ETP needs them (experts per stage = world / PP)
+    world = int(pp) * math.lcm(int(tp), int(ep) * int(etp))
     tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     rendezvous_dir = tempfile.mkdtemp(prefix="podium-convert-")
@@ -157,9 +168,8 @@ def convert_hf_to_torch_dist(
         raise
     finally:
         shutil.rmtree(rendezvous_dir, ignore_errors=True)
-    logger.info("converted %s -> %s (%s, saved at TP%d PP%d) in %.1fs", src, dst, precision,
-                parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"],
-                time.perf_counter() - started)
+    logger.info("converted %s -> %s (%s, saved at %s) in %.1fs", src, dst, precision,
+                " ".join(f"{SHORT_NAMES[k]}{v}" for k, v in parallel.items()), time.perf_counter() - started)
     return dst
 
 

@@ -5,7 +5,8 @@ This module owns:
 - ``describe_hf_config``: the normalised architecture (:class:`ModelDescription`) of an HF
   ``config.json`` for the families podium maps by hand: Llama, Mistral, Qwen2 (q/k/v bias),
   Qwen3 (q/k RMSNorm), the MoE models Qwen3-MoE (q/k norm, layer mix by ``decoder_sparse_step``
-  / ``mlp_only_layers``, ``norm_topk_prob``) and Mixtral, and GPT-2. Anything else is a
+  / ``mlp_only_layers``, ``norm_topk_prob``), Qwen2-MoE (Qwen3-MoE's routing and layer mix, q/k/v
+  bias, a shared expert behind a sigmoid gate) and Mixtral, and GPT-2. Anything else is a
   ``ValueError`` naming the checkpoint, the architecture and the supported list.
 - :class:`SafetensorsCheckpoint`: the tensors of a directory (``model.safetensors`` or a sharded
   ``model.safetensors.index.json``), opened lazily with ``safe_open``; ``get_slice`` reads only the
@@ -26,6 +27,10 @@ Layouts (Megatron side, TP rank ``r`` of ``tp``):
 - routed experts (local spec, ``SequentialMLP``): the router ``[E, h]`` whole on every rank;
   EP rank ``e`` holds experts ``[e·E/EP, (e+1)·E/EP)``, each split over expert-TP as a dense
   SwiGLU MLP over TP (fc1 ``cat[gate_r, up_r]``, fc2 the rank's columns).
+- shared expert (Qwen2-MoE ``shared_expert``, Megatron ``SharedExpertMLP``): split over the
+  attention TP like a dense SwiGLU MLP; its gate ``[1, h]`` (``shared_expert_gate``) whole on every
+  rank. Megatron computes ``sigmoid(x · gateᵀ) · shared(x)`` and adds it to the routed output, as
+  transformers' ``Qwen2MoeSparseMoeBlock`` does.
 - GPT-2's Conv1D weights are ``[in, out]``: sliced on the other axis and transposed.
 - tied output layer (``tie_word_embeddings``): the last PP stage's ``output_layer.weight`` comes
   from the embedding tensor.
@@ -55,6 +60,7 @@ _FAMILIES = ARCHITECTURE_FAMILIES
 # gate/up/down projections).
 _MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
 }
 
@@ -92,6 +98,10 @@ class ModelDescription:
     moe_ffn_hidden_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[bool, ...] = ()
+    # A shared expert on every MoE layer (0: none): its MLP size, and whether a sigmoid gate
+    # (a linear map of the layer input to one value per token) scales its output.
+    moe_shared_ffn_hidden_size: int = 0
+    moe_shared_expert_gate: bool = False
     hf_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -183,7 +193,7 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
     if act != "silu":
         raise ValueError(f"checkpoint {checkpoint}: hidden_act {act!r} is not supported (SwiGLU needs silu)")
     model_type = config.get("model_type", "")
-    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and config.get("use_sliding_window"):
         raise ValueError(f"checkpoint {checkpoint}: {model_type} with use_sliding_window=true is not supported")
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
@@ -208,8 +218,11 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
         position_embedding_type="rope",
         rotary_base=theta,
         rope_scaling=scaling,
-        qkv_bias=attention_bias or arch == "Qwen2ForCausalLM",
-        attn_out_bias=attention_bias and arch != "Qwen2ForCausalLM",
+        # Qwen2: q/k/v bias, none on o_proj; Qwen2-MoE says so with ``qkv_bias`` (transformers 5;
+        # always on before it)
+        qkv_bias=(attention_bias or arch == "Qwen2ForCausalLM"
+                  or (arch == "Qwen2MoeForCausalLM" and bool(config.get("qkv_bias", True)))),
+        attn_out_bias=attention_bias and arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"),
         mlp_bias=bool(config.get("mlp_bias", False)),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -220,15 +233,20 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
 
 
 def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: str) -> dict[str, Any]:
-    """The routed-expert fields of a Qwen3-MoE / Mixtral config (names differ by family and by
-    transformers version: ``num_experts`` or ``num_local_experts``)."""
+    """The routed-expert fields of a Qwen3-MoE / Qwen2-MoE / Mixtral config (names differ by family
+    and by transformers version: ``num_experts`` or ``num_local_experts``)."""
     experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     topk = int(config.get("num_experts_per_tok") or 0)
     if experts < 1 or not 1 <= topk <= experts:
         raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
-    if config.get("shared_expert_intermediate_size"):
-        raise ValueError(f"checkpoint {checkpoint}: {arch} shared experts are not supported")
-    if arch == "Qwen3MoeForCausalLM":
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    if shared and arch != "Qwen2MoeForCausalLM":
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with shared_expert_intermediate_size={shared}: "
+                         "shared experts are mapped for Qwen2MoeForCausalLM only")
+    # Qwen2-MoE: a shared expert (when its size is > 0; with 0 transformers' is an empty MLP whose
+    # output is 0) always behind its sigmoid gate
+    fields: dict[str, Any] = dict(moe_shared_ffn_hidden_size=shared, moe_shared_expert_gate=bool(shared))
+    if arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         step = int(config.get("decoder_sparse_step") or 1)
         dense = {int(i) for i in (config.get("mlp_only_layers") or [])}
         moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
@@ -239,7 +257,7 @@ def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: s
         ffn = int(config["intermediate_size"])
         norm = True
     return dict(num_experts=experts, moe_topk=topk, moe_ffn_hidden_size=ffn, norm_topk_prob=norm,
-                moe_layers=moe_layers)
+                moe_layers=moe_layers, **fields)
 
 
 class SafetensorsCheckpoint:
@@ -380,6 +398,7 @@ def _fuse_qkv(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", groups: i
 
 
 _EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_SHARED = "mlp.shared_experts."
 
 
 def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
@@ -392,6 +411,8 @@ def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
     p = f"model.layers.{layer}.{block}"
     if local == "mlp.router.weight":
         return r.ckpt.read(p + f"{router}.weight")
+    if local.startswith(_SHARED):
+        return _shared_expert_sources(r, p, local[len(_SHARED):])
     match = _EXPERT_RE.match(local)
     if match is None:
         return None
@@ -403,6 +424,22 @@ def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
     if match.group(2) == "linear_fc1":
         return torch.cat([r.ckpt.read(e + f"{gate}.weight", rows=part), r.ckpt.read(e + f"{up}.weight", rows=part)])
     return r.ckpt.read(e + f"{down}.weight", cols=part)
+
+
+def _shared_expert_sources(r: _Reader, p: str, local: str) -> "torch.Tensor | None":
+    """Qwen2-MoE's ``shared_expert`` (split over the attention TP as a dense SwiGLU MLP) and its
+    ``shared_expert_gate`` ``[1, h]`` (whole)."""
+    import torch
+
+    if local == "gate_weight":
+        return r.ckpt.read(p + "shared_expert_gate.weight")
+    ffn = r.part(r.desc.moe_shared_ffn_hidden_size)
+    s = p + "shared_expert."
+    if local == "linear_fc1.weight":
+        return torch.cat([r.ckpt.read(s + "gate_proj.weight", rows=ffn), r.ckpt.read(s + "up_proj.weight", rows=ffn)])
+    if local == "linear_fc2.weight":
+        return r.ckpt.read(s + "down_proj.weight", cols=ffn)
+    return None
 
 
 def _llama_sources(r: _Reader, layer: int | None, local: str) -> "torch.Tensor | None":

@@ -135,6 +135,9 @@ def check_model_layout(desc: ModelDescription, parallel: Mapping[str, int], wher
                              f"{desc.num_experts} experts / EP{ep} is not a whole number per rank")
         if desc.moe_ffn_hidden_size % etp:
             raise ValueError(f"{who}: expert-TP{etp} must divide the experts' MLP size ({desc.moe_ffn_hidden_size})")
+        if desc.moe_shared_ffn_hidden_size % tp:
+            raise ValueError(f"{who}: TP{tp} must divide the shared expert's MLP size "
+                             f"({desc.moe_shared_ffn_hidden_size}; it is split over the attention TP)")
     if cp > 1 and not te_available():
         raise ValueError(f"{who}: CP{cp} needs TransformerEngine's attention on CUDA (not available here)")
 
@@ -256,6 +259,7 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
     """The MoE part of the TransformerConfig: the experts and routing of the checkpoint (an
     override may repeat them, not contradict them), the inference settings (forced, logged when an
     override differs) and the dispatcher for this device."""
+    import torch
 
     from_checkpoint: dict[str, Any] = {
         "num_moe_experts": desc.num_experts,
@@ -266,6 +270,10 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
         "moe_router_pre_softmax": not desc.norm_topk_prob,
         "moe_router_score_function": "softmax",
         "moe_layer_freq": [int(m) for m in desc.moe_layers],
+        # Qwen2-MoE: sigmoid(x · gateᵀ) · shared_expert(x) added to the routed output (Megatron's
+        # SharedExpertMLP with its gate computes exactly that)
+        "moe_shared_expert_intermediate_size": desc.moe_shared_ffn_hidden_size or None,
+        "moe_shared_expert_gate": desc.moe_shared_expert_gate,
     }
     for key, value in from_checkpoint.items():
         if key in overrides and overrides[key] != value:
@@ -274,6 +282,8 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
     forced = dict(MOE_INFERENCE)
     if not te_available():
         forced.update(moe_grouped_gemm=False, moe_router_fusion=False, moe_permute_fusion=False)
+    if desc.moe_shared_ffn_hidden_size and not torch.cuda.is_available():
+        forced["moe_shared_expert_overlap"] = False  # it runs the shared expert on a CUDA stream
     for key, value in forced.items():
         if key in overrides and overrides[key] != value:
             logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key], value)

@@ -148,6 +148,10 @@ podium:
             beats.add(json.loads(record.read_text())["heartbeat_at"])
         (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
         assert len(beats) >= 3 and row["ready"] and row["status"] == "ready", row
+        # the load figures come from the endpoint's /metrics: the 3 + 3 rows served above
+        load = row["load"]
+        assert load["requests"] == 2 and load["errors"] == 0 and load["queue_depth"] == 0, load
+        assert load["tokens_per_s_1m"] > 0 and 0 <= load["padding_share"] < 0.5, load
 
         logs = podium_cli("logs", str(run_dir), "math")
         assert logs.returncode == 0, logs.stderr

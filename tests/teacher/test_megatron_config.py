@@ -82,3 +82,23 @@ def test_moe_layouts_and_overrides_that_cannot_work_name_the_arithmetic(tiny_qwe
         build_transformer_config(qwen, {}, "fp32", {"moe_router_topk": 4})
     with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
         build_transformer_config(describe_model(tiny_llama_checkpoint), {"expert_model_parallel_size": 2}, "fp32")
+
+
+def test_qwen2_moe_shared_expert_and_its_gate_come_from_the_checkpoint(tiny_qwen2_moe_checkpoint):
+    from podium.teacher.hf_checkpoint import describe_hf_config
+
+    desc = describe_model(tiny_qwen2_moe_checkpoint)
+    assert (desc.moe_shared_ffn_hidden_size, desc.moe_shared_expert_gate) == (48, True)
+    assert desc.qkv_bias and not desc.attn_out_bias and not desc.norm_topk_prob and desc.moe_layers == (True, False, True)
+    cfg = build_transformer_config(desc, {"expert_model_parallel_size": 2}, "fp32")
+    assert (cfg.moe_shared_expert_intermediate_size, cfg.moe_shared_expert_gate) == (48, True)
+    assert cfg.add_qkv_bias and not cfg.add_bias_linear and cfg.moe_router_pre_softmax and not cfg.moe_shared_expert_overlap
+    import dataclasses
+
+    odd = dataclasses.replace(desc, moe_shared_ffn_hidden_size=49)
+    with pytest.raises(ValueError, match=r"TP2 must divide the shared expert's MLP size \(49"):
+        build_transformer_config(odd, {"tensor_model_parallel_size": 2}, "fp32")
+    # a shared expert on a family podium maps without one is refused, not dropped
+    qwen3 = dict(desc.hf_config, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+    with pytest.raises(ValueError, match="shared experts are mapped for Qwen2MoeForCausalLM only"):
+        describe_hf_config(qwen3, "ckpt")

@@ -1,4 +1,5 @@
-"""torch_dist checkpoints: ``convert_hf_to_torch_dist`` output, loaded at other layouts (resharding).
+"""torch_dist checkpoints: ``convert_hf_to_torch_dist`` output, loaded at other layouts (resharding),
+dense (TP/PP) and MoE (experts saved at EP2, loaded at EP1 split over expert-TP).
 
 Converts run in a subprocess (``dist_checkpointing.save`` starts spawned processes and a process
 group; the test process stays clean).
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import hf_oracle_logprobs
 from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
 
 pytestmark = [pytest.mark.megatron]
@@ -21,11 +23,11 @@ pytestmark = [pytest.mark.megatron]
 VOCAB = 256
 
 
-def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True, ep: int = 1) -> subprocess.CompletedProcess:
     """``podium convert`` as a user runs it (the CLI in a subprocess)."""
     proc = subprocess.run(
         [sys.executable, "-m", "podium.cli", "convert", str(src), str(dst), "--tp", str(tp), "--pp", str(pp),
-         "--precision", "fp32"],
+         "--ep", str(ep), "--precision", "fp32"],
         capture_output=True, text=True, timeout=300,
     )
     if expect_ok:
@@ -88,6 +90,36 @@ def test_saved_at_tp2_loads_at_other_layouts(ray_cluster, converted_tp2, tiny_ll
         assert_matches_oracle(group, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=22), top_k=2)
 
 
+@pytest.fixture(scope="module")
+def converted_moe_ep2(tiny_qwen3_moe_checkpoint, tmp_path_factory):
+    """The tiny Qwen3-MoE written by two processes at EP2 (each reads and saves only its experts)."""
+    dst = tmp_path_factory.mktemp("dist") / "qwen3_moe_ep2"
+    code = ("import sys\nfrom podium.teacher.convert import convert_hf_to_torch_dist\n"
+            "if __name__ == '__main__':\n"
+            "    convert_hf_to_torch_dist(sys.argv[1], sys.argv[2], ep=2, precision='fp32')\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_qwen3_moe_checkpoint), str(dst)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dst
+
+
+@pytest.mark.ray
+def test_moe_saved_at_ep2_loads_with_every_expert_split_over_tp2(ray_cluster, converted_moe_ep2,
+                                                                 tiny_qwen3_moe_checkpoint):
+    """Experts resharded: saved as two EP ranks of two whole experts each, loaded as one EP rank
+    holding all four, each split over expert-TP2 (TP2·EP1·ETP2 on 2 ranks)."""
+    provenance = json.loads((converted_moe_ep2 / "podium_convert.json").read_text())
+    assert provenance["saved_layout"]["expert_model_parallel_size"] == 2
+    for group in start_group(converted_moe_ep2, per_node=2, tp=2, expert_tensor_parallel_size=2):
+        assert {(i["ep_rank"], i["etp_rank"]) for i in group.worker_info} == {(0, 0), (0, 1)}
+        batch = ragged_batch(VOCAB, seed=23)
+        out = assert_matches_oracle(group, tiny_qwen3_moe_checkpoint, batch, top_k=3)
+        expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, batch["input_ids"], batch["input_lengths"])
+        diff = float((out["logprobs"] - expected).abs().max())
+        print(f"max abs diff vs HF {diff:.3g}")
+        assert diff <= 1e-5
+
+
 def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, tiny_llama_checkpoint, tmp_path):
     from podium.teacher.convert import convert_hf_to_torch_dist
 
@@ -97,6 +129,10 @@ def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, 
         convert_hf_to_torch_dist(tiny_llama_checkpoint, converted_tp1)
     with pytest.raises(ValueError, match="not an HF directory"):
         convert_hf_to_torch_dist(converted_tp1, tmp_path / "out")
+    with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
+        convert_hf_to_torch_dist(tiny_llama_checkpoint, tmp_path / "out", ep=2)
+    proc = run_convert(tiny_llama_checkpoint, tmp_path / "out", ep=2, expect_ok=False)  # the CLI's --ep
+    assert proc.returncode == 2 and "has no routed experts; expert_model_parallel_size=2" in proc.stderr, proc.stderr
     bad = tmp_path / "bert"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))

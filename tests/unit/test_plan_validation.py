@@ -174,7 +174,8 @@ def _hf_dir(root: Path, name: str, config: dict) -> Path:
 @pytest.mark.parametrize("config, ep, message", [
     ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h"}, 1,
      "architecture 'NemotronHForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
-     "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, GPT2LMHeadModel)"),
+     "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, "
+     "GPT2LMHeadModel)"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
      "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),
     ({"architectures": ["LlamaForCausalLM"]}, 2, "expert_model_parallel_size=2 but LlamaForCausalLM has no routed experts"),

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from podium.cli import app
 from podium.config.errors import ConfigError
+from podium.config.needs import teacher_needs
 from podium.config.plan import load_plan
 from podium.config.recipe import load_recipe, resolve_section
 
@@ -88,6 +89,21 @@ def test_ultra_recipe_dedups_26_aliases_to_one_teacher(ultra: Path) -> None:
         "moe_token_dispatcher_type": "alltoall",
         "moe_flex_dispatcher_backend": "deepep",
     }
+
+
+def test_the_plan_states_what_the_ultra_teacher_needs(ultra: Path, qwen3: Path) -> None:
+    """`podium plan` says in words what TP8·CP2·EP16 on 4×4 GPUs takes; a plain teacher needs only GPUs."""
+    result = CliRunner().invoke(app, ["plan", str(ultra)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    needs = [line.strip() for line in result.output.splitlines() if line.strip().startswith("needs:")]
+    text = "\n".join(needs)
+    assert "4 node(s) × 4 = 16 GPUs in one allocation, bf16" in needs[0], text
+    assert "TP8 is wider than a node (4 per node)" in text
+    assert "EP16·ETP1: each expert group spans 16 of the 16 ranks" in text and "multiple of 16" in text
+    assert "CP2: context parallelism needs TransformerEngine's attention on CUDA" in text
+    for teacher in load_plan(qwen3).teachers:
+        needs = teacher_needs(teacher)
+        assert len(needs) == 1 and f"{teacher.gpus_per_node} = " in needs[0], needs
 
 
 def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers(ultra: Path) -> None:
