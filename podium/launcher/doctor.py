@@ -85,7 +85,7 @@ def _run(cmd: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S) -> tuple[int, s
     except FileNotFoundError:
         return 127, "", f"{cmd[0]}: command not found"
     except subprocess.TimeoutExpired:
-        return 124, "", f"{' '.join(cmd)} did not answer within {timeout_s:.0f}s"
+        return 124, "", f"no answer within {timeout_s:.0f}s"
     return proc.returncode, proc.stdout, proc.stderr
 
 

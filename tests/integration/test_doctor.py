@@ -7,6 +7,7 @@ with the fix, and still runs the other checks; a local recipe on a machine witho
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,16 @@ def test_doctor_local_without_cuda_runs_on_cpu_and_refuses_two_nodes(tiny_llama_
     assert two.returncode == 1, two.stdout + two.stderr
     row = _checks(two)["teacher math"]
     assert row["state"] == "fail" and "cluster 'local' runs one node" in row["detail"]
+
+
+def test_doctor_without_slurm_commands_says_where_to_run(tiny_llama_checkpoint, tmp_path: Path) -> None:
+    """A machine without Slurm's client commands (PATH holds only the interpreter): the first row
+    fails with the fix, the rows that need Slurm are not checked, nothing hangs."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"math": (tiny_llama_checkpoint, 1)})
+    proc = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json",
+                  env={"PATH": str(Path(sys.executable).parent)}, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = _checks(proc)
+    assert checks["slurm"]["state"] == "fail" and "sinfo: command not found" in checks["slurm"]["detail"]
+    assert "podium.cluster: local" in checks["slurm"]["fix"]
+    assert [c["state"] for n, c in checks.items() if n in ("sacct", "partition", "test job")] == ["skip"] * 3
