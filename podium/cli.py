@@ -289,6 +289,45 @@ def render(
 
 
 @app.command()
+def doctor(
+    recipe: Optional[Path] = typer.Argument(None, help="NeMo RL recipe (YAML); without one, podium's default settings."),
+    overrides: Optional[List[str]] = OverridesArg,
+    launcher: Optional[Path] = LauncherOpt,
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory to check (default: as `up`)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds the one-node test job may take, queue wait included."),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and podium on a node, ports); exit 0 when all pass."""
+    from podium.config.launcher import TeacherLauncherSettings
+    from podium.config.plan import load_plan
+    from podium.launcher.doctor import doctor_report, print_checks, run_doctor
+    from podium.launcher.run_dir import DEFAULT_RUNS_ROOT, RUNS_DIR_ENV, default_run_dir
+
+    the_plan = None
+    try:
+        if recipe is not None:
+            the_plan = load_plan(recipe, overrides or [], launcher)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    if the_plan is not None:
+        settings = the_plan.teachers[0].launcher if the_plan.teachers else TeacherLauncherSettings()
+        target = run_dir or default_run_dir(the_plan)
+    else:
+        import os
+
+        settings = TeacherLauncherSettings()
+        target = run_dir or Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_ROOT).expanduser()
+    checks = run_doctor(the_plan, settings, target, timeout)
+    if as_json:
+        typer.echo(json.dumps(doctor_report(checks), indent=2))
+    else:
+        title = f"podium doctor: {recipe or 'default settings'} (cluster: {settings.cluster}, run dir {target.absolute()})"
+        print_checks(checks, title)
+    raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+@app.command()
 def demo(
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the demo's files in this folder."),
     timeout: float = typer.Option(240.0, "--timeout", help="Seconds to wait for the teachers."),

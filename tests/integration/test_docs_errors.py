@@ -1,0 +1,267 @@
+"""The errors ``docs/troubleshooting.md`` quotes are the errors the code prints.
+
+Each quoted error is a ```text block after a marker ``<!-- error: ID -->``. For an ID the test
+*triggers* the error in the code (a real ``ray start``, real ports bound, a real ``ip`` call, a
+real ``sacct`` against the Slurm test cluster with accounting off, the sbatch answers captured
+from that cluster) and matches the page's text against it, ``<...>`` standing for anything. For
+``<!-- error: source FILE -->`` (messages only a running job prints: the head's log, the wrapper
+lines) every literal piece of the text must be in FILE. Every trigger here has its block on the
+page and every block its trigger, so neither side can drift alone. The table of sbatch refusals
+on the page holds every row of ``podium.launcher.sbatch_errors.REFUSALS``, fix word for word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "troubleshooting.md"
+MARKER = re.compile(r"<!-- error: (?P<id>[^>]+?) -->\n```text\n(?P<text>.*?)\n```", re.S)
+PLACEHOLDER = re.compile(r"'?<[^<>\s][^<>]*>'?")
+CAPTURED = REPO / "tests" / "launcher" / "data" / "sbatch_refusals.json"
+
+
+def blocks() -> list[tuple[str, str]]:
+    return [(m["id"].strip(), m["text"]) for m in MARKER.finditer(PAGE.read_text())]
+
+
+def template_regex(text: str) -> re.Pattern[str]:
+    """The page's text as a pattern: ``<...>`` matches anything, the rest literally."""
+    parts = re.split(r"(<[^<>\s][^<>]*>)", text)
+    return re.compile("".join(".+?" if p.startswith("<") and p.endswith(">") else re.escape(p) for p in parts), re.S)
+
+
+# ---------------------------------------------------------------------------------------------- triggers
+
+def _ray_start_died(tmp: Path) -> str:
+    from podium.launcher.exits import describe_death
+    from podium.launcher.ray_bootstrap import ray_executable
+
+    log = tmp / "ray-start.log"
+    with open(log, "wb") as out:
+        proc = subprocess.run([*ray_executable(), "start", "--head", "--num-gpus=two"], stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120)
+    return describe_death("`ray start`", 4242, proc.returncode, log)
+
+
+def _probe_report(tmp: Path, **changes) -> str:
+    import podium
+    from podium.launcher.doctor import PROBE_MARK
+
+    report = {"token": "3f2a9c1b7d4e", "host": "n1", "python": sys.executable, "version": list(sys.version_info[:3]),
+              "podium": {"file": podium.__file__, "version": podium.__version__}, "checks": [], **changes}
+    return PROBE_MARK + json.dumps(report)
+
+
+def _run_dir_not_shared(tmp: Path) -> str:
+    from podium.launcher.doctor import _judge_probe
+
+    out = Path("/shared/me/mopd-run/.doctor/3f2a9c1b7d4e.json")  # written on the node, absent here
+    rows = _judge_probe(0, _probe_report(tmp), "", out, "in partition 'batch'", ())
+    return next(r.detail for r in rows if r.name == "run dir")
+
+
+def _podium_not_on_node(tmp: Path) -> str:
+    from podium.launcher.doctor import _judge_probe
+
+    out = tmp / "probe.json"
+    out.write_text(json.dumps({"token": "3f2a9c1b7d4e"}))
+    report = _probe_report(tmp, import_error="ModuleNotFoundError: No module named 'podium'")
+    return next(r.detail for r in _judge_probe(0, report, "", out, "here", ()) if r.name == "podium")
+
+
+def _free_range(width: int, start: int = 24000) -> int:
+    from podium.net import port_free
+
+    lo = start
+    while not all(port_free(p) for p in range(lo, lo + width)):
+        lo += width
+    return lo
+
+
+def _ray_ports(tmp: Path) -> str:
+    from podium.launcher.ray_bootstrap import BLOCK_SIZE, RayStartError, choose_ports
+
+    lo = _free_range(2 * BLOCK_SIZE)
+    held = [socket.socket() for _ in range(2)]
+    try:
+        for sock, port in zip(held, (lo, lo + BLOCK_SIZE)):  # one port of each block taken
+            sock.bind(("", port))
+        with pytest.raises(RayStartError) as err:
+            choose_ports((lo, lo + 2 * BLOCK_SIZE - 1), 1, 0, 0)
+    finally:
+        for sock in held:
+            sock.close()
+    return str(err.value)
+
+
+def _ray_range_small(tmp: Path) -> str:
+    from podium.launcher.ray_bootstrap import RayStartError, choose_ports
+
+    with pytest.raises(RayStartError) as err:
+        choose_ports((24000, 24010), 1, 0, 0)
+    return str(err.value)
+
+
+def _server_ports(tmp: Path) -> str:
+    from podium.net import listen_on_free_port
+
+    lo = _free_range(2, 18500)
+    held = [socket.socket() for _ in range(2)]
+    try:
+        for sock, port in zip(held, (lo, lo + 1)):
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        with pytest.raises(OSError) as err:
+            listen_on_free_port("127.0.0.1", (lo, lo + 1))
+    finally:
+        for sock in held:
+            sock.close()
+    return str(err.value)
+
+
+def _interface(tmp: Path) -> str:
+    from podium.launcher.ray_bootstrap import RayStartError, node_ip
+
+    with pytest.raises(RayStartError) as err:
+        node_ip("eth9")
+    return str(err.value)
+
+
+def _tokenizer(tmp: Path) -> str:
+    from podium.client import TokenizerMismatchError
+    from podium.client.teacher import check_tokenizer_against
+
+    with pytest.raises(TokenizerMismatchError) as err:
+        check_tokenizer_against("math_agent", "4711:0", {"vocab_size": 256, "tokenizer_fingerprint": "vocab-sha256:1a2b"},
+                                "vocab-sha256:9f8e", 256)
+    return str(err.value)
+
+
+def _local_cpu(tmp: Path) -> str:
+    from podium.launcher.backends.local import local_gpu_use
+
+    return str(local_gpu_use("math", 2, 0)[1])
+
+
+def _local_too_few(tmp: Path) -> str:
+    from podium.launcher.backends import SubmitError
+    from podium.launcher.backends.local import local_gpu_use
+
+    with pytest.raises(SubmitError) as err:
+        local_gpu_use("math", 8, 2)
+    return str(err.value)
+
+
+def _spec(tmp: Path, slurm: dict, gpus_per_node: int):
+    from launcher_helpers import write_recipe
+    from podium.config.plan import load_plan
+
+    recipe = write_recipe(tmp / "recipe.yaml", {"math": (Path("/ckpt/math"), 1)}, slurm=slurm,
+                          teacher_cfg={"gpus_per_node": gpus_per_node})
+    (spec,) = load_plan(recipe).teachers
+    return spec
+
+
+def _sbatch(option: str, slurm: dict, gpus_per_node: int) -> Callable[[Path], str]:
+    def trigger(tmp: Path) -> str:
+        from podium.launcher.sbatch_errors import explain
+
+        said = json.loads(CAPTURED.read_text())[option]  # what the test cluster's sbatch answers
+        return "podium: error: " + explain(said, _spec(tmp, slurm, gpus_per_node))
+    return trigger
+
+
+def _client_unavailable(tmp: Path) -> str:
+    from podium.client import TeacherUnavailableError
+
+    return str(TeacherUnavailableError("math_agent", "4711:1", 1800.0, ["4711:1 draining", "connection refused"],
+                                       "call_timeout_s"))
+
+
+def _client_failed(tmp: Path) -> str:
+    from podium.client import TeacherFailedError
+    from podium.config.launcher import RestartSettings
+    from podium.launcher.restarts import RestartLedger, decide
+
+    decision = decide(RestartLedger(consecutive_failures=3), "failed", RestartSettings(), can_requeue=True)
+    reason = f"RayStartError: {_interface(tmp).replace(socket.gethostname(), 'n1')} ({decision.why})"
+    return str(TeacherFailedError("math_agent", "4711:3", reason))
+
+
+TRIGGERS: dict[str, Callable[[Path], str]] = {
+    "ray-start-died": _ray_start_died,
+    "run-dir-not-shared": _run_dir_not_shared,
+    "podium-not-on-node": _podium_not_on_node,
+    "ray-ports": _ray_ports,
+    "ray-range-small": _ray_range_small,
+    "server-ports": _server_ports,
+    "interface": _interface,
+    "tokenizer": _tokenizer,
+    "local-cpu": _local_cpu,
+    "local-too-few": _local_too_few,
+    "sbatch-gres": _sbatch("--gpus-per-node=2", {"gpus": True, "partition": None}, 2),
+    "sbatch-partition": _sbatch("--partition=nope", {"partition": "nope"}, 1),
+    "client-unavailable": _client_unavailable,
+    "client-failed": _client_failed,
+}
+NEEDS_SLURM = {"sacct-disabled"}
+
+
+def test_every_quoted_error_has_a_trigger_and_every_trigger_a_quote() -> None:
+    ids = [i for i, _ in blocks() if not i.startswith("source ")]
+    assert sorted(ids) == sorted([*TRIGGERS, *NEEDS_SLURM])
+
+
+@pytest.mark.parametrize("error_id", sorted(TRIGGERS))
+def test_the_quoted_error_is_what_the_code_prints(error_id: str, tmp_path: Path) -> None:
+    (text,) = [t for i, t in blocks() if i == error_id]
+    actual = TRIGGERS[error_id](tmp_path)
+    assert template_regex(text).fullmatch(actual), f"docs/troubleshooting.md ({error_id}):\n  {text}\ncode:\n  {actual}"
+
+
+def test_messages_only_a_job_prints_are_in_their_source() -> None:
+    for where, text in blocks():
+        if not where.startswith("source "):
+            continue
+        source = (REPO / where.split(" ", 1)[1]).read_text()
+        pieces = [p.strip() for p in PLACEHOLDER.split(text)]
+        missing = [p for p in pieces if len(p) >= 4 and p not in source]
+        assert not missing, f"{where}: not in the code: {missing} (docs/troubleshooting.md: {text})"
+
+
+def test_the_refusals_table_holds_every_known_refusal() -> None:
+    from podium.launcher.sbatch_errors import REFUSALS
+
+    table = PAGE.read_text().split("<!-- refusals-table -->", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Slurm")]
+    assert len(rows) == len(REFUSALS)
+    for row, refusal in zip(rows, REFUSALS):
+        said, fix = (cell.strip() for cell in row.strip("|").split(" | "))
+        assert refusal.matches(said) and fix == refusal.fix, row
+
+
+@pytest.mark.slurm
+def test_sacct_disabled_is_what_podium_prints(slurm_cluster, tmp_path: Path) -> None:
+    """sacct of a cluster without accounting: the test cluster's own config with accounting off
+    (the controller still answers squeue)."""
+    import os
+
+    from podium.launcher.slurm_state import SlurmQueryError, query_states
+
+    conf = tmp_path / "slurm.conf"
+    text = Path(os.environ["SLURM_CONF"]).read_text()
+    conf.write_text(re.sub(r"(?m)^AccountingStorageType=.*$", "AccountingStorageType=accounting_storage/none", text))
+    with pytest.raises(SlurmQueryError) as err:
+        query_states(["4711"], env={**os.environ, "SLURM_CONF": str(conf)})
+    (text,) = [t for i, t in blocks() if i == "sacct-disabled"]
+    actual = f"podium: error: {err.value}"
+    assert template_regex(text).fullmatch(actual), f"docs:\n  {text}\ncode:\n  {actual}"

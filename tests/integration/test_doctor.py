@@ -1,0 +1,86 @@
+"""``podium doctor`` on the real Slurm test cluster (one short test job per run) and on the local
+cluster: a good recipe passes every row; a recipe whose partition does not exist fails that row
+with the fix, and still runs the other checks; a local recipe on a machine without CUDA passes
+(the teacher runs on CPU, and the row says so), one the local backend refuses fails with its words.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher_helpers import podium, write_recipe
+from podium.launcher.sbatch_errors import REFUSALS
+
+SLURM_ROWS = ["slurm", "sacct", "partition low", "checkpoints", "test job", "run dir", "python", "podium",
+              "ports", "address"]
+
+
+def _checks(proc) -> dict[str, dict[str, str]]:
+    report = json.loads(proc.stdout)
+    return {c["name"]: c for c in report["checks"]}
+
+
+@pytest.mark.slurm
+def test_doctor_passes_a_good_recipe_and_names_the_fix_for_a_missing_partition(
+        slurm_cluster, tiny_llama_checkpoint, slurm_scratch: Path) -> None:
+    recipe = write_recipe(slurm_scratch / "recipe.yaml", {"math": (tiny_llama_checkpoint, 1)})
+    run_dir = slurm_scratch / "run"
+
+    good = podium("doctor", str(recipe), "--run-dir", str(run_dir), "--json", check=False)
+    assert good.returncode == 0, good.stdout + good.stderr
+    checks = _checks(good)
+    assert list(checks) == SLURM_ROWS
+    assert all(c["state"] == "pass" for c in checks.values()), checks
+    assert checks["run dir"]["detail"].endswith("this machine read it back")
+    assert not run_dir.exists()  # the doctor removes what it made
+
+    # The table a person reads: the partition row fails, names the setting and the fix.
+    bad = podium("doctor", str(recipe), "--run-dir", str(run_dir), "podium.slurm.partition=gpu-nowhere",
+                 env={"COLUMNS": "400"}, check=False)
+    print(bad.stdout)  # what a user reads (shown with -rP)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    row = next(line for line in bad.stdout.splitlines() if "partition gpu-nowhere" in line)
+    assert "✘" in row and "podium.slurm.partition='gpu-nowhere': no such partition" in row, bad.stdout
+    partition_fix = next(r.fix for r in REFUSALS if r.kind == "partition")
+    assert f"fix: {partition_fix}" in bad.stdout
+    # the other checks still ran (the test job in the default partition) and passed
+    assert bad.stdout.count("✔") == len(SLURM_ROWS) - 1, bad.stdout
+    assert "1 check(s) failed" in bad.stdout
+
+
+def test_doctor_local_without_cuda_runs_on_cpu_and_refuses_two_nodes(tiny_llama_checkpoint, tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"math": (tiny_llama_checkpoint, 1)},
+                          slurm={"gpus": True}, teacher_cfg={"gpus_per_node": 2})
+    text = recipe.read_text().replace("cluster: slurm", "cluster: local")
+    recipe.write_text(text)
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}  # as on a machine without GPUs
+
+    ok = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json", env=cpu, check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    checks = _checks(ok)
+    assert list(checks) == ["teacher math", "checkpoints", "run dir", "ports", "address"]
+    assert "runs on CPU" in checks["teacher math"]["detail"]
+
+    two = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json",
+                 "on_policy_distillation.non_colocated_teachers.teacher_overrides.math.num_nodes=2",
+                 env=cpu, check=False)
+    assert two.returncode == 1, two.stdout + two.stderr
+    row = _checks(two)["teacher math"]
+    assert row["state"] == "fail" and "cluster 'local' runs one node" in row["detail"]
+
+
+def test_doctor_without_slurm_commands_says_where_to_run(tiny_llama_checkpoint, tmp_path: Path) -> None:
+    """A machine without Slurm's client commands (PATH holds only the interpreter): the first row
+    fails with the fix, the rows that need Slurm are not checked, nothing hangs."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"math": (tiny_llama_checkpoint, 1)})
+    proc = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json",
+                  env={"PATH": str(Path(sys.executable).parent)}, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = _checks(proc)
+    assert checks["slurm"]["state"] == "fail" and "sinfo: command not found" in checks["slurm"]["detail"]
+    assert "podium.cluster: local" in checks["slurm"]["fix"]
+    assert [c["state"] for n, c in checks.items() if n in ("sacct", "partition", "test job")] == ["skip"] * 3
