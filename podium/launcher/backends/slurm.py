@@ -282,8 +282,11 @@ class SlurmBackend(Backend):
         - SIGTERM within ``signal_lead_s`` of ``EndTime``: the time limit (``--signal=TERM@lead``);
         - a user signal: ``--signal`` at the time limit or a preemption with ``preempt_send_user_signal``;
         - any other SIGTERM/SIGINT: a cancel (``scancel``; KillWait's SIGKILL follows).
+
+        The job is read once Slurm has delivered the signal (:func:`_settled_job`): while it is
+        sending one, its state reads SIGNALING, and a time limit looked like a cancel.
         """
-        info = show_job(ctx.job_id)
+        info = _settled_job(ctx.job_id)
         now = time.time()
         end = slurm_time(info.get("EndTime"))
         # what the decision is made of, for the job's log: a stop read wrongly ends a teacher for good
@@ -304,6 +307,26 @@ class SlurmBackend(Backend):
         return StopIntent("cancel", False, now, "stopped by Slurm")
 
 
+def _settled_job(job_id: str, wait_s: Optional[float] = None, poll_s: float = 0.25) -> dict[str, str]:
+    """``scontrol show job`` once Slurm has delivered the signal it is sending.
+
+    While an outgoing signal is pending, Slurm shows ``JobState=SIGNALING`` in place of the job's
+    state (its state string prefers that flag to the base state), so a stop read at that moment
+    cannot tell a time limit's TERM (the job is RUNNING) from a cancel. It clears once the signal is
+    delivered: ask again, up to ``wait_s``; after that, SIGNALING counts as RUNNING."""
+    wait_s = SIGNALING_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    info = show_job(job_id)
+    while info.get("JobState") == "SIGNALING" and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        info = show_job(job_id)
+    if info.get("JobState") == "SIGNALING":
+        logger.warning("job %s still SIGNALING after %.0fs: read as RUNNING", job_id, wait_s)
+        info = {**info, "JobState": "RUNNING"}
+    return info
+
+
+SIGNALING_WAIT_S = 5.0
 STOP_MARGIN_S = 8.0  # a drain ends this long before Slurm's end time: teardown and requeue fit
 TIME_LIMIT_SLACK_S = 30.0  # a TERM this close to (lead before) the end time is the time limit's
 
