@@ -49,7 +49,8 @@ def reexec_with_allocator(extra: Optional[dict[str, str]] = None) -> None:
 
 def marked(mark: str, exclude: tuple[int, ...] = ()) -> list[tuple[int, str]]:
     """``(pid, command line)`` of every live process (zombies excluded) whose environment has
-    ``MARK_ENV=mark``, except this process and ``exclude``."""
+    ``MARK_ENV=mark`` or ``MARK_ENV=mark/...`` (``run_all.py`` tags each benchmark below its own
+    mark), except this process and ``exclude``."""
     needle = f"{MARK_ENV}={mark}".encode()
     skip = {os.getpid(), *exclude}
     found = []
@@ -61,7 +62,7 @@ def marked(mark: str, exclude: tuple[int, ...] = ()) -> list[tuple[int, str]]:
                 if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
                     continue
             with open(f"/proc/{name}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
+                if not any(e == needle or e.startswith(needle + b"/") for e in f.read().split(b"\0")):
                     continue
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
