@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import ALLOCATOR_ENV, add_common_args, emit  # noqa: E402
-from common import reexec_with_allocator as _reexec  # noqa: E402
+from bench_common import ALLOCATOR_ENV, add_common_args, emit  # noqa: E402
+from bench_common import reexec_with_allocator as _reexec  # noqa: E402
 
 PORTS = (23000, 23999)
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "shapes": "2x32,4x32"}

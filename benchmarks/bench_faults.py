@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
 
-from common import add_common_args, emit  # noqa: E402
+from bench_common import add_common_args, emit  # noqa: E402
 
 FAULTS = ("lost_node", "preempt_user_signal", "preempt_sigterm", "requeue")
 

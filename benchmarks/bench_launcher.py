@@ -40,7 +40,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
 
-from common import add_common_args, emit  # noqa: E402
+from bench_common import add_common_args, emit  # noqa: E402
 
 # Two floors at once need two pairs of "nodes"; podium's own test recipes take the same port range
 # (below the kernel's ephemeral range; every port is checked free by binding it first).

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import ALLOCATOR_ENV, add_common_args, emit, reexec_with_allocator  # noqa: E402
+from bench_common import ALLOCATOR_ENV, add_common_args, emit, reexec_with_allocator  # noqa: E402
 
 MB = 2**20
 QUICK = {"layers": 1, "hidden": 64, "ffn": 128, "vocab": 512, "batch": 2, "seq": 32, "micro_batch": 2, "reps": 1}

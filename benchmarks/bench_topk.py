@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
-from common import add_common_args, emit  # noqa: E402
+from bench_common import add_common_args, emit  # noqa: E402
 
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64"}
 DATATYPES = (("FP32", "INT64"), ("BF16", "INT32"))

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import add_common_args, emit  # noqa: E402
+from bench_common import add_common_args, emit  # noqa: E402
 
 QUICK = {"batch": 1, "seq": 128, "reps": 1}
 

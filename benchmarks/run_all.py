@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import MARK_ENV, kill_marked, wait_unmarked  # noqa: E402
+from bench_common import MARK_ENV, kill_marked, wait_unmarked  # noqa: E402
 
 SURVIVOR_WAIT_S = 30.0  # a process being reaped takes a moment; one that outlives this is a leak
 
