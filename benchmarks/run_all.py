@@ -161,7 +161,7 @@ def _stacked(ax: Any, labels: list[str], rows: list[dict[str, float]], phases: l
         left = [a + b for a, b in zip(left, widths)]
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.1f}s", va="center", fontsize=8)
-    ax.set_xlim(0, max(left, default=1.0) * 1.35)  # room for the totals and the legend
+    ax.set_xlim(0, max(ax.get_xlim()[1], max(left, default=1.0) * 1.35))  # room for the totals and the legend
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.legend(fontsize=7, loc="lower right")
@@ -169,7 +169,8 @@ def _stacked(ax: Any, labels: list[str], rows: list[dict[str, float]], phases: l
 
 def chart_launcher(result: dict[str, Any], path: Path, plt: Any) -> bool:
     runs, floor = result.get("podium", []), result.get("ray_floor", {})
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 4.6), gridspec_kw={"height_ratios": [3, 2]})
+    # one time axis: the teachers' ray phase reads against the floor below it
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 4.6), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     if runs:
         run = runs[0]
         labels = [f"{name} ({t['nodes']} node{'s' if t['nodes'] > 1 else ''})" for name, t in run["teachers"].items()]
@@ -177,6 +178,7 @@ def chart_launcher(result: dict[str, Any], path: Path, plt: Any) -> bool:
                 for t in run["teachers"].values()]
         _stacked(ax1, labels, rows, ["submit", "ray", "model", "endpoint"])
         ax1.set_title(f"podium up -> all ready: {run['up_to_all_ready_s']:.0f}s (cluster: {run['cluster']})", fontsize=10)
+        ax1.set_xlabel("")
     else:
         ax1.text(0.5, 0.5, "podium's part not run (--cluster none)", ha="center", va="center")
         ax1.set_axis_off()
