@@ -21,8 +21,9 @@ The model is the real Megatron group (``--group megatron``: a 2-node Ray test cl
 ``MALLOC_TRIM_THRESHOLD_=68719476736``; the script re-executes itself with them) so timings measure
 compute, not page faults. Model size: ``--layers/--hidden/--vocab`` (default 4 x 512, 32k vocab).
 On a machine shared with other work, compare ``ratio_of_fastest`` (interference only adds time).
+``--quick``: a 1-layer model of hidden 64, small shapes, a few repetitions (seconds, for tests).
 
-    python benchmarks/bench_endpoint.py [--group megatron|hf] [--reps 3] [--shapes 8x512,64x512]
+    python benchmarks/bench_endpoint.py [--group megatron|hf] [--reps 3] [--shapes 8x512,64x512] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,9 +43,13 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+from bench_common import ALLOCATOR_ENV, add_common_args, emit  # noqa: E402
+from bench_common import reexec_with_allocator as _reexec  # noqa: E402
+
 PORTS = (23000, 23999)
+QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "shapes": "2x32,4x32"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,9 +245,7 @@ def serve(group: Any, layout: Any, key: str, name: str, token: str, generation: 
 
 def reexec_with_allocator() -> None:
     """Run this script again under the fixed allocator (and Ray/gloo settings) unless it already is."""
-    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV,
-                                                              "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+    _reexec({"RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
 
 
 def bench_run(prefix: str, teachers: dict[str, str]) -> tuple[Path, Any, str]:
@@ -266,11 +270,20 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-model", action="store_true", help="transport parts only")
+    add_common_args(parser)
     args = parser.parse_args()
     if args.client:
         client_main(args.client)
         return
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()  # what was given explicitly still wins
     reexec_with_allocator()
+    # repetitions of the transport parts: (warmup, reps)
+    n_tiny, n_transport, n_bulk, n_pair = ((5, 20), (1, 5), (1, 3), (1, 2)) if args.quick else ((30, 300), (5, 50), (3, 20), (1, 5))
+    delays = (0.02, 0.03) if args.quick else (0.25, 0.35)
+    shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
+    bulk_b, bulk_s = (4, 256) if args.quick else (64, 4096)
 
     import torch
 
@@ -278,6 +291,8 @@ def main() -> None:
     tmp, layout, token = bench_run("podium-bench-", {"model0000000": "model", "instant00000": "instant",
                                                       "slowa0000000": "slow_a", "slowb0000000": "slow_b"})
     result: dict[str, Any] = {
+        "benchmark": "endpoint",
+        "quick": args.quick,
         "group": args.group,
         "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "dtype": "fp32"},
         "allocator": dict(ALLOCATOR_ENV),
@@ -290,25 +305,28 @@ def main() -> None:
     try:
         # transport only: instant group
         servers.append(serve(InstantGroup(args.vocab), layout, "instant00000", "instant", token, 1))
-        tiny = client.run(op="time", alias="instant", batch=[1, 16], vocab=args.vocab, warmup=30, reps=300)
+        tiny = client.run(op="time", alias="instant", batch=[1, 16], vocab=args.vocab, warmup=n_tiny[0], reps=n_tiny[1])
         result["request_overhead"] = {"batch": [1, 16], "median_ms": round(median(tiny) * 1e3, 3),
                                       "p90_ms": round(sorted(tiny)[int(0.9 * len(tiny))] * 1e3, 3), "goal_ms": 1.5}
         transport = {}
-        for b, s in ((8, 512), (64, 512)):
-            t = client.run(op="time", alias="instant", batch=[b, s], vocab=args.vocab, warmup=5, reps=50)
+        for b, s in shapes:
+            t = client.run(op="time", alias="instant", batch=[b, s], vocab=args.vocab, warmup=n_transport[0],
+                           reps=n_transport[1])
             transport[f"{b}x{s}"] = round(median(t) * 1e3, 3)
         result["transport_ms"] = transport
-        bulk = client.run(op="time", alias="instant", batch=[64, 4096], vocab=args.vocab, warmup=3, reps=20)
-        nbytes = 64 * 4096 * 8 + 64 * 8 + 64 * 4096 * 4
-        result["bulk"] = {"batch": [64, 4096], "bytes": nbytes, "median_ms": round(median(bulk) * 1e3, 3),
+        bulk = client.run(op="time", alias="instant", batch=[bulk_b, bulk_s], vocab=args.vocab, warmup=n_bulk[0],
+                          reps=n_bulk[1])
+        nbytes = bulk_b * bulk_s * 8 + bulk_b * 8 + bulk_b * bulk_s * 4
+        result["bulk"] = {"batch": [bulk_b, bulk_s], "bytes": nbytes, "median_ms": round(median(bulk) * 1e3, 3),
                           "MB_per_s": round(nbytes / median(bulk) / 1e6, 1), "goal_MB_per_s": 500}
 
-        # two teachers at once (each a fixed 0.25 s / 0.35 s call that uses no CPU here)
-        servers.append(serve(InstantGroup(args.vocab, 0.25), layout, "slowa0000000", "slow_a", token, 2))
-        servers.append(serve(InstantGroup(args.vocab, 0.35), layout, "slowb0000000", "slow_b", token, 3))
-        alone_a = client.run(op="time", alias="slow_a", batch=[32, 512], vocab=args.vocab, warmup=1, reps=5)
-        alone_b = client.run(op="time", alias="slow_b", batch=[32, 512], vocab=args.vocab, warmup=1, reps=5)
-        pair = client.run(op="pair", aliases=["slow_a", "slow_b"], batch=[64, 512], vocab=args.vocab, warmup=1, reps=5)
+        # two teachers at once (each a fixed-time call, 0.25 s / 0.35 s, that uses no CPU here)
+        servers.append(serve(InstantGroup(args.vocab, delays[0]), layout, "slowa0000000", "slow_a", token, 2))
+        servers.append(serve(InstantGroup(args.vocab, delays[1]), layout, "slowb0000000", "slow_b", token, 3))
+        alone_a = client.run(op="time", alias="slow_a", batch=[32, 512], vocab=args.vocab, warmup=n_pair[0], reps=n_pair[1])
+        alone_b = client.run(op="time", alias="slow_b", batch=[32, 512], vocab=args.vocab, warmup=n_pair[0], reps=n_pair[1])
+        pair = client.run(op="pair", aliases=["slow_a", "slow_b"], batch=[64, 512], vocab=args.vocab, warmup=n_pair[0],
+                          reps=n_pair[1])
         slower = max(median(alone_a), median(alone_b))
         result["two_teachers"] = {"alone_ms": [round(median(alone_a) * 1e3, 1), round(median(alone_b) * 1e3, 1)],
                                   "pair_ms": round(median(pair) * 1e3, 1),
@@ -329,8 +347,8 @@ def main() -> None:
             result["group_build_s"] = round(time.perf_counter() - t0, 1)
             servers.append(serve(group, layout, "model0000000", "model", token, 4))
             rows = {}
-            for shape in args.shapes.split(","):
-                b, s = map(int, shape.split("x"))
+            for b, s in shapes:
+                shape = f"{b}x{s}"
                 data = {"input_ids": torch.randint(0, args.vocab, (b, s)), "input_lengths": torch.full((b,), s)}
                 group.get_logprobs(data)  # warm up both paths
                 client.run(op="time", alias="model", batch=[b, s], vocab=args.vocab, warmup=0, reps=1)
@@ -366,7 +384,8 @@ def main() -> None:
             server.stop(grace_s=5)
         if teardown is not None:
             teardown()
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        shutil.rmtree(tmp, ignore_errors=True)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,11 @@ the new generation's task starting (``slurm_requeue``), its Ray up (``ray``), it
 (``model_load``), its endpoint ready (``endpoint``) and the client's first good answer from it
 (``first_answer``); and the client's calls made, retried, failed (goal 0) and wrong (goal 0).
 
-    SLURM_CONF=/tmp/podium-slurm/etc/slurm.conf python benchmarks/bench_faults.py [--faults lost_node,requeue]
+``--quick``: the lost node alone (still a minute or two: a requeue is Slurm's and Ray's time, not
+a size). Needs the Slurm test cluster: every fault is Slurm's (a job's node, its preemption, its
+requeue), so it has no run without one.
+
+    SLURM_CONF=/tmp/podium-slurm/etc/slurm.conf python benchmarks/bench_faults.py [--faults lost_node,requeue] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
+
+from bench_common import add_common_args, emit  # noqa: E402
 
 FAULTS = ("lost_node", "preempt_user_signal", "preempt_sigterm", "requeue")
 
@@ -121,9 +127,13 @@ def measure(fault: str, files, job: str, watcher, client, scratch: Path, timeout
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument("--faults", default=None, help=f"comma-separated, of {', '.join(FAULTS)} (default: all; "
+                        "with --quick: lost_node)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a fault may take to heal")
+    add_common_args(parser)
     args = parser.parse_args()
+    if args.faults is None:
+        args.faults = "lost_node" if args.quick else ",".join(FAULTS)
     faults = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
@@ -162,7 +172,7 @@ def main() -> None:
             client.stop()
             watcher.stop()
             podium("down", str(run_dir), check=False)
-        print(json.dumps({"benchmark": "faults", "results": results}, indent=2))
+        emit({"benchmark": "faults", "quick": args.quick, "results": results}, args.json)
 
 
 if __name__ == "__main__":

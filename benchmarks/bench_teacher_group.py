@@ -21,14 +21,15 @@ The allocator is fixed for both sides: glibc with ``MALLOC_MMAP_MAX_=0`` and
 starts inherit them), so the ratio measures compute, not page faults. A 2-node Ray test cluster
 (127.0.0.2/.3, ports from 20000–21999) is started and ended by PID, as the test fixture does.
 
+``--quick``: 1 layer × 64 hidden, vocab 512, batch 2 × 32, one repetition (seconds, for tests).
+
     python benchmarks/bench_teacher_group.py [--layers 4 --hidden 512 --vocab 32000]
-        [--batch 8 --seq 512] [--reps 5] [--threads 2]
+        [--batch 8 --seq 512] [--reps 5] [--threads 2] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -41,15 +42,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+from bench_common import ALLOCATOR_ENV, add_common_args, emit, reexec_with_allocator  # noqa: E402
+
 MB = 2**20
-
-
-def _ensure_allocator() -> None:
-    if any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items()):
-        os.environ.update(ALLOCATOR_ENV)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+QUICK = {"layers": 1, "hidden": 64, "ffn": 128, "vocab": 512, "batch": 2, "seq": 32, "micro_batch": 2, "reps": 1}
 
 
 def _args() -> argparse.Namespace:
@@ -65,7 +63,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    return p.parse_args()
+    p.add_argument("--tp1-only", action="store_true", help="skip the TP2 group (load and memory at TP1 only)")
+    add_common_args(p)
+    args = p.parse_args()
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args()  # what was given explicitly still wins
+    return args
 
 
 def _hf_logprobs(model: Any, ids: Any, lengths: Any) -> Any:
@@ -96,7 +100,7 @@ def _memory_row(group: Any, label: str) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    _ensure_allocator()
+    reexec_with_allocator()
     args = _args()
     import torch
     import transformers
@@ -126,6 +130,7 @@ def main() -> None:
     ray.init(address=cluster.address, _node_ip_address=cluster.head_ip, log_to_driver=False)
     result: dict[str, Any] = {
         "benchmark": "teacher_group",
+        "quick": args.quick,
         "allocator": "glibc malloc, " + " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items()),
         "model": {"arch": "llama", "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                   "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab, "precision": "fp32",
@@ -166,7 +171,10 @@ def main() -> None:
         mem_rows += _memory_row(tp1, "TP1 after calls")
         tp1.shutdown()
         del hf
-
+        result["load"] = load
+        result["memory"] = mem_rows
+        if args.tp1_only:
+            return
         started = time.perf_counter()
         tp2 = TeacherWorkerGroup(cfg.model_copy(update={"gpus_per_node": 2, "tensor_model_parallel_size": 2}),
                                  torch_threads=max(1, args.threads // 2))
@@ -178,13 +186,11 @@ def main() -> None:
         mem_rows += _memory_row(tp2, "TP2 after call")
         result["tp2_max_abs_diff_vs_hf"] = float((out2["logprobs"] - ref).abs().max())
         tp2.shutdown()
-        result["load"] = load
-        result["memory"] = mem_rows
     finally:
         ray.shutdown()
         stop_test_cluster(cluster, procs)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2))
+        emit(result, args.json)
 
 
 if __name__ == "__main__":

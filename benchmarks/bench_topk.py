@@ -15,7 +15,9 @@ far larger than the request. What it measures:
   machine only adds time). Model: ``--layers/--hidden/--vocab`` (default 2 x 256, 8k vocab, so
   64 x 2048 runs on 2 cores).
 
-    python benchmarks/bench_topk.py [--shapes 8x512,64x2048] [--k 64] [--reps 3] [--skip-model]
+``--quick``: a 1-layer model of hidden 64, small shapes, k = 8, one repetition (seconds, for tests).
+
+    python benchmarks/bench_topk.py [--shapes 8x512,64x2048] [--k 64] [--reps 3] [--skip-model] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -35,7 +38,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
+from bench_common import add_common_args, emit  # noqa: E402
 
+QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64"}
 DATATYPES = (("FP32", "INT64"), ("BF16", "INT32"))
 BYTES = {"FP32": 4, "BF16": 2, "INT64": 8, "INT32": 4}
 
@@ -106,10 +111,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-model", action="store_true", help="the transport part only")
+    add_common_args(parser)
     args = parser.parse_args()
     if args.client:
         client_main(args.client)
         return
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()  # what was given explicitly still wins
     reexec_with_allocator()
 
     import torch
@@ -119,7 +128,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model"})
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
-    result: dict[str, Any] = {"k": args.k, "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
+    result: dict[str, Any] = {"benchmark": "topk", "quick": args.quick, "k": args.k, "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
     servers: list[Any] = []
     teardown = None
     client = ClientProcess(layout.rendezvous_path, __file__)
@@ -175,7 +184,8 @@ def main() -> None:
             server.stop(grace_s=5)
         if teardown is not None:
             teardown()
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        shutil.rmtree(tmp, ignore_errors=True)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

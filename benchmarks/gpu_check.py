@@ -18,14 +18,15 @@ TE is installed, the local spec otherwise; bf16), and reports:
 plans and builds them (``TransformerConfig``), the HF models constructed on the meta device
 (parameter counts, FLOPs per token) and the report, with no measurement.
 
-    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run]
+``--quick``: batch 1 × 128 tokens, one repetition; ``--json PATH`` also writes the report there.
+
+    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -36,6 +37,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_common import add_common_args, emit  # noqa: E402
+
+QUICK = {"batch": 1, "seq": 128, "reps": 1}
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense": ("llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=18,
@@ -57,7 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dry-run", action="store_true", help="no GPU: configs, meta-device models, the report")
+    add_common_args(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)  # what was given explicitly still wins
     args.models = [m for m in args.models.split(",") if m]
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
@@ -163,7 +173,7 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report: dict[str, Any] = {"dry_run": args.dry_run, "batch": args.batch, "seq": args.seq, "models": {}}
+    report: dict[str, Any] = {"benchmark": "gpu_check", "quick": args.quick, "dry_run": args.dry_run, "batch": args.batch, "seq": args.seq, "models": {}}
     for name in args.models:
         report["models"][name] = describe(name, args.seq)
     if not args.dry_run:
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["models"][name].update(measure(name, args, work, report["models"][name]))
         finally:
             ray.shutdown()
-    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    emit(report, args.json)
     return 0
 
 
