@@ -24,7 +24,10 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["launcher", "endpoint", "topk", "teacher_group", "shared"]  # shared: once bench_shared.py exists
+# One of each way a benchmark starts processes: Ray as podium starts it (launcher's floor), a client
+# process and servers (topk's transport), a Megatron group on the test Ray cluster (shared; endpoint
+# and teacher_group start theirs the same way, with the same teardown, and are left to keep CI short).
+RUN = ["launcher", "topk", "shared"]
 LEFT_WAIT_S = 60.0
 
 
@@ -68,14 +71,11 @@ def test_every_quick_benchmark_ends_what_it_started(tmp_path):
     rows = report["benchmarks"]
     for name in RUN:
         row = rows[name]
-        if row["status"] == "skipped":
-            assert name == "shared" and not (ROOT / "benchmarks" / "bench_shared.py").exists(), row
-            continue
         assert row["status"] == "ok", f"{name}: {row.get('reason')}\n{row.get('log_tail', '')}"
         assert row["survivors"] == [], f"{name} left {row['survivors']} running"
         assert "--quick" in row["command"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     floor = rows["launcher"]["result"]["ray_floor"]
     assert len(floor["alone"]) == 1 and len(floor["two_at_once"][0]) == 2
-    for chart in ("launcher_phases.png", "remote_ratio.png"):
+    for chart in ("launcher_phases.png", "shared_throughput.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
