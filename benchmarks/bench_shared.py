@@ -103,13 +103,10 @@ def callers_main(args: argparse.Namespace) -> None:
 
 def scrape(url: str) -> dict[str, float]:
     import requests
-    from prometheus_client.parser import text_string_to_metric_families
 
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(requests.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
+    from podium.teacher.metrics import totals
+
+    return totals(requests.get(f"{url}/metrics", timeout=30).text)
 
 
 def percentile(xs: list[float], q: float) -> float:

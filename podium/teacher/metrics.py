@@ -109,13 +109,19 @@ class EndpointMetrics:
         return generate_latest(self.registry)
 
 
-def summary(text: str) -> dict[str, float]:
-    """The key figures of one endpoint's ``/metrics`` text: tokens/s over the last minute, queue
-    depth, padding share (padded share of the computed token positions), requests and errors."""
+def totals(text: str) -> dict[str, float]:
+    """Each sample name of a ``/metrics`` text with its value summed over its labels."""
     values: dict[str, float] = collections.defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             values[sample.name] += sample.value
+    return dict(values)
+
+
+def summary(text: str) -> dict[str, float]:
+    """The key figures of one endpoint's ``/metrics`` text: tokens/s over the last minute, queue
+    depth, padding share (padded share of the computed token positions), requests and errors."""
+    values = totals(text)
     computed = values.get("podium_computed_tokens_total", 0.0)
     tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every call
     return {
