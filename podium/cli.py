@@ -261,6 +261,34 @@ def down(
 
 
 @app.command()
+def scale(
+    run_dir: Path = RunDirArg,
+    teacher: str = typer.Argument(..., help="Teacher name (first alias) or key."),
+    replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
+) -> None:
+    """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond (the others are left as they are)."""
+    from podium.launcher import commands
+    from podium.launcher.backends import SubmitError
+    from podium.launcher.slurm_state import SlurmQueryError
+    from podium.rendezvous.atomic import FileReadError
+
+    try:
+        result = commands.scale(_run_dir(run_dir), teacher, replicas)
+    except (ValueError, SubmitError, FileReadError) as exc:
+        _fail(str(exc))
+        return
+    except SlurmQueryError as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(1)
+    for name, action in result.actions.items():
+        typer.echo(f"{name}: {action} job {result.job_ids[name]}")
+    for name in result.stopped:
+        typer.echo(f"{name}: stopped")
+    typer.echo(f"rendezvous: {result.run_dir / 'rendezvous.json'} lists {result.count} replica(s) of "
+               f"{result.teacher} (was {result.before})")
+
+
+@app.command()
 def render(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,

@@ -23,6 +23,9 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     table.add_column("DP", justify="right", no_wrap=True)
     table.add_column("T", justify="right", no_wrap=True)  # temperature: logits are divided by it
     table.add_column("nodes×GPUs", no_wrap=True)
+    replicated = any(spec.launcher.replicas > 1 for spec in plan.teachers)
+    if replicated:
+        table.add_column("replicas", justify="right", no_wrap=True)
     for spec in plan.teachers:
         if Path(spec.model_name).is_absolute():
             found = "found" if Path(spec.model_name).exists() else "[red]missing[/red]"
@@ -38,6 +41,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             str(spec.data_parallel_size),
             f"{spec.temperature:g}",
             f"{spec.num_nodes}×{spec.gpus_per_node}",
+            *([str(spec.launcher.replicas)] if replicated else []),
         )
     console.print(table)
     for spec in plan.teachers:
@@ -46,8 +50,9 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             console.print(f"  needs: {line}", highlight=False)
     totals = plan.totals
     console.print(
-        f"{totals['teachers']} unique teacher(s) for {totals['aliases']} alias(es); "
-        f"{totals['nodes']} node(s) reserved instead of {totals['nodes_without_dedup']} without dedup."
+        f"{totals['teachers']} unique teacher(s) for {totals['aliases']} alias(es)"
+        + (f", {totals['replicas']} replica allocations" if replicated else "")
+        + f"; {totals['nodes']} node(s) reserved instead of {totals['nodes_without_dedup']} without dedup."
     )
     if plan.default_alias:
         strict = " (strict agent-name match)" if plan.strict else ""
@@ -62,6 +67,7 @@ def _age(seconds: float | None) -> str:
 
 def status_table(rows: list, title: str = "podium status") -> Table:
     table = Table(title=title, title_justify="left")
+    # a replica of a teacher is a row of its own, named `name#i` (i >= 1)
     for col in ("teacher", "aliases", "T", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
                 "heartbeat", "tok/s 1m", "queue", "padding"):
         table.add_column(col, overflow="fold", justify="right" if col in ("tok/s 1m", "queue", "padding") else "left")
@@ -73,7 +79,7 @@ def status_table(rows: list, title: str = "podium status") -> Table:
         elif r.status == "failed" and r.restart:
             failures = f"{r.restart.get('consecutive_failures')}/{r.restart.get('max_consecutive_failures')} failures"
             status += f" [red]final after {failures}[/red]" if r.final else f" [yellow]retrying: {failures}[/yellow]"
-        name = r.name if r.in_plan else f"{r.name} [dim](not in recipe)[/dim]"
+        name = r.display if r.in_plan else f"{r.display} [dim](not in the rendezvous)[/dim]"
         restarts = "-" if r.restarts is None else str(r.restarts)
         load = r.load or {}
         figures = (f"{load['tokens_per_s_1m']:.0f}", f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") \
@@ -142,18 +148,18 @@ class WaitView:
 
     def update(self, rows: list, elapsed: float) -> None:
         for r in rows:
-            if self._last.get(r.name) != r.phase:
-                self._since[r.name] = elapsed
-                self._last[r.name] = r.phase
+            if self._last.get(r.display) != r.phase:
+                self._since[r.display] = elapsed
+                self._last[r.display] = r.phase
                 if self._live is None:
                     gen = f", generation {r.generation}" if r.generation and not r.superseded else ""
-                    self.console.print(f"[{elapsed:6.1f}s] {r.name}: {r.phase}"
+                    self.console.print(f"[{elapsed:6.1f}s] {r.display}: {r.phase}"
                                        + (f" (job {r.job_id}{gen})" if r.job_id else ""), highlight=False)
         if self._live is not None:
             table = Table(title=f"waiting for teachers ({elapsed:.0f}s)", title_justify="left")
             for col in ("teacher", "job", "generation", "phase", "since"):
                 table.add_column(col)
             for r in rows:
-                table.add_row(r.name, r.job_id or "-", r.generation or "-", r.phase,
-                              f"{elapsed - self._since.get(r.name, 0):.0f}s")
+                table.add_row(r.display, r.job_id or "-", r.generation or "-", r.phase,
+                              f"{elapsed - self._since.get(r.display, 0):.0f}s")
             self._live.update(table)

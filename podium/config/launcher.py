@@ -3,6 +3,7 @@
 ```yaml
 podium:
   cluster: slurm            # slurm | local (submitit's local executor, no Slurm needed)
+  replicas: 1               # independent allocations serving each teacher (`podium scale` changes it live)
   run_dir: /shared/podium/NAME  # default: $PODIUM_RUNS_DIR or ~/podium-runs, /<recipe stem>-<hash8>
   slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
@@ -12,7 +13,7 @@ podium:
            max_tokens_per_microbatch, max_queue_delay_ms, batch_requests}
   restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes}
   teachers:
-    ALIAS: {slurm: {...}, ray: {...}, server: {...}, restart: {...}}   # merged over the above
+    ALIAS: {replicas, slurm: {...}, ray: {...}, server: {...}, restart: {...}}   # merged over the above
 ```
 
 Every model forbids unknown keys, so a typo is an error that names its key path and lists the valid
@@ -156,6 +157,7 @@ class RestartSettings(_Strict):
 
 
 class TeacherLauncherOverrides(_Strict):
+    replicas: int | None = Field(default=None, ge=1)
     slurm: dict[str, Any] = Field(default_factory=dict)
     ray: dict[str, Any] = Field(default_factory=dict)
     server: dict[str, Any] = Field(default_factory=dict)
@@ -167,6 +169,10 @@ class TeacherLauncherSettings(_Strict):
 
     cluster: Literal["slurm", "local"] = "slurm"
     run_dir: str | None = None
+    # Independent allocations (jobs, generations, endpoints) of the same teacher, among which
+    # clients spread their calls and fail over: what `podium up` brings the teacher to. Not part of
+    # what the teacher is (its key), and `podium scale` changes it for a running teacher.
+    replicas: int = Field(default=1, ge=1)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -185,8 +191,10 @@ class LauncherSettings(TeacherLauncherSettings):
         return TeacherLauncherSettings.model_validate(merged.model_dump(mode="python", exclude={"teachers"}))
 
 
-# Not compared between a live job and the recipe: where the run lives is the run dir itself.
-NOT_COMPARED = frozenset({"run_dir"})
+# Not compared between a live job and the recipe: where the run lives is the run dir itself, and
+# the replica count is the number of jobs, not a setting of any one of them (`up` and `scale`
+# submit or stop replicas for it).
+NOT_COMPARED = frozenset({"run_dir", "replicas"})
 
 
 @dataclass(frozen=True)

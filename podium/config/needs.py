@@ -22,6 +22,10 @@ def teacher_needs(spec: TeacherSpec) -> list[str]:
     lines = [f"{s.num_nodes} node(s) × {s.gpus_per_node} = {gpus} {gpu_word} in one allocation, "
              f"{s.precision}; one model replica is TP{tp}·PP{pp}·CP{cp} = {tp * pp * cp} of them, "
              f"DP{s.data_parallel_size} replica(s)"]
+    if s.launcher.replicas > 1:
+        n = s.launcher.replicas
+        lines.append(f"{n} replicas: {n} such allocations ({n * s.num_nodes} node(s), {n * gpus} {gpu_word} in all), "
+                     "each its own job and generation; clients spread their calls over the ready ones")
     if tp > s.gpus_per_node:
         lines.append(f"TP{tp} is wider than a node ({s.gpus_per_node} per node): tensor-parallel all-reduces "
                      "cross the network every layer (a fast interconnect, or TP <= gpus_per_node)")

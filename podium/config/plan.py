@@ -43,6 +43,7 @@ from podium.config.spec import TeacherSpec
 log = logging.getLogger(__name__)
 
 SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size", "max_tokens_per_microbatch")
+NOT_IDENTITY = frozenset({"replicas"})  # per-alias launcher overrides that do not change a teacher's key
 TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
 
 
@@ -72,7 +73,8 @@ class Plan:
         return {
             "teachers": len(self.teachers),
             "aliases": len(self.routes),
-            "nodes": sum(t.num_nodes for t in self.teachers),
+            "replicas": sum(t.launcher.replicas for t in self.teachers),
+            "nodes": sum(t.num_nodes * t.launcher.replicas for t in self.teachers),
             "nodes_without_dedup": self.nodes_without_dedup,
         }
 
@@ -179,7 +181,8 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
         default_alias=default_alias,
         strict=strict,
         launcher=launcher,
-        nodes_without_dedup=sum(s.values["num_nodes"] for s in resolved.values()),
+        nodes_without_dedup=sum(s.values["num_nodes"] * s.launcher_overrides.get("replicas", launcher.replicas)
+                                for s in resolved.values()),
         warnings=warnings,
     )
 
@@ -234,7 +237,9 @@ class _AliasSettings:
             "model_name": self.model_name,
             **self.values,
             "megatron_cfg_overrides": self.megatron_cfg_overrides,
-            "launcher_overrides": self.launcher_overrides,
+            # how many allocations serve the teacher is not what the teacher is: a change of
+            # `replicas` keeps the key, so `up` and `scale` add or stop replicas of the same teacher
+            "launcher_overrides": {k: v for k, v in self.launcher_overrides.items() if k not in NOT_IDENTITY},
             "alias": unique,  # set only without dedup, so each alias's teacher is distinct
         }
         blob = json.dumps(identity, sort_keys=True, default=str).encode()
@@ -255,10 +260,21 @@ def _merge_launcher_overrides(
 ) -> dict[str, Any]:
     """`podium.teachers.<alias>` applies to that alias's teacher: merge what its aliases ask for,
     refusing two aliases that set one setting to different values."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, Any] = {}
     setter: dict[tuple[str, str], str] = {}
     for alias in aliases:
         for section, values in resolved[alias].launcher_overrides.items():
+            if not isinstance(values, dict):  # a setting of its own (`replicas`), not a section
+                if section in merged and merged[section] != values:
+                    first = setter[(section, "")]
+                    raise ConfigError(
+                        f"{SECTION}.teachers.{first}.{section} ({merged[section]!r}) and "
+                        f"{SECTION}.teachers.{alias}.{section} ({values!r}) disagree, but "
+                        f"aliases {first!r} and {alias!r} share one teacher"
+                    )
+                merged[section] = values
+                setter[(section, "")] = alias
+                continue
             for key, value in values.items():
                 current = merged.setdefault(section, {})
                 if key in current and current[key] != value:

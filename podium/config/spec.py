@@ -6,6 +6,12 @@ model from it, the rendezvous names it by its ``key``. It is written to ``spec.j
 teacher's folder (:meth:`TeacherSpec.to_json`) and read back on every node
 (:meth:`TeacherSpec.read`), validated both ways, so a default is declared once (in the models) and
 no reader re-interprets a dict. It imports nothing heavy, so login-node commands can use it.
+
+A teacher served by ``launcher.replicas`` independent allocations has one spec per replica
+(:meth:`TeacherSpec.replica_specs`): the same teacher, the same ``key`` (what routing and the
+rendezvous name), and its own ``replica`` index, from which its folder, job name and job identity
+follow (:attr:`TeacherSpec.label`, :attr:`TeacherSpec.identity`). Replica 0 is named exactly as a
+teacher without replicas, so one replica is today's layout.
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.layout import ParallelLayout
 from podium.config.names import name_problem
 from podium.config.precision import DEFAULT_PRECISION, Precision, normalise_precision
 from podium.rendezvous.atomic import parse_model, read_json
-from podium.rendezvous.layout import teacher_dir_name
+from podium.rendezvous.layout import REPLICA_SUFFIX, teacher_dir_name
+
+REPLICA_MARK = "#"  # how people name one replica of a teacher: `math#1` (`podium down RUN math#1`)
 
 
 class TeacherSpec(ParallelLayout):
@@ -41,6 +49,8 @@ class TeacherSpec(ParallelLayout):
     megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
     # The `podium:` section with this teacher's own overrides merged in.
     launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)
+    # Which of the teacher's independent allocations this spec describes (launcher.replicas of them).
+    replica: NonNegativeInt = 0
 
     @field_validator("name")
     @classmethod
@@ -77,8 +87,29 @@ class TeacherSpec(ParallelLayout):
 
     @property
     def label(self) -> str:
-        """``<name>-<key8>``: how files, jobs and logs name this teacher."""
-        return teacher_dir_name(self.name, self.key)
+        """``<name>-<key8>`` (``-r<i>`` for replica i >= 1): how files, jobs and logs name this replica."""
+        return teacher_dir_name(self.name, self.key, self.replica)
+
+    @property
+    def identity(self) -> str:
+        """The key, with ``-r<i>`` for replica i >= 1: what this replica's jobs carry (never two
+        replicas' jobs alike, replica 0's as a teacher's without replicas)."""
+        return f"{self.key}{REPLICA_SUFFIX}{self.replica}" if self.replica else self.key
+
+    @property
+    def display(self) -> str:
+        """How commands and tables name this replica: the teacher's name, ``name#i`` for i >= 1."""
+        return f"{self.name}{REPLICA_MARK}{self.replica}" if self.replica else self.name
+
+    def replica_spec(self, replica: int) -> "TeacherSpec":
+        """This teacher's spec for replica ``replica``."""
+        if replica < 0:
+            raise ValueError(f"teacher {self.name!r}: replica {replica} < 0")
+        return self if replica == self.replica else self.model_copy(update={"replica": replica})
+
+    def replica_specs(self) -> tuple["TeacherSpec", ...]:
+        """The specs of the ``launcher.replicas`` replicas the launcher settings ask for."""
+        return tuple(self.replica_spec(i) for i in range(self.launcher.replicas))
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from podium.config.plan import Plan, require_checkpoints
 from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.config.launcher import SettingChange, launcher_changes
-from podium.config.spec import TeacherSpec
+from podium.config.spec import REPLICA_MARK, TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, backend_for, job_states
 from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
@@ -26,8 +26,8 @@ from podium.launcher.jobs import JobRecord
 from podium.launcher.run_dir import known_teachers, prepare_run_dir, write_spec
 from podium.launcher.submission import ensure_submitted
 from podium.rendezvous.atomic import FileReadError, atomic_write_json
-from podium.rendezvous.layout import ENDPOINT_MODE
-from podium.rendezvous.manifest import read_rendezvous
+from podium.rendezvous.layout import ENDPOINT_MODE, RunLayout
+from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
 from podium.rendezvous.records import StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class TeacherStatus:
     name: str
     key: str
     aliases: tuple[str, ...]
+    replica: int = 0  # which of the teacher's independent allocations this row is
     temperature: float = 1.0  # what the teacher divides its logits by (its record's, else its spec's)
     job_id: Optional[str] = None
     cluster: str = ""
@@ -58,10 +59,15 @@ class TeacherStatus:
     timings: dict[str, float] = field(default_factory=dict)
     restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
     final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
-    in_plan: bool = True
+    in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
     # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
     # queue depth, padding share, requests, errors; None when not probed or not answering.
     load: Optional[dict[str, float]] = None
+
+    @property
+    def display(self) -> str:
+        """The teacher's name, ``name#i`` for replica i >= 1 (:attr:`TeacherSpec.display`)."""
+        return f"{self.name}{REPLICA_MARK}{self.replica}" if self.replica else self.name
 
     @property
     def ready(self) -> bool:
@@ -106,7 +112,8 @@ class TeacherStatus:
         return self.status
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "aliases": list(self.aliases), "temperature": self.temperature,
+        return {"name": self.name, "key": self.key, "replica": self.replica, "aliases": list(self.aliases),
+                "temperature": self.temperature,
                 "job_id": self.job_id,
                 "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
                 "restarts": self.restarts,
@@ -119,10 +126,11 @@ class TeacherStatus:
 @dataclass
 class UpResult:
     run_dir: Path
-    actions: dict[str, str]  # teacher name -> submitted | reattached | resubmitted | replaced
+    # keyed by the replica's display name (the teacher's name; ``name#i`` for replica i >= 1)
+    actions: dict[str, str]  # -> submitted | reattached | resubmitted | replaced
     job_ids: dict[str, str]
     orphans: list[str]  # teachers in the run dir that the plan no longer has
-    replaced: dict[str, str] = field(default_factory=dict)  # teacher name -> the job it replaced
+    replaced: dict[str, str] = field(default_factory=dict)  # display name -> the job it replaced
     notes: list[str] = field(default_factory=list)  # live jobs left running with other settings
     notices: list[str] = field(default_factory=list)  # runs otherwise than asked (CPU for GPUs): stderr
 
@@ -139,55 +147,96 @@ def _described(changes: Sequence[SettingChange]) -> str:
 
 
 def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
-    """Validate, write the run dir, submit each teacher once (reattach to live jobs).
+    """Validate, write the run dir, submit each replica of each teacher once (reattach to live jobs).
 
     A live job whose recorded launcher settings differ from the plan's is left running and
-    reported (:attr:`UpResult.notes`); with ``replace`` it is cancelled and the teacher submitted
-    again. With ``replace`` teachers of the run dir that the plan no longer has are stopped too.
+    reported (:attr:`UpResult.notes`); with ``replace`` it is cancelled and the replica submitted
+    again. Live replicas beyond the plan's ``replicas`` count (``podium scale`` started them) stay
+    listed in the rendezvous and running; with ``replace`` they are stopped. With ``replace``
+    teachers of the run dir that the plan no longer has are stopped too.
     """
     validate(plan)
-    layout = prepare_run_dir(plan, run_dir)
+    run_dir = run_dir.absolute()
+    extras = _live_extra_replicas(plan, run_dir)
+    listed = {spec.key: [*range(spec.launcher.replicas),
+                         *([] if replace else [s.replica for s, _, _ in extras.get(spec.key, [])])]
+              for spec in plan.teachers}
+    layout = prepare_run_dir(plan, run_dir, replicas=listed)
     result = UpResult(layout.run_dir, {}, {}, [], notices=notices(plan))
-    for spec in plan.teachers:
-        files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
-        try:
-            record, action = ensure_submitted(spec, files)
-        except SubmitError as exc:
-            if not result.job_ids:
-                raise
-            # The teachers before it have their jobs (recorded): say so, and that `up` again keeps them.
-            done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items())
-            raise SubmitError(f"{exc} [left running: {done}; `podium up` with the fixed recipe reattaches "
-                              f"them and submits the rest]") from exc
-        changes = recorded_changes(spec, record) if action == "reattached" else []
-        if changes and replace:
-            old = record
-            _stop([(spec, files, [old])], only_their_records=True)
-            record, action = ensure_submitted(spec, files)
-            if record.job_id == old.job_id:
-                raise SubmitError(f"teacher {spec.name!r}: job {old.job_id} still runs after it was cancelled; "
-                                  f"run `podium up --replace` again once it has ended")
-            action = "replaced"
-            result.replaced[spec.name] = old.job_id
-            result.notes.append(f"teacher {spec.name!r}: job {old.job_id} ran with {_described(changes)}: "
-                                f"cancelled, replaced by job {record.job_id}")
-        elif changes:
-            # The job left running keeps reading (on every node, at every requeue) the spec it was
-            # submitted with, not the new settings its sbatch request does not have.
-            write_spec(layout.run_dir, spec.model_copy(update={"launcher": record.launcher_settings()}))
-            result.notes.append(f"teacher {spec.name!r}: job {record.job_id} runs with {_described(changes)}: "
-                                f"left running; `podium up --replace` resubmits it")
-        elif changes is None:
-            result.notes.append(f"teacher {spec.name!r}: job {record.job_id} has no recorded launcher settings "
-                                f"(an older podium, or not submitted by `podium up`), so changes to podium.* "
-                                f"cannot be told: left running; `podium down` and `podium up` apply the recipe's")
-        result.actions[spec.name] = action
-        result.job_ids[spec.name] = record.job_id
+    for replica in (r for spec in plan.teachers for r in spec.replica_specs()):
+        _up_replica(replica, layout.run_dir, replace, result)
+    for key, found in extras.items():
+        teacher = plan.teacher(key)
+        wanted, names = teacher.launcher.replicas, ", ".join(f"{s.display} (job {rec.job_id})" for s, _, rec in found)
+        if replace:
+            # listed no more (rendezvous written above): clients move to the others, then it stops
+            _stop([(s, files, [rec]) for s, files, rec in found])
+            result.notes.append(f"teacher {teacher.name!r}: replicas beyond the recipe's {wanted} stopped: {names}")
+        else:
+            result.notes.append(f"teacher {teacher.name!r}: replicas beyond the recipe's {wanted} run and stay "
+                                f"listed: {names}; `podium scale {layout.run_dir} {teacher.name} {wanted}` or "
+                                f"`podium up --replace` stops them")
     planned = {s.key for s in plan.teachers}
     result.orphans = [s.label for s, _ in known_teachers(layout.run_dir) if s.key not in planned]
     if result.orphans and replace:
         down(layout.run_dir, result.orphans, only_orphans=True)
     return result
+
+
+def _up_replica(spec: TeacherSpec, run_dir: Path, replace: bool, result: UpResult) -> None:
+    """``up`` of one replica: submit it once, or reattach (and with ``replace`` resubmit a job that
+    runs with other settings); what happened goes into ``result``."""
+    files = TeacherFiles.of_spec(run_dir, spec)
+    who = f"teacher {spec.display!r}"
+    try:
+        record, action = ensure_submitted(spec, files)
+    except SubmitError as exc:
+        if not result.job_ids:
+            raise
+        # The replicas before it have their jobs (recorded): say so, and that `up` again keeps them.
+        done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items())
+        raise SubmitError(f"{exc} [left running: {done}; `podium up` with the fixed recipe reattaches "
+                          f"them and submits the rest]") from exc
+    changes = recorded_changes(spec, record) if action == "reattached" else []
+    if changes and replace:
+        old = record
+        _stop([(spec, files, [old])], only_their_records=True)
+        record, action = ensure_submitted(spec, files)
+        if record.job_id == old.job_id:
+            raise SubmitError(f"{who}: job {old.job_id} still runs after it was cancelled; "
+                              f"run `podium up --replace` again once it has ended")
+        action = "replaced"
+        result.replaced[spec.display] = old.job_id
+        result.notes.append(f"{who}: job {old.job_id} ran with {_described(changes)}: "
+                            f"cancelled, replaced by job {record.job_id}")
+    elif changes:
+        # The job left running keeps reading (on every node, at every requeue) the spec it was
+        # submitted with, not the new settings its sbatch request does not have.
+        write_spec(run_dir, spec.model_copy(update={"launcher": record.launcher_settings()}))
+        result.notes.append(f"{who}: job {record.job_id} runs with {_described(changes)}: "
+                            f"left running; `podium up --replace` resubmits it")
+    elif changes is None:
+        result.notes.append(f"{who}: job {record.job_id} has no recorded launcher settings "
+                            f"(an older podium, or not submitted by `podium up`), so changes to podium.* "
+                            f"cannot be told: left running; `podium down` and `podium up` apply the recipe's")
+    result.actions[spec.display] = action
+    result.job_ids[spec.display] = record.job_id
+
+
+def _live_extra_replicas(plan: Plan, run_dir: Path) -> dict[str, list[tuple[TeacherSpec, TeacherFiles, JobRecord]]]:
+    """Per teacher key of the plan, its replicas beyond the plan's count whose job is pending or
+    running (``podium scale`` started them)."""
+    wanted = {spec.key: spec.launcher.replicas for spec in plan.teachers}
+    found = [(spec, files, JobRecord.of(files, spec.launcher.cluster)) for spec, files in known_teachers(run_dir)
+             if spec.key in wanted and spec.replica >= wanted[spec.key]]
+    with_jobs = [(spec, files, rec) for spec, files, rec in found if rec is not None]
+    states = job_states([rec for _, _, rec in with_jobs])
+    out: dict[str, list[tuple[TeacherSpec, TeacherFiles, JobRecord]]] = {}
+    for spec, files, rec in with_jobs:
+        state = states.get(rec.job_id)
+        if state is not None and state.alive:
+            out.setdefault(spec.key, []).append((spec, files, rec))
+    return out
 
 
 def validate(plan: Plan) -> None:
@@ -233,16 +282,17 @@ def _load(url: str, timeout_s: float = 2.0) -> Optional[dict[str, float]]:
 def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
     """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct)."""
     run_dir = run_dir.absolute()
+    layout = RunLayout(run_dir)
     rdv = read_rendezvous(run_dir)
-    in_plan = set(rdv.teachers)
+    listed = {layout.resolve(path).parent for entry in rdv.teachers.values() for path in entry.replicas}
     teachers = known_teachers(run_dir)
-    records = {spec.key: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
+    records = {files.folder: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
     states = job_states([r for r in records.values() if r is not None])
     rows = []
     for spec, files in teachers:
-        row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases),
-                            temperature=spec.temperature, in_plan=spec.key in in_plan)
-        rec = records.get(spec.key)
+        row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases), replica=spec.replica,
+                            temperature=spec.temperature, in_plan=files.folder in listed)
+        rec = records.get(files.folder)
         if rec is not None:
             row.job_id, row.cluster, row.submitted_at = rec.job_id, rec.cluster, rec.submitted_at
             state = states.get(rec.job_id)
@@ -272,7 +322,7 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
                 if row.health:
                     row.load = _load(endpoint.url)
         rows.append(row)
-    rows.sort(key=lambda r: (not r.in_plan, r.name))
+    rows.sort(key=lambda r: (not r.in_plan, r.name, r.replica))
     return rows
 
 
@@ -293,13 +343,13 @@ def wait(run_dir: Path, timeout_s: float = 600.0,
         failed = [r for r in rows if r.failed]
         if failed:
             raise WaitFailed("; ".join(
-                f"teacher {r.name!r} (job {r.job_id}): {r.slurm_state} / {r.status}"
-                + (f": {r.reason}" if r.reason else "") + f" — see `podium logs {run_dir} {r.name}`"
+                f"teacher {r.display!r} (job {r.job_id}): {r.slurm_state} / {r.status}"
+                + (f": {r.reason}" if r.reason else "") + f" — see `podium logs {run_dir} {r.display}`"
                 for r in failed))
         if rows and all(r.ready for r in rows):
             return rows
         if elapsed > timeout_s:
-            waiting = ", ".join(f"{r.name}={r.phase}" for r in rows if not r.ready)
+            waiting = ", ".join(f"{r.display}={r.phase}" for r in rows if not r.ready)
             raise WaitFailed(f"not ready after {timeout_s:.0f}s: {waiting}")
         time.sleep(poll_s)
 
@@ -308,29 +358,95 @@ def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False
          wait_s: float = 60.0) -> list[str]:
     """Cancel the teachers' jobs (all, or those named), mark records stopped; safe to repeat."""
     run_dir = run_dir.absolute()
+    found = [(spec, files) for spec, files in known_teachers(run_dir)
+             if not teachers or {spec.name, spec.key, spec.label, spec.display} & set(teachers)]
+    return _stop(_with_jobs(found), wait_s=wait_s)
+
+
+@dataclass
+class ScaleResult:
+    """What ``podium scale`` did to one teacher."""
+
+    run_dir: Path
+    teacher: str
+    key: str
+    count: int
+    before: int  # replicas the rendezvous listed before
+    actions: dict[str, str] = field(default_factory=dict)  # display name -> submitted | reattached | resubmitted
+    job_ids: dict[str, str] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)  # display names of the replicas stopped
+
+
+def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> ScaleResult:
+    """Serve ``teacher`` (its name or key) of a running run by ``count`` replicas.
+
+    Replicas ``0..count-1`` that run are left as they are (reattached); the missing ones are
+    submitted with the teacher's spec (replica 0's: the settings it runs with). The rendezvous is
+    rewritten to list exactly those, so clients spread their calls over them; only then are the
+    replicas beyond ``count`` stopped (a call in flight there is retried on another replica). The
+    recipe is not read: the next ``podium up`` brings the teacher back to the recipe's count, and
+    keeps live replicas beyond it (``--replace`` stops them)."""
+    run_dir = run_dir.absolute()
+    if count < 1:
+        raise ValueError(f"podium scale: {count} replicas: a teacher needs at least 1 "
+                         f"(`podium down {run_dir} {teacher}` stops it)")
+    layout = RunLayout(run_dir)
+    rdv = read_rendezvous(run_dir)
+    known = known_teachers(run_dir)
+    keys = {spec.key for spec, _ in known if teacher in (spec.name, spec.key)}
+    listed_keys = sorted(keys & set(rdv.teachers))
+    if len(listed_keys) != 1:
+        names = ", ".join(dict.fromkeys(entry.name for entry in rdv.teachers.values()))
+        if not listed_keys and keys:
+            raise ValueError(f"teacher {teacher!r} is not in {layout.rendezvous_path} (the recipe no longer has it): "
+                             f"`podium up` it first; teachers: {names}")
+        raise ValueError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")
+    (key,) = listed_keys
+    replicas = {spec.replica: (spec, files) for spec, files in known if spec.key == key}
+    template = replicas[min(replicas)][0]
+    result = ScaleResult(run_dir, template.name, key, count, len(rdv.entry(key).replicas))
+    for index in range(count):
+        spec = replicas[index][0] if index in replicas else template.replica_spec(index)
+        if index not in replicas:
+            write_spec(run_dir, spec)
+        record, action = ensure_submitted(spec, TeacherFiles.of_spec(run_dir, spec))
+        result.actions[spec.display] = action
+        result.job_ids[spec.display] = record.job_id
+    # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay
+    write_rendezvous(layout, rdv.with_replicas(key, [layout.endpoint_relpath(template.name, key, i)
+                                                     for i in range(count)]))
+    beyond = _with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
+    live = job_states([rec for _, _, recs in beyond for rec in recs])
+    result.stopped = [spec.display for spec, _, recs in beyond
+                      if any(live.get(rec.job_id) is not None and live[rec.job_id].alive for rec in recs)]
+    _stop(beyond, wait_s=wait_s)
+    return result
+
+
+def _with_jobs(found: Sequence[tuple[TeacherSpec, TeacherFiles]]) -> list[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]]:
+    """Each replica with its jobs: the one ``job.json`` names, and live jobs carrying its identity
+    that no ``job.json`` names (an ``up`` died between sbatch and ``job.json``)."""
     selected: list[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]] = []
-    for spec, files in known_teachers(run_dir):
-        if teachers and not ({spec.name, spec.key, spec.label} & set(teachers)):
-            continue
+    for spec, files in found:
         rec = JobRecord.of(files, spec.launcher.cluster)
         records = [rec] if rec is not None else []
         # Live jobs of the teacher that no job.json names (an `up` died between sbatch and job.json).
         for job_id in backend_for(spec.launcher.cluster).find_live(spec, files):
             if rec is None or job_id != rec.job_id:
                 logger.warning("teacher %r: job %s carries its identity but %s does not name it: "
-                               "cancelled too", spec.name, job_id, files.job)
+                               "cancelled too", spec.display, job_id, files.job)
                 records.append(JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                          cluster=spec.launcher.cluster, submitted_at=0.0,
                                          folder=str(files.submitit), submitted_by="found by down"))
         selected.append((spec, files, records))
-    return _stop(selected, wait_s=wait_s)
+    return selected
 
 
 def _stop(selected: Sequence[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]], wait_s: float = 60.0,
           only_their_records: bool = False) -> list[str]:
-    """Stop these jobs of these teachers: a stop request (to the first job of each), cancel, wait
+    """Stop these jobs of these replicas: a stop request (to the first job of each), cancel, wait
     until they have ended, mark the endpoint records stopped (with ``only_their_records``, only a
-    record of one of these jobs), sweep what they left."""
+    record of one of these jobs), sweep what they left. Returns their display names."""
     records = [rec for _, _, recs in selected for rec in recs]
     for _, files, recs in selected:
         if recs:  # a job that cannot be signalled (or misses the signal) stops by this
@@ -354,8 +470,8 @@ def _stop(selected: Sequence[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]],
         while run_processes(files) and time.monotonic() < straggle_deadline:
             time.sleep(0.2)
         for path in sweep_temp_dirs(files):
-            logger.info("teacher %r: removed %s", spec.name, path)
-        names.append(spec.name)
+            logger.info("teacher %r: removed %s", spec.display, path)
+        names.append(spec.display)
     return names
 
 
@@ -392,7 +508,7 @@ def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[P
     """The logs of a teacher's current job's node tasks (one node, or all)."""
     teachers = known_teachers(run_dir.absolute())
     for spec, files in teachers:
-        if teacher in (spec.name, spec.key, spec.label):
+        if teacher in (spec.name, spec.key, spec.label, spec.display):
             rec = JobRecord.of(files, spec.launcher.cluster)
             if rec is None:
                 raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")

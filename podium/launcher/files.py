@@ -1,5 +1,9 @@
 """The launcher's files inside one teacher's folder (``<run_dir>/teachers/<name>-<key8>/``).
 
+A teacher with several replicas has one such folder per replica (``<name>-<key8>-r<i>/`` for
+replica i >= 1, :func:`podium.rendezvous.layout.teacher_dir_name`), each with every file below: a
+replica is launched, requeued, fenced and stopped as a teacher is.
+
 ``podium.rendezvous.layout`` names the run directory and the endpoint record; this module names
 what the launcher adds next to it. Every file is replaced whole (atomic write), written by one
 process only.
@@ -40,8 +44,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podium.rendezvous.layout import ENDPOINT_FILE, RunLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podium.config.spec import TeacherSpec
 
 SPEC_FILE = "spec.json"
 JOB_FILE = "job.json"
@@ -66,8 +74,13 @@ class TeacherFiles:
     folder: Path
 
     @classmethod
-    def of(cls, run_dir: str | Path, name: str, key: str) -> "TeacherFiles":
-        return cls(RunLayout(Path(run_dir)).teacher_dir(name, key))
+    def of(cls, run_dir: str | Path, name: str, key: str, replica: int = 0) -> "TeacherFiles":
+        return cls(RunLayout(Path(run_dir)).teacher_dir(name, key, replica))
+
+    @classmethod
+    def of_spec(cls, run_dir: str | Path, spec: "TeacherSpec") -> "TeacherFiles":
+        """The folder of the replica ``spec`` describes."""
+        return cls.of(run_dir, spec.name, spec.key, spec.replica)
 
     @property
     def run_dir(self) -> Path:

@@ -48,7 +48,7 @@ class TeacherLifecycle:
         self.fault: Optional[tuple[str, Optional[str]]] = None  # (reason, node) the watchdog found
         self._server: Any = None
         self.writer = RecordWriter(files.endpoint, teacher_key=spec.key, teacher_name=spec.name,
-                                   generation=generation, aliases=spec.aliases,
+                                   generation=generation, aliases=spec.aliases, replica=spec.replica,
                                    stale_after_s=spec.launcher.server.stale_after_s)
 
     @property

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
@@ -47,8 +47,11 @@ def default_run_dir(plan: Plan) -> Path:
     return root / f"{recipe.stem}-{digest}"
 
 
-def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: Optional[str] = None) -> RunLayout:
-    """Write the run directory for ``plan`` and return its layout."""
+def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: Optional[str] = None,
+                    replicas: Optional[Mapping[str, Sequence[int]]] = None) -> RunLayout:
+    """Write the run directory for ``plan`` and return its layout: the spec of every replica the
+    plan asks for, and a rendezvous that lists, per teacher key, the replicas ``replicas`` names
+    (default: those the plan asks for)."""
     run_dir = run_dir.absolute()
     layout = RunLayout(run_dir)
     ensure_dir(run_dir)
@@ -59,16 +62,18 @@ def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: Optional[str] = None
     atomic_write_json(run_dir / PLAN_FILE, plan.to_dict())
     if not layout.auth_token_path.exists():
         create_token(layout.auth_token_path)
-    rendezvous = build_rendezvous(run_dir.name, plan.teachers, layout=layout,
-                                  default_alias=plan.default_alias, strict=plan.strict)
-    write_rendezvous(layout, rendezvous)
     for spec in plan.teachers:
-        write_spec(run_dir, spec)
+        for replica in spec.replica_specs():
+            write_spec(run_dir, replica)
+    rendezvous = build_rendezvous(run_dir.name, plan.teachers, layout=layout, default_alias=plan.default_alias,
+                                  strict=plan.strict, replicas=replicas)
+    write_rendezvous(layout, rendezvous)
     return layout
 
 
 def write_spec(run_dir: Path, spec: TeacherSpec) -> TeacherFiles:
-    files = TeacherFiles.of(run_dir, spec.name, spec.key)
+    """Write the spec of the replica ``spec`` describes into its folder (created)."""
+    files = TeacherFiles.of_spec(run_dir, spec)
     ensure_dir(files.folder)
     ensure_dir(files.submitit)  # sbatch --output points here; Slurm does not create folders
     atomic_write_json(files.spec, spec.to_json())
@@ -76,13 +81,16 @@ def write_spec(run_dir: Path, spec: TeacherSpec) -> TeacherFiles:
 
 
 def known_teachers(run_dir: Path) -> list[tuple[TeacherSpec, TeacherFiles]]:
-    """Every teacher folder of the run dir with its spec (also ones no longer in the plan)."""
+    """Every teacher folder of the run dir with its spec (also ones no longer in the plan): one
+    per replica, each spec naming its ``replica``; sorted by folder, so a teacher's replica 0 comes
+    before its others."""
     out = []
     teachers = RunLayout(run_dir).teachers_dir
     if not teachers.is_dir():
         return out
-    for folder in sorted(teachers.iterdir()):
+    for folder in teachers.iterdir():
         files = TeacherFiles(folder)
         if files.spec.is_file():
             out.append((TeacherSpec.read(files.spec), files))
+    out.sort(key=lambda found: (found[0].replica_spec(0).label, found[0].replica))
     return out

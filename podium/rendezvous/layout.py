@@ -14,8 +14,12 @@ path (relative to ``<run_dir>``)                       mode    written by / hold
                                                                relative path of its endpoint record
 ``auth_token``                                         0600    launcher: the run's bearer token
 ``teachers/``                                          0755    one folder per unique teacher
-``teachers/<name>-<key8>/``                            0755    that teacher's folder; the launcher
-                                                               adds ``job.json``, ``submitit/`` ...
+``teachers/<name>-<key8>/``                            0755    that teacher's folder (its replica 0);
+                                                               the launcher adds ``job.json``,
+                                                               ``submitit/`` ...
+``teachers/<name>-<key8>-r<i>/``                       0755    the folder of the teacher's replica
+                                                               ``i`` >= 1 (``podium.replicas``): the
+                                                               same files, its own job
 ``teachers/<name>-<key8>/endpoint.json``               0600    only that teacher's head process: the
                                                                endpoint record (status, URL,
                                                                generation, heartbeat, model)
@@ -23,9 +27,11 @@ path (relative to ``<run_dir>``)                       mode    written by / hold
 
 ``<name>`` is the teacher's readable name (its first alias) made safe for a file name, ``<key8>``
 the first 8 characters of its content key, so two teachers never share a folder and a human can
-still tell them apart. The endpoint record is 0600 because it carries the URL a token opens; it
-holds no token itself. Every file is replaced whole (``podium.rendezvous.atomic``), never edited
-in place.
+still tell them apart. A teacher served by several replicas (independent allocations of the same
+model) has one folder per replica; replica 0's is the folder a one-replica teacher has, so one
+replica is exactly the layout without replicas. ``rendezvous.json`` lists every replica's record.
+The endpoint record is 0600 because it carries the URL a token opens; it holds no token itself.
+Every file is replaced whole (``podium.rendezvous.atomic``), never edited in place.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ ENDPOINT_MODE = 0o600
 DIR_MODE = 0o755
 
 KEY_PREFIX_LEN = 8
+REPLICA_SUFFIX = "-r"  # + the replica's index, on the folders of replicas 1, 2, ...
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -55,11 +62,16 @@ def safe_name(name: str) -> str:
     return cleaned[:64]
 
 
-def teacher_dir_name(name: str, key: str) -> str:
-    """``<name>-<key8>``: the folder of one teacher inside ``teachers/``."""
+def teacher_dir_name(name: str, key: str, replica: int = 0) -> str:
+    """``<name>-<key8>`` (replica 0) or ``<name>-<key8>-r<replica>``: the folder of one replica of
+    a teacher inside ``teachers/``. The suffix follows the 8 hex characters of the key, so no
+    teacher's name can make one teacher's replica folder another teacher's folder."""
     if not key:
         raise ValueError(f"teacher {name!r}: empty key")
-    return f"{safe_name(name)}-{key[:KEY_PREFIX_LEN]}"
+    if replica < 0:
+        raise ValueError(f"teacher {name!r}: replica {replica} < 0")
+    suffix = f"{REPLICA_SUFFIX}{replica}" if replica else ""
+    return f"{safe_name(name)}-{key[:KEY_PREFIX_LEN]}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -93,15 +105,15 @@ class RunLayout:
     def teachers_dir(self) -> Path:
         return self.run_dir / TEACHERS_DIR
 
-    def teacher_dir(self, name: str, key: str) -> Path:
-        return self.teachers_dir / teacher_dir_name(name, key)
+    def teacher_dir(self, name: str, key: str, replica: int = 0) -> Path:
+        return self.teachers_dir / teacher_dir_name(name, key, replica)
 
-    def endpoint_relpath(self, name: str, key: str) -> str:
-        """Path of the endpoint record relative to the run dir, as written in ``rendezvous.json``."""
-        return f"{TEACHERS_DIR}/{teacher_dir_name(name, key)}/{ENDPOINT_FILE}"
+    def endpoint_relpath(self, name: str, key: str, replica: int = 0) -> str:
+        """Path of a replica's endpoint record relative to the run dir, as ``rendezvous.json`` lists it."""
+        return f"{TEACHERS_DIR}/{teacher_dir_name(name, key, replica)}/{ENDPOINT_FILE}"
 
-    def endpoint_path(self, name: str, key: str) -> Path:
-        return self.run_dir / self.endpoint_relpath(name, key)
+    def endpoint_path(self, name: str, key: str, replica: int = 0) -> Path:
+        return self.run_dir / self.endpoint_relpath(name, key, replica)
 
     def resolve(self, relpath: str) -> Path:
         """A relative path from ``rendezvous.json``, resolved inside the run dir (no escaping it)."""

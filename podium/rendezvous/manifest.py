@@ -5,13 +5,19 @@ Owns the file's schema (:class:`Rendezvous`), building it from the plan's ``Teac
 (:meth:`Rendezvous.resolve`): an alias maps to its teacher; an unmapped name goes to the default
 alias's teacher, or is an error under the strict flag (NeMo RL's ``default_teacher_alias`` and
 ``strict_agent_name_match``).
+
+A teacher's entry lists the endpoint records of its replicas (``replicas``: independent
+allocations of the same teacher, each with its own generation-fenced record), among which a client
+spreads its calls. ``endpoint`` is the first of them, which is all a one-replica teacher has and all
+an older reader looks at. ``podium up`` writes the file; ``podium scale`` rewrites one teacher's
+list, and clients re-read the file when it changes.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -31,8 +37,21 @@ class TeacherEntry(BaseModel):
 
     name: str
     aliases: tuple[str, ...]
-    endpoint: str  # path of the endpoint record, relative to the run dir
+    endpoint: str  # path of the (first replica's) endpoint record, relative to the run dir
+    # every replica's endpoint record, the first being ``endpoint``; absent (an older writer): just it
+    replicas: tuple[str, ...] = ()
     model_name: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _listed(self) -> "TeacherEntry":
+        if not self.replicas:
+            object.__setattr__(self, "replicas", (self.endpoint,))
+        elif self.replicas[0] != self.endpoint:
+            raise ValueError(f"teacher {self.name!r}: endpoint {self.endpoint!r} is not its first replica "
+                             f"{self.replicas[0]!r}")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"teacher {self.name!r}: a replica is listed twice: {list(self.replicas)}")
+        return self
 
 
 class Rendezvous(BaseModel):
@@ -72,6 +91,13 @@ class Rendezvous(BaseModel):
         except KeyError:
             raise RoutingError(f"run {self.run_name!r}: no teacher with key {key!r}") from None
 
+    def with_replicas(self, key: str, endpoints: Sequence[str]) -> "Rendezvous":
+        """This rendezvous with teacher ``key`` served by the replicas whose records are ``endpoints``."""
+        if not endpoints:
+            raise ValueError(f"run {self.run_name!r}: teacher {key!r} needs at least one replica")
+        entry = self.entry(key).model_copy(update={"endpoint": endpoints[0], "replicas": tuple(endpoints)})
+        return self.model_copy(update={"teachers": {**self.teachers, key: TeacherEntry.model_validate(entry.model_dump())}})
+
 
 def build_rendezvous(
     run_name: str,
@@ -80,8 +106,11 @@ def build_rendezvous(
     layout: RunLayout,
     default_alias: Optional[str] = None,
     strict: bool = False,
+    replicas: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> Rendezvous:
-    """The rendezvous of a plan: ``teachers`` are ``TeacherSpec``s (or mappings with key, name, aliases)."""
+    """The rendezvous of a plan: ``teachers`` are ``TeacherSpec``s (or mappings with key, name,
+    aliases and optionally ``replicas``, a count). ``replicas``: the replica indices to list per
+    teacher key (default: ``0..n-1`` for the ``launcher.replicas`` count, or the mapping's)."""
     routing: dict[str, str] = {}
     entries: dict[str, TeacherEntry] = {}
     for spec in teachers:
@@ -91,17 +120,21 @@ def build_rendezvous(
             if alias in routing and routing[alias] != key:
                 raise ValueError(f"alias {alias!r} routed to two teachers: {routing[alias]} and {key}")
             routing[alias] = key
-        entries[key] = TeacherEntry(
-            name=name, aliases=aliases, endpoint=layout.endpoint_relpath(name, key), model_name=get("model_name")
-        )
+        launcher = get("launcher")
+        count = launcher.replicas if launcher is not None else int(get("replicas") or 1)
+        listed = (replicas or {}).get(key, range(count))
+        endpoints = tuple(layout.endpoint_relpath(name, key, i) for i in listed)
+        entries[key] = TeacherEntry(name=name, aliases=aliases, endpoint=endpoints[0], replicas=endpoints,
+                                    model_name=get("model_name"))
     return Rendezvous(run_name=run_name, routing=routing, default_alias=default_alias, strict=strict, teachers=entries)
 
 
 def write_rendezvous(layout: RunLayout, rendezvous: Rendezvous) -> Path:
-    """Write ``rendezvous.json`` atomically and create each teacher's folder."""
+    """Write ``rendezvous.json`` atomically and create each replica's folder."""
     ensure_dir(layout.run_dir)
     for entry in rendezvous.teachers.values():
-        ensure_dir(layout.resolve(entry.endpoint).parent)
+        for path in entry.replicas:
+            ensure_dir(layout.resolve(path).parent)
     atomic_write_json(layout.rendezvous_path, rendezvous.model_dump(mode="json"), mode=RENDEZVOUS_MODE)
     return layout.rendezvous_path
 

@@ -102,6 +102,7 @@ class EndpointRecord(BaseModel):
     teacher_key: str
     teacher_name: str
     aliases: tuple[str, ...] = ()
+    replica: int = Field(default=0, ge=0)  # which of the teacher's independent allocations this is
     status: Status
     reason: Optional[str] = None
     url: Optional[str] = None
@@ -127,7 +128,9 @@ class EndpointRecord(BaseModel):
 
     def describe(self) -> str:
         """One line for errors and logs."""
-        text = f"teacher {self.teacher_name!r} ({self.teacher_key}) generation {self.generation}: {self.status.value}"
+        replica = f" replica {self.replica}" if self.replica else ""
+        text = (f"teacher {self.teacher_name!r} ({self.teacher_key}){replica} generation {self.generation}: "
+                f"{self.status.value}")
         if self.reason:
             text += f" ({self.reason})"
         if self.url:
@@ -191,6 +194,7 @@ class RecordWriter:
         teacher_name: str,
         generation: Generation,
         aliases: tuple[str, ...] | list[str] = (),
+        replica: int = 0,
         stale_after_s: Optional[float] = None,
         host: Optional[str] = None,
         pid: Optional[int] = None,
@@ -206,6 +210,7 @@ class RecordWriter:
             teacher_key=teacher_key,
             teacher_name=teacher_name,
             aliases=tuple(aliases),
+            replica=replica,
             status=Status.PENDING,
             generation=generation,
             host=host or socket.gethostname(),

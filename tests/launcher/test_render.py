@@ -46,11 +46,13 @@ CASES = {
                                 container_mounts=["/data:/data", "/ckpt:/ckpt"],
                                 extra_sbatch={"reservation": "my res; rm -rf /", "mail-type": "END"},
                                 gpu_request="gres", python="/opt/venv/bin/python"),
+    # a teacher's replica 2 (podium.replicas): its own folder, job name and identity, nothing else differs
+    "gpu_two_nodes_replica2": spec().replica_spec(2),
 }
 
 
 def render(case: TeacherSpec, run_dir: Path = RUN_DIR) -> str:
-    return SlurmBackend().materialise(case, TeacherFiles.of(run_dir, case.name, case.key)).render()
+    return SlurmBackend().materialise(case, TeacherFiles.of_spec(run_dir, case)).render()
 
 
 def compare_golden(name: str, text: str) -> None:
@@ -146,6 +148,22 @@ def test_every_job_carries_the_teachers_identity(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "run")
     linked = TeacherFiles.of(tmp_path / "link", case.name, case.key)
     assert job_comment(case, other) != comment and job_comment(case, linked) == comment
+
+
+def test_each_replica_is_a_job_of_its_own() -> None:
+    """Replica 0 is the teacher's job as without replicas; replica i >= 1 has its own folder, name and
+    identity (so `up` finds and reattaches each), and nothing else of its request differs."""
+    from podium.launcher.backends.slurm import job_comment
+
+    first, third = CASES["gpu_two_nodes"], CASES["gpu_two_nodes_replica2"]
+    files = [TeacherFiles.of_spec(RUN_DIR, case) for case in (first, third)]
+    assert [f.folder.name for f in files] == ["math-01234567", "math-01234567-r2"]
+    requests = [sbatch_request(case, f) for case, f in zip((first, third), files)]
+    assert [r.option("job-name") for r in requests] == ["podium-math-01234567", "podium-math-01234567-r2"]
+    assert [job_comment(case, f).split(":")[1] for case, f in zip((first, third), files)] == \
+        ["0123456789ab", "0123456789ab-r2"]
+    differ = {name for name, value in requests[0].options if requests[1].option(name) != value}
+    assert differ == {"job-name", "comment", "output"}, differ
 
 
 @pytest.mark.parametrize("key", ["comment", "job-name"])

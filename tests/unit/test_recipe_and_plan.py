@@ -82,7 +82,7 @@ def test_unread_unresolvable_parts_do_not_matter_but_read_ones_are_named(qwen3: 
 
 def test_ultra_recipe_dedups_26_aliases_to_one_teacher(ultra: Path) -> None:
     plan = load_plan(ultra)
-    assert plan.totals == {"teachers": 1, "aliases": 26, "nodes": 4, "nodes_without_dedup": 104}
+    assert plan.totals == {"teachers": 1, "aliases": 26, "replicas": 1, "nodes": 4, "nodes_without_dedup": 104}
     (teacher,) = plan.teachers
     assert teacher.expert_model_parallel_size == 16 and teacher.context_parallel_size == 2
     assert teacher.megatron_cfg_overrides == {
@@ -121,7 +121,7 @@ def test_cli_plan_json_matches_contract(ultra: Path) -> None:
     result = CliRunner().invoke(app, ["plan", str(ultra), "_teachers.swe=/ckpt/s", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["totals"] == {"teachers": 2, "aliases": 26, "nodes": 8, "nodes_without_dedup": 104}
+    assert data["totals"] == {"teachers": 2, "aliases": 26, "replicas": 2, "nodes": 8, "nodes_without_dedup": 104}
     row = data["teachers"][0]
     for key in ("key", "name", "aliases", "model_name", "num_nodes", "gpus_per_node",
                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
@@ -280,4 +280,4 @@ def test_embedded_example_plans_without_a_recipe_argument() -> None:
     result = CliRunner().invoke(app, ["plan", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
-    assert data["totals"] == {"teachers": 3, "aliases": 6, "nodes": 4, "nodes_without_dedup": 9}
+    assert data["totals"] == {"teachers": 3, "aliases": 6, "replicas": 3, "nodes": 4, "nodes_without_dedup": 9}

@@ -101,7 +101,8 @@ class LocalBackend(Backend):
 
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         command = node_command(spec, files)
-        text = (f"# podium teacher {spec.name} ({spec.key}), serving: {', '.join(spec.aliases)}\n"
+        replica = f" replica {spec.replica}" if spec.replica else ""
+        text = (f"# podium teacher {spec.name} ({spec.key}){replica}, serving: {', '.join(spec.aliases)}\n"
                 f"# cluster: local: submitit's local controller runs this command as the job's one task\n"
                 f"# (logs: {files.submitit}/<job>_0_log.out and .err)\n"
                 f"{shlex.join(command)}\n")

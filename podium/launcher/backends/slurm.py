@@ -10,7 +10,7 @@ reads is what Slurm gets.
 ====================================  ========================================================
 request                               from
 ====================================  ========================================================
-``--job-name``, ``--comment``         ``podium-<name>-<key8>``; the identity ``job_comment``
+``--job-name``, ``--comment``         ``podium-<name>-<key8>[-r<i>]``; the identity ``job_comment``
 ``--nodes``, ``--ntasks-per-node=1``  ``num_nodes``; one task per node (the node entry)
 ``--cpus-per-task``                   ``slurm.cpus_per_task``, else workers per node + 1
 ``--gpus-per-node`` / ``--gres``      ``gpus_per_node`` when ``slurm.gpus`` (``gpu_request``)
@@ -69,16 +69,18 @@ def _remove(paths: set[Path]) -> None:
 
 
 def job_name(spec: TeacherSpec) -> str:
-    return f"podium-{spec.name}-{spec.key[:8]}"
+    """``podium-<name>-<key8>``, ``-r<i>`` added for replica i >= 1."""
+    return f"podium-{spec.name}-{spec.identity[:8]}{spec.identity[len(spec.key):]}"
 
 
 def job_comment(spec: TeacherSpec, files: TeacherFiles) -> str:
-    """The teacher's identity, carried by its job as ``--comment``: ``podium:<key>:<run dir id>``,
-    the run dir id being 16 hex of the sha256 of the run dir's absolute resolved path. Slurm knows
-    it from the moment ``sbatch`` is accepted, so a job whose ``job.json`` was never written (its
-    ``up`` died in between) is still found (:meth:`SlurmBackend.find_live`)."""
+    """The replica's identity, carried by its job as ``--comment``: ``podium:<identity>:<run dir
+    id>`` (:attr:`TeacherSpec.identity`: the key, ``-r<i>`` added for replica i >= 1), the run dir
+    id being 16 hex of the sha256 of the run dir's absolute resolved path. Slurm knows it from the
+    moment ``sbatch`` is accepted, so a job whose ``job.json`` was never written (its ``up`` died in
+    between) is still found (:meth:`SlurmBackend.find_live`)."""
     run_dir = str(files.run_dir.absolute().resolve())
-    return f"podium:{spec.key}:{hashlib.sha256(run_dir.encode()).hexdigest()[:16]}"
+    return f"podium:{spec.identity}:{hashlib.sha256(run_dir.encode()).hexdigest()[:16]}"
 
 
 def time_to_minutes(text: str) -> int:
@@ -116,6 +118,7 @@ class SbatchRequest:
     name: str
     key: str
     aliases: tuple[str, ...]
+    replica: int  # 0: the script names no replica (a teacher's only or first allocation)
     options: tuple[tuple[str, Any], ...]  # sbatch option name (without --) -> value (True: a flag)
     setup: tuple[str, ...]  # shell lines before srun, verbatim (the user's own)
     srun_args: tuple[str, ...]
@@ -128,7 +131,7 @@ class SbatchRequest:
         env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
                           keep_trailing_newline=True, autoescape=False)
         return env.get_template(TEACHER_TEMPLATE).render(
-            name=self.name, key=self.key, aliases=", ".join(self.aliases),
+            name=self.name, key=self.key, aliases=", ".join(self.aliases), replica=self.replica,
             options=[_option(k, v) for k, v in self.options],
             setup=list(self.setup),
             srun_args=shlex.join(self.srun_args),
@@ -172,7 +175,7 @@ def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
         srun.append(f"--container-image={s.container_image}")
         if s.container_mounts:
             srun.append(f"--container-mounts={','.join(s.container_mounts)}")
-    return SbatchRequest(name=spec.name, key=spec.key, aliases=spec.aliases,
+    return SbatchRequest(name=spec.name, key=spec.key, aliases=spec.aliases, replica=spec.replica,
                          options=tuple(sorted(options.items())), setup=tuple(s.setup),
                          srun_args=tuple(srun), command=node_command(spec, files))
 
