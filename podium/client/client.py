@@ -4,14 +4,18 @@ Owns :class:`PodiumClient`: it reads ``rendezvous.json`` and the run's token onc
 or agent name to its teacher (default alias, strict flag), keeps one :class:`TeacherClient` per
 teacher, calls several teachers concurrently for a batch whose samples belong to different agents
 (MOPD) and reassembles the rows in their original order, checks tokenizers, and hands out the
-NeMo RL-shaped facade (:mod:`podium.nemo_rl`).
+NeMo RL-shaped facade (:mod:`podium.nemo_rl`). It re-reads ``rendezvous.json`` when the file is
+replaced (``podium scale`` changing a teacher's replicas), looking no more often than
+``ClientOptions.refresh_s``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -21,6 +25,7 @@ from podium.client.errors import TokenizerMismatchError
 from podium.client.teacher import ClientOptions, TeacherClient, check_tokenizer_against, convert_outputs
 from podium.protocol.batch import batch_inputs
 from podium.protocol.tokenizer import tokenizer_fingerprint, tokenizer_size
+from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import Rendezvous, read_rendezvous
 from podium.rendezvous.token import read_token
@@ -41,6 +46,8 @@ class PodiumClient:
         **option_overrides: Any,
     ) -> None:
         self.layout = RunLayout.from_rendezvous_path(path)
+        self._stamp = _stamp(self.layout.rendezvous_path) if self.layout.rendezvous_path.exists() else None
+        self._checked_at = time.monotonic()
         self.rendezvous: Rendezvous = read_rendezvous(self.layout.rendezvous_path)
         self._token = token if token is not None else read_token(self.layout.auth_token_path)
         base = options or ClientOptions()
@@ -60,7 +67,35 @@ class PodiumClient:
 
     def resolve(self, alias_or_agent_name: str) -> str:
         """The teacher key serving ``alias_or_agent_name`` (see ``Rendezvous.resolve``)."""
+        self._refresh()
         return self.rendezvous.resolve(alias_or_agent_name)
+
+    def _refresh(self) -> None:
+        """Re-read ``rendezvous.json`` if it was replaced since it was read (looked at no more often
+        than ``refresh_s``): ``podium scale`` changes a teacher's replicas, ``podium up`` a run's."""
+        now = time.monotonic()
+        if now - self._checked_at < self.options.refresh_s:
+            return
+        self._checked_at = now
+        try:
+            stamp = _stamp(self.layout.rendezvous_path)
+        except OSError:
+            return  # the file is being replaced, or the filesystem hiccups: the next look sees it
+        if stamp == self._stamp:
+            return
+        try:
+            rendezvous = read_rendezvous(self.layout.rendezvous_path)
+        except FileReadError as exc:
+            logger.warning("%s; keeping the rendezvous read before", exc)
+            return
+        with self._lock:
+            self.rendezvous, self._stamp = rendezvous, stamp
+            teachers = dict(self._teachers)
+        for key, client in teachers.items():
+            entry = rendezvous.teachers.get(key)
+            if entry is not None and [self.layout.resolve(p) for p in entry.replicas] != client.replicas.paths:
+                logger.info("teacher %s: the rendezvous now lists %d replica(s)", client.label, len(entry.replicas))
+                client.set_replicas([self.layout.resolve(p) for p in entry.replicas])
 
     def teacher(self, alias_or_agent_name: str) -> TeacherClient:
         """The client of the teacher serving ``alias_or_agent_name``."""
@@ -72,7 +107,7 @@ class PodiumClient:
                 client = TeacherClient(
                     key=key,
                     name=entry.name,
-                    record_path=self.layout.resolve(entry.endpoint),
+                    record_paths=[self.layout.resolve(path) for path in entry.replicas],
                     token=self._token,
                     options=self.options,
                     expected_fingerprint=self._fingerprint,
@@ -219,6 +254,12 @@ class PodiumClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What changes when ``path`` is replaced (written by rename) or rewritten."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def connect(path: str | Path, **kwargs: Any) -> PodiumClient:

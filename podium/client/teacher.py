@@ -1,21 +1,24 @@
 """One remote teacher as a trainer sees it: find it, call it, follow it across restarts.
 
-Owns :class:`TeacherClient`: it reads the teacher's endpoint record, confirms the endpoint with a
-health probe (records can be stale), sends ``get_logprobs`` as an Open Inference Protocol request
-with binary tensors over a keep-alive connection, and follows restarts: the teacher is
-deterministic, so the same request sent again gives the same answer.
+Owns :class:`TeacherClient`: it sends ``get_logprobs`` as an Open Inference Protocol request with
+binary tensors over a keep-alive connection to one of the teacher's replicas (most teachers have
+one), chosen by :class:`~podium.client.replicas.ReplicaSet` from their endpoint records (confirmed
+with a health probe: records can be stale), and follows restarts and failovers: the teacher is
+deterministic, so the same request sent again, to the next generation or another replica, gives
+the same answer.
 
 Each call has one deadline (``ClientOptions.call_timeout_s``, or the call's ``timeout_s``) that
 every wait and every exchange of the call stays within (an exchange's socket timeouts are never
 longer than what is left). Within it (:meth:`TeacherClient._call`):
 
-- a connection error or a timeout of an exchange, and a 503, are retried: the record is re-read
-  and the call waits (also at most ``ready_timeout_s`` at a time) for a ready endpoint;
+- a connection error or a timeout of an exchange, and a 503, are retried: on another replica that
+  answers, else the records are re-read and the call waits (also at most ``ready_timeout_s`` at a
+  time) for a ready endpoint;
 - a 5xx other than 503 is retried only when the generation that answered it is gone since
   (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
 - a 4xx is never retried (:class:`TeacherRequestError`);
 - a ``failed`` record ends the call only when that failure is final (:func:`failure_is_final`,
-  :class:`TeacherFailedError`); otherwise the call waits for the next generation;
+  :class:`TeacherFailedError`) for every replica; otherwise the call waits for the next generation;
 - when the deadline passes: :class:`TeacherUnavailableError` naming the teacher, the last
   generation seen, how long it waited and what it saw.
 """
@@ -29,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -43,7 +46,8 @@ from podium.client.errors import (
     TokenizerMismatchError,
     TransportError,
 )
-from podium.client.transport import HTTPResponse, HTTPTransport
+from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text, failure_is_final
+from podium.client.transport import HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, as_int_array, batch_inputs, validate_options
 from podium.protocol.names import (
@@ -51,7 +55,6 @@ from podium.protocol.names import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
     GENERATION_HEADER,
-    HEALTH_READY,
     INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
@@ -96,6 +99,9 @@ class ClientOptions:
     poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
     max_poll_interval_s: float = 2.0
     stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
+    # How often the client looks again at what may change under it: rendezvous.json (replicas added
+    # or removed by `podium scale`) and the records of replicas it does not use (one come back).
+    refresh_s: float = 2.0
     binary: bool = True  # binary tensor extension (False: JSON tensors)
     return_type: str = "torch"  # "torch" or "numpy"
 
@@ -108,75 +114,16 @@ def convert_outputs(outputs: Mapping[str, np.ndarray], return_type: str) -> dict
     return {name: torch.from_numpy(array) for name, array in outputs.items()}
 
 
-def failure_is_final(record: EndpointRecord) -> bool:
-    """Whether a ``failed`` record means no generation of the teacher will come back.
-
-    The record's ``extra["final"]`` says so when present (the launcher's verdict); without it, a
-    failure is final unless ``extra["will_retry"]`` is true (the job will requeue). The one place
-    that reads this from a record."""
-    if record.status is not Status.FAILED:
-        return False
-    extra = record.extra or {}
-    if "final" in extra:
-        return bool(extra["final"])
-    return not extra.get("will_retry")
-
-
-@dataclass
-class _Call:
-    """One call's deadline and what it saw (for :class:`TeacherUnavailableError`)."""
-
-    teacher: str
-    limit_s: float
-    ready_timeout_s: float
-    started: float = field(default_factory=time.monotonic)
-    seen: list[str] = field(default_factory=list)
-    generation: Optional[str] = None
-    waiting_since: Optional[float] = None  # when the teacher was found unusable (the ready timeout runs)
-
-    @property
-    def deadline(self) -> float:
-        return self.started + self.limit_s
-
-    def left(self) -> float:
-        """Seconds left before the call's deadline (or the ready timeout, while waiting)."""
-        end = self.deadline
-        if self.waiting_since is not None:
-            end = min(end, self.waiting_since + self.ready_timeout_s)
-        return end - time.monotonic()
-
-    def note(self, event: str) -> None:
-        event = " ".join(event.split())  # one line
-        if not self.seen or self.seen[-1] != event:
-            self.seen.append(event)
-            del self.seen[:-20]
-
-    def unusable(self) -> None:
-        """The teacher cannot answer now: from here the ready timeout runs too (until it can)."""
-        if self.waiting_since is None:
-            self.waiting_since = time.monotonic()
-
-    def usable(self) -> None:
-        self.waiting_since = None
-
-    def unavailable(self) -> TeacherUnavailableError:
-        now = time.monotonic()
-        if now >= self.deadline or self.waiting_since is None:
-            limit = f"call deadline {self.limit_s:g}s"
-        else:
-            limit = f"not ready within ready_timeout_s {self.ready_timeout_s:g}s"
-        return TeacherUnavailableError(self.teacher, self.generation, now - self.started, self.seen, limit)
-
-
 class TeacherClient:
-    """Calls one teacher (by its endpoint record) and follows its restarts; thread-safe."""
+    """Calls one teacher, through whichever of its replicas can answer (:mod:`podium.client.replicas`),
+    and follows their restarts; thread-safe."""
 
     def __init__(
         self,
         *,
         key: str,
         name: str,
-        record_path: str | Path,
+        record_paths: Sequence[str | Path],
         token: Optional[str],
         options: ClientOptions = ClientOptions(),
         expected_fingerprint: Optional[str] = None,
@@ -184,160 +131,73 @@ class TeacherClient:
     ) -> None:
         self.key = key
         self.name = name
-        self.record_path = Path(record_path)
         self.options = options
         self.expected_fingerprint = expected_fingerprint
         self.expected_tokenizer_size = expected_tokenizer_size
-        self._token = token
         self._lock = threading.Lock()
-        self.retries = 0  # requests sent again (to this or a later generation) since this client began
-        self._record: Optional[EndpointRecord] = None
-        self._transport: Optional[HTTPTransport] = None
+        self.retries = 0  # requests sent again (to this or another replica, or a later generation)
         self._checked_generations: set[str] = set()
+        self.replicas = ReplicaSet(self.label, record_paths, token=token, options=options,
+                                   check_tokenizer=self._check_tokenizer)
 
     def __repr__(self) -> str:
-        return f"TeacherClient({self.label}, {self.record_path})"
+        return f"TeacherClient({self.label}, {', '.join(map(str, self.replicas.paths))})"
 
     @property
     def label(self) -> str:
         return f"{self.name!r} ({self.key})"
 
     @property
+    def record_path(self) -> Path:
+        """The first replica's endpoint record (a one-replica teacher's only one)."""
+        return self.replicas.paths[0]
+
+    @property
     def record(self) -> Optional[EndpointRecord]:
-        """The record of the endpoint in use (None before the first call)."""
-        return self._record
+        """The record of the endpoint the last call went to (None before the first call)."""
+        last = self.replicas.last
+        return last.record if last is not None else None
 
-    # ------------------------------------------------------------------ finding the endpoint
+    def set_replicas(self, record_paths: Sequence[str | Path]) -> None:
+        """Call the replicas whose endpoint records are ``record_paths`` from now on."""
+        self.replicas.set_paths(record_paths)
 
-    def _probe(self, record: EndpointRecord, transport: HTTPTransport, call: _Call) -> Optional[str]:
-        """None when the endpoint answers ready for the record's generation, else what was seen."""
-        try:
-            resp = transport.request("GET", HEALTH_READY, timeout_s=max(call.left(), 0.0))
-        except TransportError as exc:
-            return f"probe failed: {exc}"
-        if resp.status != 200:
-            return f"probe answered HTTP {resp.status}: {_error_text(resp)}"
-        try:
-            served = json.loads(bytes(resp.body)).get("generation")
-        except (ValueError, AttributeError):
-            served = None
-        if served is not None and served != str(record.generation):
-            return f"probe found generation {served} at {record.url}, record says {record.generation}"
-        return None
-
-    def _wait_ready(self, call: _Call) -> tuple[EndpointRecord, HTTPTransport]:
-        interval = self.options.poll_interval_s
-        while True:
-            now = time.time()
-            try:
-                record = read_record(self.record_path)
-            except FileReadError as exc:
-                call.note(f"record {exc.kind}: {exc.detail}")
-                record = None
-            if record is not None:
-                gen = str(record.generation)
-                call.generation = gen
-                stale = record.is_stale(self.options.stale_after_s, now)
-                if record.status is Status.FAILED:
-                    if failure_is_final(record):
-                        raise TeacherFailedError(self.label, gen, record.reason)
-                    call.note(f"generation {gen} failed ({record.reason or 'no reason given'}); "
-                              "the teacher will retry")
-                elif record.status is Status.READY and record.url:
-                    transport = self._transport_for(record)
-                    problem = self._probe(record, transport, call)
-                    if problem is None:
-                        if stale:
-                            logger.warning("teacher %s: record is stale (no heartbeat for %.0fs) but the "
-                                           "endpoint answers; using it", self.label, record.age(now))
-                        self._check_tokenizer(record)
-                        return record, transport
-                    if transport is not self._transport:
-                        transport.close()
-                    call.note(f"generation {gen} ready at {record.url} but {problem}"
-                              + (f" (stale: no heartbeat for {record.age(now):.0f}s)" if stale else ""))
-                else:
-                    call.note(f"generation {gen} {record.status.value}"
-                              + (f" ({record.reason})" if record.reason else "")
-                              + (f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""))
-            call.unusable()
-            left = call.left()
-            if left <= 0:
-                raise call.unavailable()
-            time.sleep(min(interval, left))
-            interval = min(interval * 2, self.options.max_poll_interval_s)
-
-    def _transport_for(self, record: EndpointRecord) -> HTTPTransport:
-        assert record.url is not None
-        current = self._transport
-        if current is not None and current.url == record.url:
-            return current
-        o = self.options
-        return HTTPTransport(
-            record.url,
-            self._token,
-            connect_timeout_s=o.connect_timeout_s,
-            read_timeout_s=o.request_timeout_s,
-            keepalive=(o.keepalive_idle_s, o.keepalive_interval_s, o.keepalive_count),
-        )
-
-    def _endpoint(self, call: _Call) -> tuple[EndpointRecord, HTTPTransport]:
-        # another thread may hold the lock while it waits for the teacher: wait for it only as
-        # long as this call may
-        if not self._lock.acquire(timeout=max(call.left(), 0.0)):
-            call.note("another call of this client was waiting for the teacher")
-            raise call.unavailable()
-        try:
-            if self._record is not None and self._transport is not None:
-                return self._record, self._transport
-            record, transport = self._wait_ready(call)
-            if self._transport is not None and self._transport is not transport:
-                self._transport.close()
-            self._record, self._transport = record, transport
-            logger.info("teacher %s: using generation %s at %s", self.label, record.generation, record.url)
-            return record, transport
-        finally:
-            self._lock.release()
-
-    def _forget(self, record: EndpointRecord) -> None:
-        """Drop the cached endpoint (if it is still ``record``): the next call re-reads the record."""
-        with self._lock:
-            if self._record is record:
-                self._record = None
-
-    def _new_call(self, timeout_s: Optional[float]) -> _Call:
+    def _new_call(self, timeout_s: Optional[float]) -> Call:
         limit = self.options.call_timeout_s if timeout_s is None else float(timeout_s)
-        return _Call(self.label, limit, self.options.ready_timeout_s)
+        return Call(self.label, limit, self.options.ready_timeout_s)
 
     def wait_ready(self, timeout_s: Optional[float] = None) -> EndpointRecord:
-        """Block until the teacher is ready (at most ``timeout_s``, default ``ready_timeout_s``);
-        return its record."""
+        """Block until a replica of the teacher is ready (at most ``timeout_s``, default
+        ``ready_timeout_s``); return its record."""
         limit = self.options.ready_timeout_s if timeout_s is None else float(timeout_s)
-        return self._endpoint(_Call(self.label, limit, limit))[0]
+        endpoint = self.replicas.acquire(Call(self.label, limit, limit))
+        self.replicas.release(endpoint)
+        return endpoint.record
 
     # ------------------------------------------------------------------ tokenizer safety
 
-    def _check_tokenizer(self, record: EndpointRecord) -> None:
+    def _check_tokenizer(self, where: str, record: EndpointRecord) -> None:
         if self.expected_fingerprint is None and self.expected_tokenizer_size is None:
             return
         gen = str(record.generation)
         if gen in self._checked_generations:
             return
-        check_tokenizer_against(self.label, gen, record.model.model_dump() if record.model else {},
+        check_tokenizer_against(where, gen, record.model.model_dump() if record.model else {},
                                 self.expected_fingerprint, self.expected_tokenizer_size)
         self._checked_generations.add(gen)
 
     # ------------------------------------------------------------------ calls
 
-    def _answerer_gone(self, answered: EndpointRecord, resp: HTTPResponse) -> Optional[str]:
+    def _answerer_gone(self, answered: Endpoint, resp: HTTPResponse) -> Optional[str]:
         """After a 5xx: what says the generation that answered it is gone since (None: nothing).
 
-        The record is re-read: it names another generation, or that generation is not ready any
-        more (failed, draining, stopped). Then the error came from a teacher that broke under the
-        request, and the next generation can answer it; else the error is the request's own."""
-        gen = resp.header(GENERATION_HEADER) or str(answered.generation)
+        The replica's record is re-read: it names another generation, or that generation is not
+        ready any more (failed, draining, stopped). Then the error came from a teacher that broke
+        under the request, and another generation or replica can answer it; else the error is the
+        request's own."""
+        gen = resp.header(GENERATION_HEADER) or str(answered.record.generation)
         try:
-            now = read_record(self.record_path)
+            now = read_record(answered.replica.path)
         except FileReadError:
             return None
         if str(now.generation) != gen:
@@ -352,55 +212,59 @@ class TeacherClient:
 
     def _call(self, method: str, path: str, body: Optional[list] = None, headers: Optional[dict] = None,
               timeout_s: Optional[float] = None) -> tuple[HTTPResponse, EndpointRecord]:
-        """One request with restart following, within one deadline (see the module doc); returns
-        a 2xx response."""
+        """One request, to a replica that can answer, within one deadline (see the module doc);
+        returns a 2xx response and the record of the generation that gave it."""
         call = self._new_call(timeout_s)
         while True:
             if call.left() <= 0:
                 raise call.unavailable()
-            record, transport = self._endpoint(call)
-            call.usable()
-            gen = str(record.generation)
+            endpoint = self.replicas.acquire(call)
+            record = endpoint.record
+            gen, where = str(record.generation), self.replicas.where(record)
             call.generation = gen
+            at = f"{'replica %d ' % record.replica if self.replicas.multiple else ''}generation {gen} at {record.url}"
             try:
-                resp = transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
+                resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
             except TransportError as exc:
-                call.note(f"generation {gen} at {record.url}: {exc}")
-                logger.warning("teacher %s generation %s: %s; re-reading the record", self.label, gen, exc)
-                self._forget(record)
-                call.unusable()
-                self._retried()
+                call.note(f"{at}: {exc}")
+                logger.warning("teacher %s generation %s: %s; re-reading the records", where, gen, exc)
+                self._failed_over(endpoint, call)
                 continue
+            finally:
+                self.replicas.release(endpoint)
             if resp.status == 503:
-                call.note(f"generation {gen} at {record.url}: HTTP 503 {_error_text(resp)}")
-                logger.info("teacher %s generation %s answered 503; waiting for a ready endpoint", self.label, gen)
-                self._forget(record)
-                call.unusable()
+                call.note(f"{at}: HTTP 503 {error_text(resp.body)}")
+                logger.info("teacher %s generation %s answered 503; another replica or a ready endpoint", where, gen)
+                self._failed_over(endpoint, call)
                 retry_after = _retry_after(resp)
-                if retry_after:
+                if retry_after and not self.replicas.any_usable():
                     time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, call.left())))
-                self._retried()
                 continue
             if 400 <= resp.status < 500:
-                raise TeacherRequestError(self.label, gen, resp.status, _error_text(resp))
+                raise TeacherRequestError(where, gen, resp.status, error_text(resp.body))
             if resp.status >= 500:
-                gone = self._answerer_gone(record, resp)
+                gone = self._answerer_gone(endpoint, resp)
                 if gone is not None:
-                    call.note(f"generation {gen} at {record.url}: HTTP {resp.status} {_error_text(resp)}; {gone}")
-                    logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", self.label, gen,
+                    call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}; {gone}")
+                    logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", where, gen,
                                    resp.status, gone)
-                    self._forget(record)
-                    call.unusable()
-                    self._retried()
+                    self._failed_over(endpoint, call)
                     continue
             if resp.status >= 300:
-                raise TeacherServerError(self.label, gen, resp.status, _error_text(resp))
+                raise TeacherServerError(where, gen, resp.status, error_text(resp.body))
             served = resp.header(GENERATION_HEADER)
             if served and served != gen:
                 logger.info("teacher %s: answered by generation %s, record said %s; re-reading the record",
-                            self.label, served, gen)
-                self._forget(record)
+                            where, served, gen)
+                self.replicas.forget(endpoint)
             return resp, record
+
+    def _failed_over(self, endpoint: Endpoint, call: Call) -> None:
+        """This endpoint did not answer the call: none goes there until its record says it is
+        ready again; the call is sent again (to another replica when one answers)."""
+        self.replicas.forget(endpoint)
+        call.unusable()
+        self._retried()
 
     def metadata(self, *, timeout_s: Optional[float] = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
@@ -539,11 +403,7 @@ class TeacherClient:
         return {name: decoded.as_float32(name) if name in VALUE_OUTPUTS else decoded.outputs[name] for name in outputs}
 
     def close(self) -> None:
-        with self._lock:
-            if self._transport is not None:
-                self._transport.close()
-            self._transport = None
-            self._record = None
+        self.replicas.close()
 
 
 def check_tokenizer_against(
@@ -575,13 +435,6 @@ def check_tokenizer_against(
             raise TokenizerMismatchError(
                 f"{where}: tokenizer fingerprint {teacher_fp} != trainer's {fingerprint} (different vocabularies)"
             )
-
-
-def _error_text(resp: HTTPResponse) -> str:
-    try:
-        return str(json.loads(bytes(resp.body))["error"])
-    except (ValueError, KeyError, TypeError):
-        return bytes(resp.body[:200]).decode("utf-8", errors="replace")
 
 
 def _retry_after(resp: HTTPResponse) -> float:

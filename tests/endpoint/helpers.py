@@ -10,7 +10,8 @@
 - ``LLAMA``/``QWEN`` and ``make_group``: the real groups ``conftest.py`` shares across modules.
 - ``Teacher``: one group behind an ``EndpointServer`` with its endpoint record and heartbeat;
   ``restart()`` brings it back under the next generation on another port; ``successor()`` starts
-  the next generation while this one still serves (a lifecycle that replaced a broken one).
+  the next generation while this one still serves (a lifecycle that replaced a broken one); with
+  ``replica=i`` it is replica ``i`` of its teacher (its own record, as ``TeacherDef.replicas`` lists).
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class TeacherDef:
     name: str
     aliases: tuple[str, ...]
     model_name: Optional[str] = None  # the checkpoint the rendezvous names (None: not named)
+    replicas: int = 1  # replicas the rendezvous lists (their records: layout.endpoint_path(name, key, i))
 
 
 LLAMA = TeacherDef("11a11a11a11a", "llama", ("llama", "math"))
@@ -179,6 +181,7 @@ class Teacher:
     port_range: tuple[int, int] = PORT_RANGE
     heartbeat_s: float = 0.5
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    replica: int = 0  # which replica of the teacher this is (its record: the replica's)
     server: Optional[ServerThread] = None
     writer: Optional[RecordWriter] = None
     heartbeat: Optional[Heartbeat] = None
@@ -190,8 +193,9 @@ class Teacher:
 
     def start(self) -> "Teacher":
         d = self.definition
-        self.writer = RecordWriter(self.layout.endpoint_path(d.name, d.key), teacher_key=d.key, teacher_name=d.name,
-                                   aliases=d.aliases, generation=self.generation)
+        self.writer = RecordWriter(self.layout.endpoint_path(d.name, d.key, self.replica), teacher_key=d.key,
+                                   teacher_name=d.name, aliases=d.aliases, generation=self.generation,
+                                   replica=self.replica)
         self.writer.publish(Status.STARTING)
         config = EndpointConfig(served_name=d.name, token=self.token, teacher_key=d.key, aliases=d.aliases,
                                 generation=self.generation, port_range=self.port_range, **self.config_overrides)
@@ -224,7 +228,7 @@ class Teacher:
         old_port = self.server.port if self.server else PORT_RANGE[0]
         nxt = Teacher(group if group is not None else self.group, self.layout, self.definition, self.token,
                       Generation(g.job_id, g.restart + 1), (old_port + 1, PORT_RANGE[1]), self.heartbeat_s,
-                      self.config_overrides)
+                      self.config_overrides, self.replica)
         return nxt.start()
 
     def restart(self, *, port_range: Optional[tuple[int, int]] = None, gap_s: float = 0.0) -> "Teacher":
@@ -236,5 +240,5 @@ class Teacher:
         g = self.generation
         nxt = Teacher(self.group, self.layout, self.definition, self.token, Generation(g.job_id, g.restart + 1),
                       port_range or ((old_port + 1, PORT_RANGE[1]) if old_port else self.port_range),
-                      self.heartbeat_s, self.config_overrides)
+                      self.heartbeat_s, self.config_overrides, self.replica)
         return nxt.start()

@@ -130,7 +130,7 @@ def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -
     np.testing.assert_array_equal(out["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
     topk = client.teacher_group("math", top_k=2).get_logprobs({"input_ids": ids, "input_lengths": lengths})
     assert set(topk) == {"reference_logprobs", "reference_topk_logprobs", "reference_topk_indices"}
-    connections = list(client.teacher("code")._transport._all)
+    connections = list(client.teacher("code").replicas.last.transport._all)
     assert connections and all(conn.sock is not None for conn in connections)
     group.shutdown()
     group.shutdown()  # harmless when repeated
@@ -591,7 +591,7 @@ def test_client_sockets_have_tcp_keepalive(two_teachers: tuple[Path, Teacher, Te
     path, _, _ = two_teachers
     with podium.connect(path, keepalive_idle_s=7, keepalive_interval_s=3, keepalive_count=4, **FAST) as client:
         client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
-        (conn,) = client.teacher("math")._transport._all
+        (conn,) = client.teacher("math").replicas.last.transport._all
         sock = conn.sock
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
         if hasattr(socket, "TCP_KEEPIDLE"):

@@ -1,0 +1,363 @@
+"""A teacher's replicas as one client sees them: which can answer now, and which to call next.
+
+A teacher may be served by several replicas: independent allocations of the same model, each with
+its own job, generation and endpoint record (``rendezvous.json`` lists their records). The teacher
+is deterministic, so any replica gives the same answer and a call may go to any of them.
+
+Owns :class:`ReplicaSet`: the records of a teacher's replicas, the endpoints among them that are
+known to answer (ready, confirmed by a health probe: records can be stale), and the choice:
+
+- **least outstanding requests** among the usable replicas (ties taken in turn), so concurrent
+  callers spread over the replicas by how busy each is;
+- a replica whose call failed (connection lost, 503 while it drains, a generation gone) is
+  dropped from the usable ones (:meth:`ReplicaSet.forget`) and the call goes at once to another;
+  when none is usable the call waits, re-reading every replica's record, until one is;
+- replicas not in use are looked at again every ``ClientOptions.refresh_s`` (during a call, by
+  whichever call is due; a failed probe backs off), so a replica that comes back after a
+  preemption, or one newly listed, takes its share again;
+- ``failed`` for good (:func:`failure_is_final`) ends a call only when every replica is.
+
+:class:`Call` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from podium.client.errors import TeacherFailedError, TeacherUnavailableError, TransportError
+from podium.client.transport import HTTPTransport
+from podium.protocol.names import HEALTH_READY
+from podium.rendezvous.atomic import FileReadError
+from podium.rendezvous.records import EndpointRecord, Status, read_record
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podium.client.teacher import ClientOptions
+
+logger = logging.getLogger(__name__)
+
+PROBE_BACKOFF_MAX_S = 60.0  # a replica whose ready record does not answer is probed at most this rarely
+
+
+def failure_is_final(record: EndpointRecord) -> bool:
+    """Whether a ``failed`` record means no generation of the replica will come back.
+
+    The record's ``extra["final"]`` says so when present (the launcher's verdict); without it, a
+    failure is final unless ``extra["will_retry"]`` is true (the job will requeue). The one place
+    that reads this from a record."""
+    if record.status is not Status.FAILED:
+        return False
+    extra = record.extra or {}
+    if "final" in extra:
+        return bool(extra["final"])
+    return not extra.get("will_retry")
+
+
+@dataclass
+class Call:
+    """One call's deadline and what it saw (for :class:`TeacherUnavailableError`)."""
+
+    teacher: str
+    limit_s: float
+    ready_timeout_s: float
+    started: float = field(default_factory=time.monotonic)
+    seen: list[str] = field(default_factory=list)
+    generation: Optional[str] = None
+    waiting_since: Optional[float] = None  # when the teacher was found unusable (the ready timeout runs)
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.limit_s
+
+    def left(self) -> float:
+        """Seconds left before the call's deadline (or the ready timeout, while waiting)."""
+        end = self.deadline
+        if self.waiting_since is not None:
+            end = min(end, self.waiting_since + self.ready_timeout_s)
+        return end - time.monotonic()
+
+    def note(self, event: str) -> None:
+        event = " ".join(event.split())  # one line
+        if not self.seen or self.seen[-1] != event:
+            self.seen.append(event)
+            del self.seen[:-20]
+
+    def unusable(self) -> None:
+        """The teacher cannot answer now: from here the ready timeout runs too (until it can)."""
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def usable(self) -> None:
+        self.waiting_since = None
+
+    def unavailable(self) -> TeacherUnavailableError:
+        now = time.monotonic()
+        if now >= self.deadline or self.waiting_since is None:
+            limit = f"call deadline {self.limit_s:g}s"
+        else:
+            limit = f"not ready within ready_timeout_s {self.ready_timeout_s:g}s"
+        return TeacherUnavailableError(self.teacher, self.generation, now - self.started, self.seen, limit)
+
+
+@dataclass(eq=False)
+class Replica:
+    """One replica's record, and the endpoint this client uses there (None: not known to answer)."""
+
+    path: Path
+    endpoint: Optional["Endpoint"] = None
+    transport: Optional[HTTPTransport] = None  # kept across generations at the same URL
+    outstanding: int = 0  # calls of this client in flight there
+    final: Optional[EndpointRecord] = None  # its record says failed for good
+    probe_after: float = 0.0  # monotonic: a background look probes it again no sooner
+    probe_backoff_s: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Endpoint:
+    """A replica's endpoint known to answer: its record (the generation) and the transport to it."""
+
+    replica: Replica
+    record: EndpointRecord
+    transport: HTTPTransport
+
+
+class ReplicaSet:
+    """The replicas of one teacher for one client (thread-safe; see the module doc)."""
+
+    def __init__(self, label: str, paths: Sequence[str | Path], *, token: Optional[str], options: "ClientOptions",
+                 check_tokenizer: Callable[[str, EndpointRecord], None]) -> None:
+        if not paths:
+            raise ValueError(f"teacher {label}: no replica to call")
+        self.label = label
+        self.options = options
+        self._token = token
+        self._check_tokenizer = check_tokenizer
+        self._lock = threading.Lock()  # the fields below; never held while reading or probing
+        self._finding = threading.Lock()  # one thread at a time reads the records and probes
+        self._replicas = [Replica(Path(p)) for p in paths]
+        self._retired: list[Replica] = []  # no longer listed: their transports close with the client
+        self._turn = 0
+        self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
+        self.last: Optional[Endpoint] = None  # the endpoint of the last call
+
+    # ------------------------------------------------------------------ what it holds
+
+    @property
+    def paths(self) -> list[Path]:
+        with self._lock:
+            return [r.path for r in self._replicas]
+
+    @property
+    def multiple(self) -> bool:
+        return len(self._replicas) > 1
+
+    def where(self, record: EndpointRecord) -> str:
+        """The teacher, and which of its replicas when it has several (for errors and logs)."""
+        return f"{self.label} replica {record.replica}" if self.multiple else self.label
+
+    def set_paths(self, paths: Sequence[str | Path]) -> None:
+        """The replicas are now those whose records are ``paths`` (the rendezvous changed): new ones
+        are looked at with the next call; calls in flight on a removed one finish there."""
+        if not paths:
+            raise ValueError(f"teacher {self.label}: no replica to call")
+        with self._lock:
+            current = {r.path: r for r in self._replicas}
+            self._replicas = [current.pop(Path(p), None) or Replica(Path(p)) for p in paths]
+            self._retired.extend(current.values())
+            self._looked_at = 0.0
+        if current:
+            logger.info("teacher %s: replicas %s are no longer listed", self.label, ", ".join(map(str, current)))
+
+    # ------------------------------------------------------------------ choosing one
+
+    def acquire(self, call: Call) -> Endpoint:
+        """An endpoint to send this call to (least outstanding requests among the usable replicas),
+        waiting for one within the call's deadline; :meth:`release` it after the exchange."""
+        while True:
+            if self._due() and self._finding.acquire(blocking=False):
+                try:
+                    self._look(call, background=True)
+                finally:
+                    self._finding.release()
+            picked = self._pick()
+            if picked is not None:
+                call.usable()
+                return picked
+            # none answers now: one thread waits for one (the others wait for it, within their deadlines)
+            if not self._finding.acquire(timeout=max(call.left(), 0.0)):
+                call.note("another call of this client was waiting for the teacher")
+                raise call.unavailable()
+            try:
+                if not self._any_usable():
+                    self._wait(call)
+            finally:
+                self._finding.release()
+
+    def release(self, endpoint: Endpoint) -> None:
+        with self._lock:
+            endpoint.replica.outstanding -= 1
+
+    def forget(self, endpoint: Endpoint) -> None:
+        """The replica did not answer this endpoint's call: no new call goes there until a look at
+        its record finds it ready again."""
+        with self._lock:
+            if endpoint.replica.endpoint is endpoint:
+                endpoint.replica.endpoint = None
+                endpoint.replica.probe_after = 0.0
+
+    def any_usable(self) -> bool:
+        return self._any_usable()
+
+    def _any_usable(self) -> bool:
+        with self._lock:
+            return any(r.endpoint is not None for r in self._replicas)
+
+    def _pick(self) -> Optional[Endpoint]:
+        with self._lock:
+            usable = [(i, r) for i, r in enumerate(self._replicas) if r.endpoint is not None]
+            if not usable:
+                return None
+            n = len(self._replicas)
+            _, replica = min(usable, key=lambda ir: (ir[1].outstanding, (ir[0] - self._turn) % n))
+            self._turn += 1
+            replica.outstanding += 1
+            assert replica.endpoint is not None
+            self.last = replica.endpoint
+            return replica.endpoint
+
+    def _due(self) -> bool:
+        """Some replica is not in use and the last look at them is ``refresh_s`` old."""
+        with self._lock:
+            idle = any(r.endpoint is None for r in self._replicas)
+            return idle and time.monotonic() - self._looked_at >= self.options.refresh_s
+
+    # ------------------------------------------------------------------ finding the usable ones
+
+    def _wait(self, call: Call) -> None:
+        """Look at every replica until one answers; :class:`TeacherFailedError` when every one has
+        failed for good, ``call.unavailable()`` when the call's time is up."""
+        interval = self.options.poll_interval_s
+        while True:
+            self._look(call, background=False)
+            with self._lock:
+                if any(r.endpoint is not None for r in self._replicas):
+                    return
+                finals = [r.final for r in self._replicas]
+            if all(final is not None for final in finals):
+                last = finals[-1]
+                assert last is not None
+                every = f" (every one of its {len(finals)} replicas failed for good)" if self.multiple else ""
+                raise TeacherFailedError(self.where(last), str(last.generation), f"{last.reason}{every}")
+            call.unusable()
+            left = call.left()
+            if left <= 0:
+                raise call.unavailable()
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, self.options.max_poll_interval_s)
+
+    def _look(self, call: Call, *, background: bool) -> None:
+        """Read the record of every replica not in use and probe the ready ones; ``background``:
+        during a call that has a replica to go to (a probe that failed lately waits its backoff)."""
+        with self._lock:
+            replicas = [r for r in self._replicas if r.endpoint is None]
+            self._looked_at = time.monotonic()
+        for replica in replicas:
+            if background and time.monotonic() < replica.probe_after:
+                continue
+            endpoint = self._examine(replica, call, background)
+            if endpoint is not None:
+                with self._lock:
+                    replica.endpoint, replica.transport = endpoint, endpoint.transport
+                    replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
+                logger.info("teacher %s: using generation %s at %s", self.where(endpoint.record),
+                            endpoint.record.generation, endpoint.record.url)
+
+    def _examine(self, replica: Replica, call: Call, background: bool) -> Optional[Endpoint]:
+        """The replica's endpoint when its record says ready and it answers so; else None (what was
+        seen is noted)."""
+        now = time.time()
+        prefix = f"replica {replica.path.parent.name}: " if self.multiple else ""
+        try:
+            record = read_record(replica.path)
+        except FileReadError as exc:
+            call.note(f"{prefix}record {exc.kind}: {exc.detail}")
+            return None
+        gen = str(record.generation)
+        call.generation = gen
+        stale = record.is_stale(self.options.stale_after_s, now)
+        replica.final = record if failure_is_final(record) else None
+        if record.status is Status.FAILED:
+            retry = "for good" if replica.final is not None else "the teacher will retry"
+            call.note(f"{prefix}generation {gen} failed ({record.reason or 'no reason given'}); {retry}")
+            if replica.final is not None and not self.multiple:
+                raise TeacherFailedError(self.label, gen, record.reason)
+            return None
+        if record.status is not Status.READY or not record.url:
+            call.note(f"{prefix}generation {gen} {record.status.value}" + (f" ({record.reason})" if record.reason else "")
+                      + (f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""))
+            return None
+        transport = replica.transport if replica.transport is not None and replica.transport.url == record.url \
+            else self._transport(record.url)
+        timeout = call.left() if not background else min(call.left(), self.options.connect_timeout_s)
+        problem = self._probe(record, transport, max(timeout, 0.0))
+        if problem is not None:
+            if transport is not replica.transport:
+                transport.close()
+            call.note(f"{prefix}generation {gen} ready at {record.url} but {problem}"
+                      + (f" (stale: no heartbeat for {record.age(now):.0f}s)" if stale else ""))
+            with self._lock:
+                replica.probe_backoff_s = min(max(2 * replica.probe_backoff_s, self.options.refresh_s),
+                                              PROBE_BACKOFF_MAX_S)
+                replica.probe_after = time.monotonic() + replica.probe_backoff_s
+            return None
+        if stale:
+            logger.warning("teacher %s: record is stale (no heartbeat for %.0fs) but the endpoint answers; "
+                           "using it", self.where(record), record.age(now))
+        self._check_tokenizer(self.where(record), record)
+        return Endpoint(replica, record, transport)
+
+    def _transport(self, url: str) -> HTTPTransport:
+        o = self.options
+        return HTTPTransport(url, self._token, connect_timeout_s=o.connect_timeout_s,
+                             read_timeout_s=o.request_timeout_s,
+                             keepalive=(o.keepalive_idle_s, o.keepalive_interval_s, o.keepalive_count))
+
+    @staticmethod
+    def _probe(record: EndpointRecord, transport: HTTPTransport, timeout_s: float) -> Optional[str]:
+        """None when the endpoint answers ready for the record's generation, else what was seen."""
+        try:
+            resp = transport.request("GET", HEALTH_READY, timeout_s=timeout_s)
+        except TransportError as exc:
+            return f"probe failed: {exc}"
+        if resp.status != 200:
+            return f"probe answered HTTP {resp.status}: {error_text(resp.body)}"
+        try:
+            served = json.loads(bytes(resp.body)).get("generation")
+        except (ValueError, AttributeError):
+            served = None
+        if served is not None and served != str(record.generation):
+            return f"probe found generation {served} at {record.url}, record says {record.generation}"
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            replicas, self._retired = [*self._replicas, *self._retired], []
+            for replica in replicas:
+                replica.endpoint = None
+        for replica in replicas:
+            if replica.transport is not None:
+                replica.transport.close()
+                replica.transport = None
+
+
+def error_text(body: bytes | bytearray | memoryview) -> str:
+    """The ``error`` of a JSON error body, else its first 200 bytes."""
+    try:
+        return str(json.loads(bytes(body))["error"])
+    except (ValueError, KeyError, TypeError):
+        return bytes(body[:200]).decode("utf-8", errors="replace")

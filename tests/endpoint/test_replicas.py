@@ -1,0 +1,186 @@
+"""One teacher served by several replicas, as podium's client sees it: in-process servers with
+stand-in groups (every replica gives the same answer, as the real, deterministic teacher does).
+
+What is asserted: concurrent calls spread by least outstanding requests; a replica that drains,
+vanishes or fails is skipped and the call goes to another without an error; one that comes back
+takes its share again; a change of the rendezvous (``podium scale``) is followed; a call fails only
+when every replica has failed for good. The same client against real replicas on the Slurm test
+cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+import podium
+from podium.client import TeacherFailedError
+from podium.rendezvous import Generation, Status, read_rendezvous, write_rendezvous
+
+from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
+
+MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
+FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "refresh_s": 0.2,
+        "return_type": "numpy"}
+DATA = {"input_ids": [[5, 9, 2, 7], [3, 1, 0, 0]], "input_lengths": [4, 2]}
+EXPECTED = fake_logprobs(np.array(DATA["input_ids"]), np.array(DATA["input_lengths"]))
+
+
+def until(predicate, timeout_s: float = 60.0, what: str = "a condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture()
+def replicas(tmp_path: Path) -> Iterator[tuple[Path, list[Teacher]]]:
+    layout, token = make_run(tmp_path, [MATH])
+    started = [Teacher(FakeGroup(), layout, MATH, token, generation=Generation(3000 + i, 0), replica=i).start()
+               for i in range(2)]
+    yield layout.rendezvous_path, started
+    for teacher in started:
+        teacher.stop()
+
+
+def in_flight(teacher: Teacher) -> int:
+    """Requests the replica's server holds (reading, queued or computing)."""
+    return teacher.server.server.queue_depth
+
+
+class Loop:
+    """A caller in a thread: ``get_logprobs`` until stopped, every answer checked."""
+
+    def __init__(self, client: podium.PodiumClient) -> None:
+        self.client, self.answers, self.errors = client, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                np.testing.assert_array_equal(self.client.get_logprobs("math", DATA)["logprobs"], EXPECTED)
+                self.answers += 1
+            except Exception as exc:  # asserted on by the test
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> "Loop":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+
+
+def test_rendezvous_lists_every_replica_and_the_first_is_the_endpoint(replicas) -> None:
+    path, started = replicas
+    entry = read_rendezvous(path).teachers[MATH.key]
+    assert entry.endpoint == entry.replicas[0] == "teachers/math-c3c3c3c3/endpoint.json"
+    assert entry.replicas[1] == "teachers/math-c3c3c3c3-r1/endpoint.json"
+    assert [t.writer.record.replica for t in started] == [0, 1]
+
+
+def test_concurrent_calls_go_to_the_replica_with_fewest_outstanding(replicas) -> None:
+    path, started = replicas
+    gates = [Gate(), Gate()]
+    for teacher, gate in zip(started, gates):
+        teacher.group.hold = gate
+    with podium.connect(path, **FAST) as client:
+        results: list[np.ndarray] = []
+        threads = [threading.Thread(target=lambda: results.append(client.get_logprobs("math", DATA)["logprobs"]))
+                   for _ in range(4)]
+        # one at a time into the client, each held at its server: each picks the replica with fewer in flight
+        for n, thread in enumerate(threads, start=1):
+            thread.start()
+            until(lambda: sum(in_flight(t) for t in started) == n, what=f"call {n} at a server")
+        assert [in_flight(t) for t in started] == [2, 2]
+        for gate in gates:
+            gate.release(2)
+        for thread in threads:
+            thread.join(30)
+        for teacher in started:
+            teacher.group.hold = None
+        assert len(results) == 4 and all(np.array_equal(r, EXPECTED) for r in results)
+        # one caller at a time: ties are taken in turn, so both replicas stay in use
+        for _ in range(4):
+            client.get_logprobs("math", DATA)
+        assert [len(t.group.calls) for t in started] == [4, 4]
+
+
+def test_a_draining_replica_is_skipped_without_an_error_and_taken_back_when_it_returns(replicas) -> None:
+    path, started = replicas
+    with podium.connect(path, **FAST) as client, Loop(client) as loop:
+        until(lambda: all(t.group.calls for t in started), what="calls on both replicas")
+        started[0].stop()  # draining (503 to new requests), then stopped
+        calls_on_b = len(started[1].group.calls)
+        until(lambda: len(started[1].group.calls) > calls_on_b + 20, what="calls going to replica 1 alone")
+        assert started[0].writer.record.status is Status.STOPPED
+        # replica 0 comes back as its next generation: within refresh_s the client takes it back
+        back = Teacher(FakeGroup(), started[0].layout, MATH, started[0].token, generation=Generation(3000, 1),
+                       replica=0).start()
+        started[0] = back
+        until(lambda: len(back.group.calls) >= 5, what="calls on the returned replica")
+    assert loop.errors == [] and loop.answers > 0
+
+
+def test_a_replica_that_vanishes_mid_call_costs_a_retry_not_an_error(replicas) -> None:
+    path, started = replicas
+    gate = Gate(timeout_s=5.0)
+    with podium.connect(path, **FAST) as client:
+        client.get_logprobs("math", DATA)  # connected: both replicas known ready
+        client.get_logprobs("math", DATA)
+        started[0].group.hold = gate  # the next call there is held in the group ...
+        result: list[np.ndarray] = []
+        thread = threading.Thread(target=lambda: result.append(client.get_logprobs("math", DATA)["logprobs"]))
+        thread.start()
+        until(lambda: len(started[0].group.calls) == 2, what="the call held on replica 0")
+        # ... and its server goes away without a word in its record (a lost node)
+        started[0].server.stop(grace_s=0)
+        thread.join(60)
+        assert result and np.array_equal(result[0], EXPECTED)
+        assert client.teacher("math").retries == 1
+        assert started[0].writer.record.status is Status.READY  # its record never said otherwise
+        for _ in range(3):  # it is not used again: its probe fails until its record changes
+            client.get_logprobs("math", DATA)
+        assert len(started[0].group.calls) == 2
+
+
+def test_a_change_of_the_rendezvous_is_followed(replicas) -> None:
+    path, started = replicas
+    full = read_rendezvous(path)
+    entry = full.teachers[MATH.key]
+    write_rendezvous(started[0].layout, full.with_replicas(MATH.key, entry.replicas[:1]))
+    with podium.connect(path, **FAST) as client, Loop(client) as loop:
+        until(lambda: len(started[0].group.calls) >= 5, what="calls on replica 0")
+        assert started[1].group.calls == []
+        write_rendezvous(started[0].layout, full)  # scaled up: replica 1 is listed
+        until(lambda: len(started[1].group.calls) >= 5, what="calls on the newly listed replica 1")
+        write_rendezvous(started[0].layout, full.with_replicas(MATH.key, entry.replicas[1:]))  # replica 0 removed
+        assert client.teacher("math").replicas.paths  # (the client re-reads within refresh_s)
+        until(lambda: client.teacher("math").replicas.paths == [path.parent / entry.replicas[1]],
+              what="the client to read the new rendezvous")
+        seen = len(started[0].group.calls)
+        until(lambda: len(started[1].group.calls) >= 20, what="more calls on replica 1")
+        assert len(started[0].group.calls) <= seen + 1  # at most the call in flight as the list changed
+    assert loop.errors == []
+
+
+def test_a_call_fails_only_when_every_replica_failed_for_good(replicas) -> None:
+    path, started = replicas
+    started[0].writer.publish(Status.FAILED, reason="out of memory", final=True)
+    started[0].server.stop(grace_s=0)
+    with podium.connect(path, **FAST) as client:
+        for _ in range(3):  # replica 1 serves; replica 0's failure is not the call's
+            np.testing.assert_array_equal(client.get_logprobs("math", DATA)["logprobs"], EXPECTED)
+        started[1].writer.publish(Status.FAILED, reason="node n3 lost", final=True)
+        started[1].server.stop(grace_s=0)
+        with pytest.raises(TeacherFailedError, match=r"replica 1 generation 3001:0 failed: node n3 lost "
+                                                     r"\(every one of its 2 replicas failed for good\)"):
+            client.get_logprobs("math", DATA, timeout_s=30)
