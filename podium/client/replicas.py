@@ -12,9 +12,10 @@ known to answer (ready, confirmed by a health probe: records can be stale), and 
 - a replica whose call failed (connection lost, 503 while it drains, a generation gone) is
   dropped from the usable ones (:meth:`ReplicaSet.forget`) and the call goes at once to another;
   when none is usable the call waits, re-reading every replica's record, until one is;
-- replicas not in use are looked at again every ``ClientOptions.refresh_s`` (during a call, by
-  whichever call is due; a failed probe backs off), so a replica that comes back after a
-  preemption, or one newly listed, takes its share again;
+- replicas not in use are looked at again every ``ClientOptions.refresh_s``, in a thread of its
+  own started by the call that finds it due (so a replica that hangs its probe delays no call; a
+  failed probe backs off), so a replica that comes back after a preemption, or one newly listed,
+  takes its share again;
 - ``failed`` for good (:func:`failure_is_final`) ends a call only when every replica is.
 
 :class:`Call` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`.
@@ -143,6 +144,8 @@ class ReplicaSet:
         self._retired: list[Replica] = []  # no longer listed: their transports close with the client
         self._turn = 0
         self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
+        self._looking: Optional[threading.Thread] = None  # the look in a thread of its own, if one runs
+        self._closed = False
         self.last: Optional[Endpoint] = None  # the endpoint of the last call
 
     # ------------------------------------------------------------------ what it holds
@@ -179,11 +182,8 @@ class ReplicaSet:
         """An endpoint to send this call to (least outstanding requests among the usable replicas),
         waiting for one within the call's deadline; :meth:`release` it after the exchange."""
         while True:
-            if self._due() and self._finding.acquire(blocking=False):
-                try:
-                    self._look(call, background=True)
-                finally:
-                    self._finding.release()
+            if self._due():
+                self._look_aside()
             picked = self._pick()
             if picked is not None:
                 call.usable()
@@ -197,6 +197,27 @@ class ReplicaSet:
                     self._wait(call)
             finally:
                 self._finding.release()
+
+    def _look_aside(self) -> None:
+        """Look at the replicas not in use in a thread of its own (unless a look runs already)."""
+        with self._lock:
+            if self._closed or (self._looking is not None and self._looking.is_alive()):
+                return
+            self._looked_at = time.monotonic()
+            self._looking = threading.Thread(target=self._look_in_background, name="podium-replicas", daemon=True)
+            thread = self._looking
+        thread.start()
+
+    def _look_in_background(self) -> None:
+        if not self._finding.acquire(blocking=False):
+            return  # a call waits for a replica: it looks at them itself
+        try:
+            limit = self.options.connect_timeout_s
+            self._look(Call(self.label, limit, limit), background=True)
+        except Exception as exc:  # a tokenizer mismatch, a failure: the call that goes there says it
+            logger.warning("teacher %s: looking at its replicas: %s", self.label, exc)
+        finally:
+            self._finding.release()
 
     def release(self, endpoint: Endpoint) -> None:
         with self._lock:
@@ -231,10 +252,11 @@ class ReplicaSet:
             return replica.endpoint
 
     def _due(self) -> bool:
-        """Some replica is not in use and the last look at them is ``refresh_s`` old."""
+        """Calls go to some replicas, others are not in use, and the last look at those is
+        ``refresh_s`` old (with none in use a call waits, and looks itself)."""
         with self._lock:
-            idle = any(r.endpoint is None for r in self._replicas)
-            return idle and time.monotonic() - self._looked_at >= self.options.refresh_s
+            used = [r.endpoint is not None for r in self._replicas]
+            return any(used) and not all(used) and time.monotonic() - self._looked_at >= self.options.refresh_s
 
     # ------------------------------------------------------------------ finding the usable ones
 
@@ -262,18 +284,27 @@ class ReplicaSet:
 
     def _look(self, call: Call, *, background: bool) -> None:
         """Read the record of every replica not in use and probe the ready ones; ``background``:
-        during a call that has a replica to go to (a probe that failed lately waits its backoff)."""
+        while calls go to other replicas (a probe that failed lately waits its backoff)."""
         with self._lock:
             replicas = [r for r in self._replicas if r.endpoint is None]
             self._looked_at = time.monotonic()
         for replica in replicas:
             if background and time.monotonic() < replica.probe_after:
                 continue
+            if not background and self._any_usable():
+                with self._lock:
+                    self._looked_at = 0.0  # the waiting call has one: the others are looked at aside, now
+                return
             endpoint = self._examine(replica, call, background)
             if endpoint is not None:
                 with self._lock:
-                    replica.endpoint, replica.transport = endpoint, endpoint.transport
-                    replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
+                    closed = self._closed
+                    if not closed:
+                        replica.endpoint, replica.transport = endpoint, endpoint.transport
+                        replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
+                if closed:
+                    endpoint.transport.close()
+                    return
                 logger.info("teacher %s: using generation %s at %s", self.where(endpoint.record),
                             endpoint.record.generation, endpoint.record.url)
 
@@ -303,8 +334,9 @@ class ReplicaSet:
             return None
         transport = replica.transport if replica.transport is not None and replica.transport.url == record.url \
             else self._transport(record.url)
-        timeout = call.left() if not background else min(call.left(), self.options.connect_timeout_s)
-        problem = self._probe(record, transport, max(timeout, 0.0))
+        # a ready endpoint answers its health at once: one that does not within the connect
+        # timeout is not used (and a hung one holds no look for longer)
+        problem = self._probe(record, transport, max(min(call.left(), self.options.connect_timeout_s), 0.0))
         if problem is not None:
             if transport is not replica.transport:
                 transport.close()
@@ -346,6 +378,7 @@ class ReplicaSet:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             replicas, self._retired = [*self._replicas, *self._retired], []
             for replica in replicas:
                 replica.endpoint = None

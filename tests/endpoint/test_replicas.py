@@ -10,6 +10,7 @@ cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -184,3 +185,48 @@ def test_a_call_fails_only_when_every_replica_failed_for_good(replicas) -> None:
         with pytest.raises(TeacherFailedError, match=r"replica 1 generation 3001:0 failed: node n3 lost "
                                                      r"\(every one of its 2 replicas failed for good\)"):
             client.get_logprobs("math", DATA, timeout_s=30)
+
+
+def still_open(conn: socket.socket) -> bool:
+    """The peer has not closed this connection (what it sent is read and dropped)."""
+    conn.setblocking(False)
+    try:
+        while conn.recv(65536):
+            pass
+        return False  # b"": closed by the peer
+    except BlockingIOError:
+        return True
+
+
+def test_a_replica_that_hangs_its_probe_delays_no_call(replicas) -> None:
+    """Replica 1's record says ready, but what listens at its URL takes connections and never
+    answers (a suspended process): calls go on to replica 0 while its probe hangs aside."""
+    path, started = replicas
+    hung, held = socket.create_server(("127.0.0.1", 0)), []
+    accepted = threading.Event()
+
+    def hold() -> None:
+        while True:
+            try:
+                conn, _ = hung.accept()
+            except OSError:
+                return
+            held.append(conn)
+            accepted.set()
+
+    threading.Thread(target=hold, daemon=True).start()
+    started[1].server.stop(grace_s=0)
+    started[1].writer.publish(Status.READY, url=f"http://127.0.0.1:{hung.getsockname()[1]}")
+    try:
+        with podium.connect(path, **{**FAST, "connect_timeout_s": 30.0}) as client:
+            client.get_logprobs("math", DATA)
+            assert accepted.wait(30), "replica 1 was never probed"
+            on_zero = len(started[0].group.calls)
+            for _ in range(5):  # while the probe of replica 1 hangs (it is given 30 s)
+                np.testing.assert_array_equal(client.get_logprobs("math", DATA)["logprobs"], EXPECTED)
+            assert len(started[0].group.calls) == on_zero + 5
+            assert still_open(held[0]), "the probe of replica 1 gave up before the calls were answered"
+    finally:
+        hung.close()
+        for conn in held:
+            conn.close()
