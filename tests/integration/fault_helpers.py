@@ -183,7 +183,7 @@ def serve_with_client(recipe: Path, run_dir: Path, alias: str, checkpoint: Path,
     ``first_answers``, wait for its first two answers."""
     if up:
         podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
-    [(_, files)] = [(s, f) for s, f in known_teachers(run_dir) if alias in s.aliases]
+    [(_, files)] = [(s, f) for s, f in known_teachers(run_dir) if alias in s.aliases and s.replica == 0]
     data = random_batch(256, [6, 11, 3], seed=7)
     expected = hf_oracle_logprobs(checkpoint, data["input_ids"], data["input_lengths"]).numpy()
     served = Served(run_dir, files, job_ids(run_dir)[alias], RecordWatcher(files.endpoint).start(),

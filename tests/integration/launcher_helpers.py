@@ -74,8 +74,14 @@ def podium(*args: str, env: dict | None = None, timeout: float = 240, check: boo
 
 
 def job_ids(run_dir: Path) -> dict[str, str]:
-    return {json.loads(p.read_text())["teacher_name"]: json.loads(p.read_text())["job_id"]
-            for p in run_dir.glob("teachers/*/job.json")}
+    """Job id by teacher name (``name#i`` for its replica i >= 1)."""
+    from podium.config.spec import TeacherSpec
+
+    out = {}
+    for path in run_dir.glob("teachers/*/job.json"):
+        display = TeacherSpec.read(path.parent / "spec.json").display
+        out[display] = json.loads(path.read_text())["job_id"]
+    return out
 
 
 def check_logprobs(run_dir: Path, expected: dict[str, Path]) -> None:
