@@ -20,8 +20,8 @@ def teacher_needs(spec: TeacherSpec) -> list[str]:
     ep, etp = s.expert_model_parallel_size, s.expert_tensor_parallel_size
     gpu_word = "GPUs" if s.launcher.slurm.gpus else "CPU worker slots"
     lines = [f"{s.num_nodes} node(s) × {s.gpus_per_node} = {gpus} {gpu_word} in one allocation, "
-             f"{s.precision}; one model replica is TP{tp}·PP{pp}·CP{cp} = {tp * pp * cp} of them, "
-             f"DP{s.data_parallel_size} replica(s)"]
+             f"{s.precision}; one copy of the model is TP{tp}·PP{pp}·CP{cp} = {tp * pp * cp} of them, "
+             f"DP{s.data_parallel_size} copies in the allocation"]
     if s.launcher.replicas > 1:
         n = s.launcher.replicas
         lines.append(f"{n} replicas: {n} such allocations ({n * s.num_nodes} node(s), {n * gpus} {gpu_word} in all), "
