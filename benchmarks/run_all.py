@@ -11,6 +11,8 @@ benchmark runs on a clean machine). Charts:
   shape, for ``get_logprobs`` (bench_endpoint) and ``get_topk_logits`` (bench_topk);
 - ``shared_throughput.png``: tokens/s and p99 by number of callers, FIFO vs batched (bench_shared);
 - ``failover.png``: from a fault to the first good answer, by phase (bench_faults).
+- ``replica_scaling.png``: tokens/s by replica count beside R x tokens/s of one, with the scaling
+  efficiency, and tokens/s per replica over time while one drains, stops and comes back (bench_replicas).
 
 What cannot run here is skipped with a printed notice, not an error: bench_faults without a
 reachable Slurm (``--faults-json`` charts a saved run instead), gpu_check's measurement without
@@ -103,6 +105,10 @@ def _shared(args: argparse.Namespace) -> "list[str] | str":
     return ["--quick"] if args.quick else []
 
 
+def _replicas(args: argparse.Namespace) -> list[str]:
+    return ["--quick"] if args.quick else []
+
+
 BENCHMARKS = (
     Bench("launcher", "bench_launcher.py", _launcher),
     Bench("endpoint", "bench_endpoint.py", _endpoint),
@@ -111,6 +117,7 @@ BENCHMARKS = (
     Bench("gpu_check", "gpu_check.py", _gpu_check),
     Bench("faults", "bench_faults.py", _faults),
     Bench("shared", "bench_shared.py", _shared),
+    Bench("replicas", "bench_replicas.py", _replicas),
 )
 
 
@@ -269,6 +276,56 @@ def chart_faults(result: dict[str, Any], path: Path, plt: Any) -> bool:
     return True
 
 
+def _scaling_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
+    rows = sorted(rows, key=lambda r: r["replicas"])
+    x = range(len(rows))
+    ax.bar(list(x), [r["tokens_per_s"] for r in rows], 0.6, color=PHASE_COLORS[0], label="measured")
+    if all("ideal_tokens_per_s" in r for r in rows):
+        ax.plot(list(x), [r["ideal_tokens_per_s"] for r in rows], "k--o", lw=0.8, ms=4, label="R x tokens/s of one")
+        for i, r in zip(x, rows):
+            ax.text(i, r["tokens_per_s"] / 2, f"{r['efficiency']:.2f}", ha="center", va="center", fontsize=8,
+                    color="white")
+    ax.set_xticks(list(x), [f"{r['replicas']}\n(K={r['callers']})" for r in rows], fontsize=8)
+    ax.set_ylim(0, max(max(r.get("ideal_tokens_per_s", r["tokens_per_s"]) for r in rows) * 1.15, 1.0))
+    ax.set_xlabel("replicas (callers)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput by replica count (scaling efficiency in the bars)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _failover_panel(ax: Any, failover: dict[str, Any]) -> None:
+    line = failover["timeline"]
+    series = line["replica_tokens_per_s"]
+    ax.stackplot(line["t_s"], *series, step="post", colors=PHASE_COLORS[:len(series)],
+                 labels=[f"replica {i}" for i in range(len(series))])
+    for name, style in (("drain", ":"), ("back_ready", "--"), ("first_call_back", "-")):
+        t = failover["events_s"].get(name)
+        if t is not None:
+            ax.axvline(t, color="k", lw=0.8, ls=style, label=name.replace("_", " "))
+    phases = failover["phases"]
+    ax.set_title(f"replica 0 drains, stops, comes back: {failover['failed']} failed of {failover['requests']} calls\n"
+                 f"tokens/s before {phases['before']['tokens_per_s']:.0f}, away {phases['away']['tokens_per_s']:.0f}, "
+                 f"after {phases['after']['tokens_per_s']:.0f}", fontsize=9)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend above the data
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("tokens/s (stacked by replica)")
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
+
+
+def chart_replicas(result: dict[str, Any], path: Path, plt: Any) -> bool:
+    rows, failover = result.get("scaling", []), result.get("failover")
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, 2 if failover else 1, figsize=(9.5 if failover else 4.5, 3.6), squeeze=False)
+    _scaling_panel(axes[0][0], rows)
+    if failover:
+        _failover_panel(axes[0][1], failover)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def make_charts(report: dict[str, Any], charts: Path) -> list[str]:
     import matplotlib
 
@@ -281,7 +338,8 @@ def make_charts(report: dict[str, Any], charts: Path) -> list[str]:
     todo = [("launcher_phases.png", lambda p: results.get("launcher") and chart_launcher(results["launcher"], p, plt)),
             ("remote_ratio.png", lambda p: chart_ratio(results.get("endpoint"), results.get("topk"), p, plt)),
             ("shared_throughput.png", lambda p: results.get("shared") and chart_shared(results["shared"], p, plt)),
-            ("failover.png", lambda p: results.get("faults") and chart_faults(results["faults"], p, plt))]
+            ("failover.png", lambda p: results.get("faults") and chart_faults(results["faults"], p, plt)),
+            ("replica_scaling.png", lambda p: results.get("replicas") and chart_replicas(results["replicas"], p, plt))]
     for name, draw in todo:
         if draw(charts / name):
             made.append(str(charts / name))

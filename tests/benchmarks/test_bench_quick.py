@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 ROOT = Path(__file__).resolve().parents[2]
 # One of each way a benchmark starts processes: Ray as podium starts it (launcher's floor), a client
 # process and servers (topk's transport), a Megatron group on the test Ray cluster (shared; endpoint
-# and teacher_group start theirs the same way, with the same teardown, and are left to keep CI short).
-RUN = ["launcher", "topk", "shared"]
+# and teacher_group start theirs the same way, with the same teardown, and are left to keep CI short),
+# in-process replicas behind one client (replicas: its failover must cost no call).
+RUN = ["launcher", "topk", "shared", "replicas"]
 LEFT_WAIT_S = 60.0
 
 
@@ -77,5 +78,9 @@ def test_every_quick_benchmark_ends_what_it_started(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     floor = rows["launcher"]["result"]["ray_floor"]
     assert len(floor["alone"]) == 1 and len(floor["two_at_once"][0]) == 2
-    for chart in ("launcher_phases.png", "shared_throughput.png"):
+    replicas = rows["replicas"]["result"]
+    assert [r["replicas"] for r in replicas["scaling"]] == [1, 2, 4]
+    assert all(r["failed_all"] == 0 and min(r["calls_per_replica"]) > 0 for r in replicas["scaling"]), replicas
+    assert replicas["failover"]["failed"] == 0 and replicas["failover"]["calls_on_returned_replica"] > 0, replicas
+    for chart in ("launcher_phases.png", "shared_throughput.png", "replica_scaling.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
