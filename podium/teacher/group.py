@@ -68,6 +68,7 @@ class CallStats:
     microbatches: int
     computed_tokens: int
     seconds: float
+    dp_tokens: tuple[int, ...] = ()  # the token positions each data-parallel copy of the model computed
 
 
 class TeacherWorkerGroup:
@@ -277,7 +278,8 @@ class TeacherWorkerGroup:
                     answer[key][where] = value[real]
             self.last_call = CallStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
                                        computed_tokens=computed_tokens(replicas),
-                                       seconds=time.perf_counter() - started)
+                                       seconds=time.perf_counter() - started,
+                                       dp_tokens=tuple(computed_tokens([shard]) for shard in replicas))
             # positions past the longest row come back as zeros, up to the caller's width
             return {key: batch.pad(value).contiguous() for key, value in answer.items()}
 

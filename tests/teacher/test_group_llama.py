@@ -89,6 +89,11 @@ def test_dp2_matches_hf_on_odd_batches(dp2, tiny_llama_checkpoint):
     assert dp2.data_parallel_size == 2 and dp2.spec.temperature == 0.8
     for lengths in [(5,), (3, 9, 1), (16, 2, 7, 7, 11)]:
         assert_matches_oracle(dp2, tiny_llama_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)), top_k=2)
+    # DP copies get balanced tokens, not equal shares of micro-batches: of the micro-batches of 120
+    # (3 × 40), 104 (the 100-token row) and 24 tokens (2 × 12), the smallest joins the 104 (taken in
+    # turn, it would join the 120: 144 vs 104)
+    assert_matches_oracle(dp2, tiny_llama_checkpoint, ragged_batch(VOCAB, (100, 40, 40, 40, 12, 12), seed=3))
+    assert sorted(dp2.last_call.dp_tokens) == [120, 128] and dp2.last_call.microbatches == 3, dp2.last_call
 
 
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
