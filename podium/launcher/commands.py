@@ -1,4 +1,4 @@
-"""The logic of ``podium up / status / wait / logs / down`` (the CLI only parses and prints).
+"""The logic of ``podium up / status / wait / scale / logs / down`` (the CLI only parses and prints).
 
 All state comes from the run directory (``job.json``, the endpoint records) and Slurm, so any
 ``podium`` process on any login node can run these. Light imports only: no torch, no ray.
