@@ -10,7 +10,8 @@
   the caller's ids
 - ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade (:mod:`podium.nemo_rl`)
 
-Modules: ``client`` (routing, multi-teacher), ``teacher`` (one teacher, restart following),
+Modules: ``client`` (routing, multi-teacher, re-reading the rendezvous), ``teacher`` (one
+teacher's calls, restart following), ``replicas`` (which of a teacher's replicas a call goes to),
 ``transport`` (keep-alive HTTP), ``errors``; the wire itself is ``podium.protocol``.
 Importing this package pulls numpy but not torch; torch is imported when results are returned.
 """

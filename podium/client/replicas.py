@@ -193,7 +193,7 @@ class ReplicaSet:
                 call.note("another call of this client was waiting for the teacher")
                 raise call.unavailable()
             try:
-                if not self._any_usable():
+                if not self.any_usable():
                     self._wait(call)
             finally:
                 self._finding.release()
@@ -232,9 +232,7 @@ class ReplicaSet:
                 endpoint.replica.probe_after = 0.0
 
     def any_usable(self) -> bool:
-        return self._any_usable()
-
-    def _any_usable(self) -> bool:
+        """A call sent now would go to a replica known to answer (none: it would wait)."""
         with self._lock:
             return any(r.endpoint is not None for r in self._replicas)
 
@@ -291,7 +289,7 @@ class ReplicaSet:
         for replica in replicas:
             if background and time.monotonic() < replica.probe_after:
                 continue
-            if not background and self._any_usable():
+            if not background and self.any_usable():
                 with self._lock:
                     self._looked_at = 0.0  # the waiting call has one: the others are looked at aside, now
                 return
