@@ -293,7 +293,7 @@ def render(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
     launcher: Optional[Path] = LauncherOpt,
-    teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key."),
+    teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key; NAME#i for its replica i."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
 ) -> None:
@@ -312,7 +312,7 @@ def render(
     except ConfigError as exc:
         _fail(str(exc))
         return
-    submission = backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of(target, spec.name, spec.key))
+    submission = backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of_spec(target, spec))
     typer.echo(submission.render(), nl=False)
 
 

@@ -59,9 +59,13 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
 
     def teacher(self, key_or_name: str) -> TeacherSpec:
+        """The teacher of that key or name, or the replica of that display name (``math#1``)."""
         for spec in self.teachers:
             if key_or_name in (spec.key, spec.name):
                 return spec
+            for replica in spec.replica_specs()[1:]:
+                if key_or_name == replica.display:
+                    return replica
         names = ", ".join(s.name for s in self.teachers)
         raise ConfigError(f"no teacher {key_or_name!r} in the plan; teachers: {names}")
 

@@ -254,10 +254,11 @@ def notices(plan: Plan) -> list[str]:
 
 
 def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
-    """What ``up`` would submit, validated as ``up`` validates; nothing is written or submitted."""
+    """What ``up`` would submit (every replica's job), validated as ``up`` validates; nothing is
+    written or submitted."""
     validate(plan)
-    return [backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))
-            for spec in plan.teachers]
+    return [backend_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir.absolute(), replica))
+            for spec in plan.teachers for replica in spec.replica_specs()]
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> bool:

@@ -120,3 +120,26 @@ def test_scale_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         commands.scale(layout.run_dir, "math", 0)
     with pytest.raises(ValueError, match=r"no teacher 'maths' in .* \(teachers: chat, math\)"):
         commands.scale(layout.run_dir, "maths", 2)
+
+
+def test_dry_run_prints_every_replicas_job_and_render_names_one(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from podium.cli import app
+
+    path = tmp_path / "recipe.yaml"
+    text = RECIPE.format(podium="  teachers: {chat: {replicas: 2}}").replace("cluster: local", "cluster: slurm")
+    path.write_text(text.replace("/ckpt/", "org/"))  # hub ids: a dry run checks local checkpoints exist
+    run_dir = tmp_path / "run"
+    dry = CliRunner().invoke(app, ["up", str(path), "--run-dir", str(run_dir), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    names = [line.split("=", 1)[1] for line in dry.stdout.splitlines() if line.startswith("#SBATCH --job-name=")]
+    chat = load_plan(path).teacher("chat")
+    assert names == [f"podium-math-{load_plan(path).teacher('math').key[:8]}", f"podium-chat-{chat.key[:8]}",
+                     f"podium-chat-{chat.key[:8]}-r1"]
+    one = CliRunner().invoke(app, ["render", str(path), "--run-dir", str(run_dir), "--teacher", "chat#1"])
+    assert one.exit_code == 0, one.output
+    assert f"#SBATCH --job-name=podium-chat-{chat.key[:8]}-r1" in one.stdout and one.stdout in dry.stdout
+    assert not run_dir.exists()  # neither writes the run dir
+    bad = CliRunner().invoke(app, ["render", str(path), "--teacher", "chat#2"])
+    assert bad.exit_code == 2 and "no teacher 'chat#2' in the plan; teachers: math, chat" in bad.output
