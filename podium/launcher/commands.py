@@ -6,6 +6,7 @@ All state comes from the run directory (``job.json``, the endpoint records) and 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -406,16 +407,24 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
     replicas = {spec.replica: (spec, files) for spec, files in known if spec.key == key}
     template = replicas[min(replicas)][0]
     result = ScaleResult(run_dir, template.name, key, count, len(rdv.entry(key).replicas))
+    endpoint = functools.partial(layout.endpoint_relpath, template.name, key)
     for index in range(count):
         spec = replicas[index][0] if index in replicas else template.replica_spec(index)
         if index not in replicas:
             write_spec(run_dir, spec)
-        record, action = ensure_submitted(spec, TeacherFiles.of_spec(run_dir, spec))
+        try:
+            record, action = ensure_submitted(spec, TeacherFiles.of_spec(run_dir, spec))
+        except SubmitError as exc:
+            # what runs stays listed and what was just submitted is listed too; nothing is stopped
+            listed = list(dict.fromkeys([*rdv.entry(key).replicas, *map(endpoint, range(index))]))
+            write_rendezvous(layout, rdv.with_replicas(key, listed))
+            done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items()) or "none"
+            raise SubmitError(f"{exc} [replicas with jobs: {done}; the rendezvous lists {len(listed)}; nothing "
+                              f"was stopped; `podium scale` again, once fixed, submits the rest]") from exc
         result.actions[spec.display] = action
         result.job_ids[spec.display] = record.job_id
     # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay
-    write_rendezvous(layout, rdv.with_replicas(key, [layout.endpoint_relpath(template.name, key, i)
-                                                     for i in range(count)]))
+    write_rendezvous(layout, rdv.with_replicas(key, [endpoint(i) for i in range(count)]))
     beyond = _with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
     live = job_states([rec for _, _, recs in beyond for rec in recs])
     result.stopped = [spec.display for spec, _, recs in beyond

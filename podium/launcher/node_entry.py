@@ -177,7 +177,7 @@ class _NodeRun:
         """Start, serve or join, tear down. The head returns what comes next (its ending has been
         published); a worker rank returns None, or raises what made it fail."""
         ctx, spec, files = self.ctx, self.spec, self.files
-        logger.info("teacher %r (%s) node %s rank %d/%d generation %s", spec.name, spec.key, ctx.host,
+        logger.info("teacher %r (%s) node %s rank %d/%d generation %s", spec.display, spec.key, ctx.host,
                     ctx.rank, ctx.num_nodes, ctx.generation)
         lifecycle = TeacherLifecycle(spec, files, ctx.generation, self.signals) if ctx.rank == 0 else None
         error: Optional[BaseException] = None
@@ -475,7 +475,7 @@ class _HeadRun:
             except OSError as exc:
                 logger.warning("could not reset the failure count in %s: %s", self.files.restarts, exc)
             watchdog.start()
-            logger.info("teacher %r ready at %s", self.spec.name, url)
+            logger.info("teacher %r ready at %s", self.spec.display, url)
 
         try:
             self.lifecycle.serve(self.group, host=host, token=token, on_ready=on_ready)

@@ -68,7 +68,7 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
     submission = backend.materialise(spec, files)
     with _clean_environ():
         job_id = backend.submit(submission)
-    logger.info("teacher %r: submitted job %s (%s)", spec.name, job_id, backend.name)
+    logger.info("teacher %r: submitted job %s (%s)", spec.display, job_id, backend.name)
     return job_id
 
 
@@ -100,9 +100,9 @@ def _adopt(spec: TeacherSpec, files: TeacherFiles, found: list[str],
     others = [j for j in found if j != job_id]
     if others:
         logger.warning("teacher %r: jobs %s also carry its identity; %s is adopted, the others are left "
-                       "running (cancel them yourself)", spec.name, ", ".join(others), job_id)
+                       "running (cancel them yourself)", spec.display, ", ".join(others), job_id)
     logger.warning("teacher %r: job %s runs but %s did not name it (an interrupted `podium up`?): "
-                   "adopted", spec.name, job_id, files.job)
+                   "adopted", spec.display, job_id, files.job)
     previous = [*record.previous_job_ids, record.job_id] if record and record.job_id != job_id else []
     intent = try_read_json(files.submitting)  # the settings of the last submission: this job's
     launcher = intent.data.get("launcher") if intent.ok and isinstance(intent.data, dict) else None
@@ -151,7 +151,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 except SubmitError:  # refused: nothing was submitted, so no submission is in flight
                     files.submitting.unlink(missing_ok=True)
                     raise
-                _fault("exit-after-submit", f"teacher {spec.name!r}: job {job_id} submitted, job.json not written")
+                _fault("exit-after-submit", f"teacher {spec.display!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),
@@ -162,6 +162,6 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
             finally:
                 claim.release()
         if time.monotonic() > deadline:
-            raise SubmitError(f"teacher {spec.name!r}: another `podium up` holds its submit claim in "
+            raise SubmitError(f"teacher {spec.display!r}: another `podium up` holds its submit claim in "
                               f"{files.folder} for more than {timeout_s:.0f}s")
         time.sleep(0.2)

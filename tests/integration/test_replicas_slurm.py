@@ -136,3 +136,55 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
 def entry_key(run_dir: Path) -> str:
     (key,) = read_rendezvous(run_dir).teachers
     return key
+
+
+FAKE_SBATCH = """#!/bin/bash
+# sbatch of a site whose QOS takes one more job: the first submission is accepted (no job is
+# started: this test needs none), every later one refused as Slurm 22.05 refuses it
+n=$(cat "{count}" 2>/dev/null || echo 0); echo $((n + 1)) > "{count}"
+if [ "$n" = 0 ]; then echo "Submitted batch job 999001"; exit 0; fi
+echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)" >&2
+exit 1
+"""
+
+
+@pytest.mark.slurm
+def test_scale_refused_halfway_lists_what_was_submitted_and_stops_nothing(
+    slurm_cluster, slurm_scratch: Path, slurm_jobs: list, tiny_qwen2_checkpoint: Path
+) -> None:
+    """``podium scale`` to 3 where the site takes one more job: replica 0 runs (a stand-in job),
+    replica 1 is submitted, replica 2 is refused; the error names the refusal, its fix and what
+    has jobs; the rendezvous lists what was submitted (clients use it once it serves), and nothing
+    is stopped or left half-submitted."""
+    import os
+    import subprocess
+
+    from podium.config.plan import load_plan
+    from podium.launcher.run_dir import prepare_run_dir
+
+    recipe = write_recipe(slurm_scratch / "recipe.yaml", {"solo": (tiny_qwen2_checkpoint, 1)})
+    run_dir = slurm_scratch / "run"
+    prepare_run_dir(load_plan(recipe), run_dir)
+    (replica0,) = replicas_of(run_dir).values()
+    running = subprocess.run(["sbatch", "--parsable", "-p", "low", "-c", "1", "--output=/dev/null", "--wrap",
+                              "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+    slurm_jobs.append(running)
+    replica0.job.write_text(json.dumps({"teacher_key": entry_key(run_dir), "teacher_name": "solo",
+                                        "job_id": running, "cluster": "slurm", "submitted_at": 0.0,
+                                        "folder": str(replica0.submitit)}))
+    bin_dir = slurm_scratch / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(count=slurm_scratch / "sbatch.count"))
+    (bin_dir / "sbatch").chmod(0o755)
+    proc = podium("scale", str(run_dir), "solo", "3", check=False,
+                  env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "sbatch refused" in err and "Job violates accounting/QOS policy" in err and "podium.slurm.qos" in err, err
+    assert (f"replicas with jobs: solo job {running}, solo#1 job 999001; the rendezvous lists 2; "
+            "nothing was stopped") in err, err
+    replicas = replicas_of(run_dir)
+    listed = read_rendezvous(run_dir).teachers[entry_key(run_dir)].replicas
+    assert [Path(p).parent.name for p in listed] == [replicas[0].folder.name, replicas[1].folder.name]
+    assert not replicas[2].job.exists() and not replicas[2].submitting.exists()
+    assert slurm_cluster.scontrol_job(running)["JobState"] == "RUNNING"
