@@ -18,7 +18,7 @@ from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import PLAN_FILE, RECIPE_FILE, TeacherFiles
 from podium.rendezvous.atomic import atomic_write_json, ensure_dir
-from podium.rendezvous.layout import RunLayout
+from podium.rendezvous.layout import RunLayout, teacher_dir_name
 from podium.rendezvous.manifest import build_rendezvous, write_rendezvous
 from podium.rendezvous.token import create_token
 
@@ -92,5 +92,5 @@ def known_teachers(run_dir: Path) -> list[tuple[TeacherSpec, TeacherFiles]]:
         files = TeacherFiles(folder)
         if files.spec.is_file():
             out.append((TeacherSpec.read(files.spec), files))
-    out.sort(key=lambda found: (found[0].replica_spec(0).label, found[0].replica))
+    out.sort(key=lambda found: (teacher_dir_name(found[0].name, found[0].key), found[0].replica))
     return out

@@ -95,8 +95,8 @@ class Rendezvous(BaseModel):
         """This rendezvous with teacher ``key`` served by the replicas whose records are ``endpoints``."""
         if not endpoints:
             raise ValueError(f"run {self.run_name!r}: teacher {key!r} needs at least one replica")
-        entry = self.entry(key).model_copy(update={"endpoint": endpoints[0], "replicas": tuple(endpoints)})
-        return self.model_copy(update={"teachers": {**self.teachers, key: TeacherEntry.model_validate(entry.model_dump())}})
+        changed = {**self.entry(key).model_dump(), "endpoint": endpoints[0], "replicas": tuple(endpoints)}
+        return self.model_copy(update={"teachers": {**self.teachers, key: TeacherEntry.model_validate(changed)}})
 
 
 def build_rendezvous(
