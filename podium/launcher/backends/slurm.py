@@ -70,7 +70,8 @@ def _remove(paths: set[Path]) -> None:
 
 def job_name(spec: TeacherSpec) -> str:
     """``podium-<name>-<key8>``, ``-r<i>`` added for replica i >= 1."""
-    return f"podium-{spec.name}-{spec.identity[:8]}{spec.identity[len(spec.key):]}"
+    replica = spec.identity[len(spec.key):]  # the identity's replica suffix ("" for replica 0)
+    return f"podium-{spec.name}-{spec.key[:8]}{replica}"
 
 
 def job_comment(spec: TeacherSpec, files: TeacherFiles) -> str:
