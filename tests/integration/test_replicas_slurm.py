@@ -152,7 +152,7 @@ exit 1
 def test_scale_refused_halfway_lists_what_was_submitted_and_stops_nothing(
     slurm_cluster, slurm_scratch: Path, slurm_jobs: list, tiny_qwen2_checkpoint: Path
 ) -> None:
-    """``podium scale`` to 3 where the site takes one more job: replica 0 runs (a stand-in job),
+    """``podium scale`` to 3 where the site takes one more job: replica 0 has a live job (a stand-in),
     replica 1 is submitted, replica 2 is refused; the error names the refusal, its fix and what
     has jobs; the rendezvous lists what was submitted (clients use it once it serves), and nothing
     is stopped or left half-submitted."""
@@ -187,4 +187,4 @@ def test_scale_refused_halfway_lists_what_was_submitted_and_stops_nothing(
     listed = read_rendezvous(run_dir).teachers[entry_key(run_dir)].replicas
     assert [Path(p).parent.name for p in listed] == [replicas[0].folder.name, replicas[1].folder.name]
     assert not replicas[2].job.exists() and not replicas[2].submitting.exists()
-    assert slurm_cluster.scontrol_job(running)["JobState"] == "RUNNING"
+    assert slurm_cluster.scontrol_job(running)["JobState"] in ("PENDING", "RUNNING")  # not stopped
