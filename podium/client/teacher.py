@@ -17,8 +17,9 @@ longer than what is left). Within it (:meth:`TeacherClient._call`):
 - a 5xx other than 503 is retried only when the generation that answered it is gone since
   (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
 - a 4xx is never retried (:class:`TeacherRequestError`);
-- a ``failed`` record ends the call only when that failure is final (:func:`failure_is_final`,
-  :class:`TeacherFailedError`) for every replica; otherwise the call waits for the next generation;
+- a ``failed`` record ends the call only when that failure is final
+  (:func:`~podium.client.replicas.failure_is_final`, :class:`TeacherFailedError`) for every
+  replica; otherwise the call waits for the next generation;
 - when the deadline passes: :class:`TeacherUnavailableError` naming the teacher, the last
   generation seen, how long it waited and what it saw.
 """
@@ -38,15 +39,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from podium.client.errors import (
-    TeacherFailedError,
-    TeacherRequestError,
-    TeacherServerError,
-    TeacherUnavailableError,
-    TokenizerMismatchError,
-    TransportError,
-)
-from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text, failure_is_final
+from podium.client.errors import TeacherRequestError, TeacherServerError, TokenizerMismatchError, TransportError
+from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
 from podium.client.transport import HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, as_int_array, batch_inputs, validate_options

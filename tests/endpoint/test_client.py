@@ -24,7 +24,7 @@ from podium.client import (
     TokenizerMismatchError,
     tokenizer_fingerprint,
 )
-from podium.client.teacher import failure_is_final
+from podium.client.replicas import failure_is_final
 from podium.client.transport import HTTPTransport
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
