@@ -93,9 +93,10 @@ class PodiumClient:
             teachers = dict(self._teachers)
         for key, client in teachers.items():
             entry = rendezvous.teachers.get(key)
-            if entry is not None and [self.layout.resolve(p) for p in entry.replicas] != client.replicas.paths:
-                logger.info("teacher %s: the rendezvous now lists %d replica(s)", client.label, len(entry.replicas))
-                client.set_replicas([self.layout.resolve(p) for p in entry.replicas])
+            paths = [self.layout.resolve(p) for p in entry.replicas] if entry is not None else None
+            if paths is not None and paths != client.replicas.paths:
+                logger.info("teacher %s: the rendezvous now lists %d replica(s)", client.label, len(paths))
+                client.set_replicas(paths)
 
     def teacher(self, alias_or_agent_name: str) -> TeacherClient:
         """The client of the teacher serving ``alias_or_agent_name``."""

@@ -231,13 +231,17 @@ def _live_extra_replicas(plan: Plan, run_dir: Path) -> dict[str, list[tuple[Teac
     found = [(spec, files, JobRecord.of(files, spec.launcher.cluster)) for spec, files in known_teachers(run_dir)
              if spec.key in wanted and spec.replica >= wanted[spec.key]]
     with_jobs = [(spec, files, rec) for spec, files, rec in found if rec is not None]
-    states = job_states([rec for _, _, rec in with_jobs])
+    live = _live_job_ids([rec for _, _, rec in with_jobs])
     out: dict[str, list[tuple[TeacherSpec, TeacherFiles, JobRecord]]] = {}
     for spec, files, rec in with_jobs:
-        state = states.get(rec.job_id)
-        if state is not None and state.alive:
+        if rec.job_id in live:
             out.setdefault(spec.key, []).append((spec, files, rec))
     return out
+
+
+def _live_job_ids(records: Sequence[JobRecord]) -> set[str]:
+    """The ids of these jobs that are pending or running (one query)."""
+    return {job_id for job_id, state in job_states(records).items() if state.alive}
 
 
 def validate(plan: Plan) -> None:
@@ -426,9 +430,8 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
     # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay
     write_rendezvous(layout, rdv.with_replicas(key, [endpoint(i) for i in range(count)]))
     beyond = _with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
-    live = job_states([rec for _, _, recs in beyond for rec in recs])
-    result.stopped = [spec.display for spec, _, recs in beyond
-                      if any(live.get(rec.job_id) is not None and live[rec.job_id].alive for rec in recs)]
+    live = _live_job_ids([rec for _, _, recs in beyond for rec in recs])
+    result.stopped = [spec.display for spec, _, recs in beyond if any(rec.job_id in live for rec in recs)]
     _stop(beyond, wait_s=wait_s)
     return result
 
