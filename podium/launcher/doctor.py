@@ -163,7 +163,7 @@ def gres_gpus(gres: str) -> int:
 
 def limit_minutes(limit: str) -> Optional[int]:
     """sinfo's time limit in minutes (``infinite``/``n/a``: None)."""
-    from podium.launcher.backends.slurm import time_to_minutes
+    from podium.launcher.slurm_state import time_to_minutes
 
     if limit.lower() in ("infinite", "n/a", "unlimited", ""):
         return None
@@ -187,7 +187,7 @@ class PartitionNeed:
 
 def partition_needs(specs: Iterable[TeacherSpec]) -> list[PartitionNeed]:
     """One need per partition the teachers use (in the order they first appear)."""
-    from podium.launcher.backends.slurm import time_to_minutes
+    from podium.launcher.slurm_state import time_to_minutes
 
     groups: dict[Optional[str], list[TeacherSpec]] = defaultdict(list)
     for spec in specs:
@@ -552,7 +552,7 @@ def run_doctor(plan: Optional[Plan], settings: TeacherLauncherSettings, run_dir:
 
 
 def _minutes(time: str) -> int:
-    from podium.launcher.backends.slurm import time_to_minutes
+    from podium.launcher.slurm_state import time_to_minutes
 
     return time_to_minutes(time)
 

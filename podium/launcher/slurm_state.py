@@ -1,7 +1,8 @@
-"""Slurm's text, parsed: job states from ``sacct --parsable2`` and ``squeue``, and node lists.
+"""Slurm's text, parsed: job states from ``sacct --parsable2`` and ``squeue``, node lists, times.
 
 Pure functions over strings (tested on real output of the Slurm 22.05 test cluster, odd cases
-included), plus :func:`query_states`, the one function here that runs ``sacct``/``squeue``.
+included), plus the few queries that run ``sacct``/``squeue``/``scontrol`` (:func:`query_states`,
+:func:`query_live_by_comment`, :func:`show_job`).
 A failed ``sacct`` is a :class:`SlurmQueryError`, never "status may be inaccurate".
 
 =================  ===========================================================================
@@ -254,6 +255,25 @@ def slurm_time(value: Optional[str]) -> Optional[float]:
         return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None
+
+
+def time_to_minutes(text: str) -> int:
+    """Slurm time -> minutes (rounded up). Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``,
+    ``D-H:M``, ``D-H:M:S``: without a day part one or two fields start at minutes, with a day
+    part they start at hours."""
+    rest = text.strip()
+    days = 0
+    if "-" in rest:
+        d, rest = rest.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in rest.split(":")]
+    if days or "-" in text:
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        h, (m, s) = 0, (parts + [0])[:2]
+    return days * 1440 + h * 60 + m + (1 if s else 0)
 
 
 def show_job(job_id: str, timeout_s: float = 10.0) -> dict[str, str]:

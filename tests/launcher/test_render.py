@@ -20,8 +20,9 @@ import pytest
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import backend_for
-from podium.launcher.backends.slurm import SlurmBackend, sbatch_request, time_to_minutes
+from podium.launcher.backends.slurm import SlurmBackend, sbatch_request
 from podium.launcher.files import TeacherFiles
+from podium.launcher.slurm_state import time_to_minutes
 from podium.launcher.submission import clean_submit_env
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -53,6 +53,7 @@ from podium.launcher.slurm_state import (
     query_states,
     show_job,
     slurm_time,
+    time_to_minutes,
 )
 
 logger = logging.getLogger(__name__)
@@ -82,25 +83,6 @@ def job_comment(spec: TeacherSpec, files: TeacherFiles) -> str:
     between) is still found (:meth:`SlurmBackend.find_live`)."""
     run_dir = str(files.run_dir.absolute().resolve())
     return f"podium:{spec.identity}:{hashlib.sha256(run_dir.encode()).hexdigest()[:16]}"
-
-
-def time_to_minutes(text: str) -> int:
-    """Slurm time -> minutes (rounded up). Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``,
-    ``D-H:M``, ``D-H:M:S``: without a day part one or two fields start at minutes, with a day
-    part they start at hours."""
-    rest = text.strip()
-    days = 0
-    if "-" in rest:
-        d, rest = rest.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in rest.split(":")]
-    if days or "-" in text:
-        h, m, s = (parts + [0, 0])[:3]
-    elif len(parts) == 3:
-        h, m, s = parts
-    else:
-        h, (m, s) = 0, (parts + [0])[:2]
-    return days * 1440 + h * 60 + m + (1 if s else 0)
 
 
 def cpus_per_task(spec: TeacherSpec) -> int:
