@@ -98,8 +98,8 @@ def measure(fault: str, files, job: str, watcher, client, scratch: Path, timeout
             subprocess.run(["bash", str(slurm_sh), "preempt-mode", "user-signal"], check=True, capture_output=True)
     old = [data for _, status, g, data in watcher.changes if g == gen and status in ("failed", "draining", "stopped")]
     seen_at = min(t for t, status, g, _ in watcher.changes if g == gen and status in ("failed", "draining", "stopped"))
-    old_timings = old[-1]["extra"]["timings"]
-    t = ready["extra"]["timings"]
+    old_timings = old[-1]["timings"]
+    t = ready["timings"]
     first = min(c.end for c in client.calls[calls_before:] if c.start >= t_ready and c.exception is None)
     ended = old_timings.get("failed") or old_timings.get("stopped") or seen_at
     marks = [old_timings[k] for k in ("fault", "stop_signal") if k in old_timings]  # the head's own stamps

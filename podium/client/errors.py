@@ -52,7 +52,7 @@ class TeacherUnavailableError(PodiumClientError, TimeoutError):
 
 
 class TeacherFailedError(PodiumClientError):
-    """The teacher's record says ``failed`` for good (``podium.client.replicas.failure_is_final``):
+    """The teacher's record says ``failed`` for good (``EndpointRecord.failure_is_final``):
     no generation will come back to serve."""
 
     def __init__(self, teacher: str, generation: str, reason: Optional[str]) -> None:

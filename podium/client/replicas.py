@@ -16,7 +16,7 @@ known to answer (ready, confirmed by a health probe: records can be stale), and 
   own started by the call that finds it due (so a replica that hangs its probe delays no call; a
   failed probe backs off), so a replica that comes back after a preemption, or one newly listed,
   takes its share again;
-- ``failed`` for good (:func:`failure_is_final`) ends a call only when every replica is.
+- ``failed`` for good (:meth:`EndpointRecord.failure_is_final`) ends a call only when every replica is.
 
 :class:`Call` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`.
 """
@@ -43,20 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 PROBE_BACKOFF_MAX_S = 60.0  # a replica whose ready record does not answer is probed at most this rarely
-
-
-def failure_is_final(record: EndpointRecord) -> bool:
-    """Whether a ``failed`` record means no generation of the replica will come back.
-
-    The record's ``extra["final"]`` says so when present (the launcher's verdict); without it, a
-    failure is final unless ``extra["will_retry"]`` is true (the job will requeue). The one place
-    that reads this from a record."""
-    if record.status is not Status.FAILED:
-        return False
-    extra = record.extra or {}
-    if "final" in extra:
-        return bool(extra["final"])
-    return not extra.get("will_retry")
 
 
 @dataclass
@@ -319,7 +305,7 @@ class ReplicaSet:
         gen = str(record.generation)
         call.generation = gen
         stale = record.is_stale(self.options.stale_after_s, now)
-        replica.final = record if failure_is_final(record) else None
+        replica.final = record if record.failure_is_final() else None
         if record.status is Status.FAILED:
             retry = "for good" if replica.final is not None else "the teacher will retry"
             call.note(f"{prefix}generation {gen} failed ({record.reason or 'no reason given'}); {retry}")

@@ -36,7 +36,7 @@ from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, Parall
 from podium.config.needs import teacher_needs
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
-from podium.config.routing import route_agent
+from podium.rendezvous.routing import route_agent
 from podium.config.sources import DEFAULT_CFG, MAPPING, OPD, OVERRIDES, TeacherSource, teacher_source
 from podium.config.spec import TeacherSpec
 

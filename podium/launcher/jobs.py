@@ -7,22 +7,25 @@ A teacher started with plain sbatch has no ``job.json``; its endpoint record nam
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from podium.config.launcher import TeacherLauncherSettings
 from podium.launcher.files import TeacherFiles
-from podium.rendezvous.atomic import FileReadError, atomic_write_json, try_read_json
+from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.records import read_record
+from podium.rendezvous.schema import VersionedFile
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class JobRecord:
+class JobRecord(VersionedFile):
     """``job.json``: the teacher's current job and the ones before it."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    DESCRIPTION: ClassVar[str] = "a job record"
+    model_config = ConfigDict(extra="ignore")
 
     teacher_key: str
     teacher_name: str
@@ -31,7 +34,7 @@ class JobRecord:
     submitted_at: float
     folder: str  # the submitit folder
     submitted_by: str = ""
-    previous_job_ids: list[str] = field(default_factory=list)
+    previous_job_ids: list[str] = Field(default_factory=list)
     # The launcher settings the job was submitted with (``TeacherLauncherSettings`` as JSON); None
     # when not known (a job.json of an older podium, a plain-sbatch teacher).
     launcher: Optional[dict[str, Any]] = None
@@ -48,13 +51,13 @@ class JobRecord:
 
     @classmethod
     def read(cls, files: TeacherFiles) -> Optional["JobRecord"]:
-        found = try_read_json(files.job)
-        if not found.ok:
-            if found.error is not None and found.error.kind != "missing":
-                logger.warning("%s", found.error)
+        """``job.json``; None when there is none (a corrupt or newer one is logged)."""
+        try:
+            return parse_model(cls, read_json(files.job), files.job, "a job record")
+        except FileReadError as exc:
+            if exc.kind != "missing":
+                logger.warning("%s", exc)
             return None
-        data = found.data
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_endpoint(cls, files: TeacherFiles, cluster: str) -> Optional["JobRecord"]:
@@ -73,4 +76,4 @@ class JobRecord:
         return cls.read(files) or cls.from_endpoint(files, cluster)
 
     def write(self, files: TeacherFiles) -> None:
-        atomic_write_json(files.job, asdict(self))
+        atomic_write_json(files.job, self.model_dump(mode="json"))

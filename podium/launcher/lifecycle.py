@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.signals import Signals
-from podium.rendezvous.atomic import try_read_json
-from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, StaleGenerationError, Status
+from podium.launcher.stop_request import stop_requested
+from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, RestartInfo, StaleGenerationError, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from podium.launcher.restarts import Decision, RestartLedger
@@ -97,8 +97,9 @@ class TeacherLifecycle:
     def end(self, outcome: str, reason: str, decision: "Decision", ledger: "RestartLedger") -> None:
         """Publish how the generation ended: ``failed`` (with the restart decision, so a reader
         knows whether it comes back) or ``stopped`` (with why, and whether it requeues)."""
-        restart = {**decision.to_json(), "consecutive_failures": ledger.consecutive_failures,
-                   "requeues": ledger.requeues, "max_consecutive_failures": self.spec.launcher.restart.max_consecutive_failures}
+        restart = RestartInfo(**decision.to_json(), consecutive_failures=ledger.consecutive_failures,
+                              requeues=ledger.requeues,
+                              max_consecutive_failures=self.spec.launcher.restart.max_consecutive_failures)
         fields = {"final": decision.final, "will_retry": decision.requeue, "restart": restart}
         if outcome == "failed":
             text = f"{reason} ({decision.why})"
@@ -155,8 +156,7 @@ class TeacherLifecycle:
     def _check_stop_file(self) -> None:
         """``podium down`` asks this job to stop through the stop file (only this job: a request
         left for an older job does not stop a later one)."""
-        found = try_read_json(self.files.stop_request)
-        if found.ok and str(found.data.get("job_id")) == str(self.generation.job_id):
+        if stop_requested(self.files, self.generation.job_id) is not None:
             logger.warning("stop requested by %s", self.files.stop_request)
             self.signals.request_stop(f"stop requested by {self.files.stop_request.name} (podium down)")
 

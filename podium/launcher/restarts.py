@@ -26,13 +26,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
 from podium.config.launcher import RestartSettings
 from podium.launcher.files import TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
+from podium.rendezvous.schema import VersionedFile
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,11 @@ class GenerationOutcome(BaseModel):
     time: float
 
 
-class RestartLedger(BaseModel):
+class RestartLedger(VersionedFile):
     """The content of ``restarts.json``."""
 
+    SCHEMA_VERSION: ClassVar[int] = 1
+    DESCRIPTION: ClassVar[str] = "a restart ledger"
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     consecutive_failures: int = 0

@@ -4,7 +4,8 @@
 - ``atomic``: write-temp + fsync + rename, tolerant JSON reads (:class:`FileReadError`).
 - ``token``: the run's bearer token (0600 file, constant-time compare).
 - ``records``: the endpoint record, generations, fenced writer, heartbeat, staleness.
-- ``manifest``: ``rendezvous.json`` and agent-name routing.
+- ``manifest``: ``rendezvous.json``; ``routing``: an agent name to its teacher (the plan's rule too).
+- ``schema``: schema versions of the files processes share (a newer one is refused, named).
 
 Everything here is light (stdlib + pydantic): login-node commands may import it.
 """

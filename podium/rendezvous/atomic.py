@@ -24,15 +24,18 @@ from typing import Any, Callable, Optional, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from podium.rendezvous.schema import NewerSchemaError
+
 logger = logging.getLogger(__name__)
 
 MISSING = "missing"
 UNREADABLE = "unreadable"
 CORRUPT = "corrupt"
+NEWER = "newer"  # written with a newer schema than this podium reads (podium.rendezvous.schema)
 
 
 class FileReadError(Exception):
-    """A shared file could not be read as expected; ``kind`` is missing, unreadable or corrupt."""
+    """A shared file could not be read as expected; ``kind`` is missing, unreadable, corrupt or newer."""
 
     def __init__(self, path: str | Path, kind: str, detail: str) -> None:
         self.path = Path(path)
@@ -198,6 +201,10 @@ def parse_model(model: type[ModelT], data: Any, path: str | Path, what: str) -> 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
+        for err in exc.errors():
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, NewerSchemaError):
+                raise FileReadError(path, NEWER, str(cause)) from None
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
         )

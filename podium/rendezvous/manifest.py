@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from podium.config.routing import RoutingError, route_agent
+from podium.rendezvous.routing import RoutingError, route_agent
 from podium.rendezvous.atomic import atomic_write_json, ensure_dir, parse_model, read_json
 from podium.rendezvous.layout import RENDEZVOUS_MODE, RunLayout
+from podium.rendezvous.schema import VersionedFile
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +55,13 @@ class TeacherEntry(BaseModel):
         return self
 
 
-class Rendezvous(BaseModel):
+class Rendezvous(VersionedFile):
     """The content of ``<run_dir>/rendezvous.json``."""
 
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+    DESCRIPTION: ClassVar[str] = "a rendezvous file"
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    schema_version: int = SCHEMA_VERSION
     run_name: str
     routing: dict[str, str]  # agent alias -> teacher key
     default_alias: Optional[str] = None

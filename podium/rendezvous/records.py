@@ -22,16 +22,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from podium.rendezvous.atomic import atomic_write_json, parse_model, read_json, try_read_json
 from podium.rendezvous.layout import ENDPOINT_MODE
+from podium.rendezvous.schema import VersionedFile
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # of the endpoint record (see EndpointRecord)
 
 
 class Status(str, enum.Enum):
@@ -93,12 +94,35 @@ class ModelInfo(BaseModel):
     tokenizer_vocab_size: Optional[int] = None
 
 
-class EndpointRecord(BaseModel):
-    """The content of ``teachers/<name>-<key8>/endpoint.json``."""
+class RestartInfo(BaseModel):
+    """What the launcher decided when a generation ended (``podium.launcher.restarts``), as the
+    record carries it for ``podium status`` and trainers."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    schema_version: int = SCHEMA_VERSION
+    requeue: bool = False
+    final: bool = False
+    delay_s: float = 0.0
+    why: str = ""
+    consecutive_failures: int = 0
+    requeues: int = 0
+    max_consecutive_failures: Optional[int] = None
+
+
+# Fields schema 1 kept in ``extra``; schema 2 has them as fields of their own.
+_LIFTED_FROM_EXTRA = ("final", "will_retry", "restart", "timings")
+
+
+class EndpointRecord(VersionedFile):
+    """The content of ``teachers/<name>-<key8>[-r<i>]/endpoint.json``.
+
+    Schema 2 (this one) made ``final``, ``will_retry``, ``restart`` and ``timings`` fields of their
+    own; a schema 1 record (they sat in ``extra``) reads as schema 2, and a newer one is refused."""
+
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+    DESCRIPTION: ClassVar[str] = "an endpoint record"
+    model_config = ConfigDict(frozen=True, extra="allow")
+
     teacher_key: str
     teacher_name: str
     aliases: tuple[str, ...] = ()
@@ -114,7 +138,33 @@ class EndpointRecord(BaseModel):
     model: Optional[ModelInfo] = None
     # The writer's promise: a record whose heartbeat is older than this is stale (server.stale_after_s).
     stale_after_s: Optional[float] = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    # How a generation that ended (failed or stopped) goes on: the launcher's verdict.
+    final: Optional[bool] = None  # True: no generation of this replica comes back
+    will_retry: Optional[bool] = None  # True: the job requeues (after restart.delay_s)
+    restart: Optional[RestartInfo] = None
+    timings: dict[str, float] = Field(default_factory=dict)  # first time of each status/event (epoch s)
+    extra: dict[str, Any] = Field(default_factory=dict)  # anything else a writer adds (not read by podium)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_schema_1(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict):
+            extra = dict(data["extra"])
+            lifted = {name: extra.pop(name) for name in _LIFTED_FROM_EXTRA if name in extra and name not in data}
+            if lifted:
+                data = {**data, **lifted, "extra": extra}
+        return data
+
+    def failure_is_final(self) -> bool:
+        """Whether this record says no generation of its replica will come back: ``failed`` and
+        either ``final`` (the launcher's verdict) or, without a verdict, no ``will_retry``.
+
+        The one rule: ``podium status``/``wait`` and the trainer's client all ask it."""
+        if self.status is not Status.FAILED:
+            return False
+        if self.final is not None:
+            return self.final
+        return not self.will_retry
 
     def age(self, now: Optional[float] = None) -> float:
         """Seconds since the last heartbeat."""
@@ -220,6 +270,16 @@ class RecordWriter:
             stale_after_s=stale_after_s,
         )
 
+    @classmethod
+    def resume(cls, path: str | Path, record: EndpointRecord, *,
+               clock: Callable[[], float] = time.time) -> "RecordWriter":
+        """A writer for ``record``'s generation that continues from it (host, pid, start kept): how
+        a second process (``podium down``) writes a record it did not start, fenced like the first."""
+        writer = cls(path, teacher_key=record.teacher_key, teacher_name=record.teacher_name,
+                     generation=record.generation, host=record.host, pid=record.pid, clock=clock)
+        writer._record = record
+        return writer
+
     @property
     def record(self) -> EndpointRecord:
         """The record as last written (or about to be first written)."""
@@ -269,18 +329,28 @@ class RecordWriter:
         reason: Optional[str] = None,
         url: Optional[str] = None,
         model: Optional[ModelInfo | Mapping[str, Any]] = None,
+        final: Optional[bool] = None,
+        will_retry: Optional[bool] = None,
+        restart: Optional[RestartInfo] = None,
+        timings: Optional[Mapping[str, float]] = None,
         **extra: Any,
     ) -> EndpointRecord:
-        """Write a new status (and URL / model when given; earlier ones are kept otherwise)."""
+        """Write a new status (and URL, model, timings when given; earlier ones are kept otherwise).
+
+        ``final``/``will_retry``/``restart`` are the verdict on a generation that ended; they are
+        written as given (None clears them), so a new status never carries an old verdict."""
         status = Status(status)
         if status is Status.FAILED and not reason:
             raise ValueError("status 'failed' needs a reason")
         with self._lock:
-            changes: dict[str, Any] = {"status": status, "reason": reason, "heartbeat_at": self._clock()}
+            changes: dict[str, Any] = {"status": status, "reason": reason, "heartbeat_at": self._clock(),
+                                       "final": final, "will_retry": will_retry, "restart": restart}
             if url is not None:
                 changes["url"] = url
             if model is not None:
                 changes["model"] = model if isinstance(model, ModelInfo) else ModelInfo.model_validate(dict(model))
+            if timings is not None:
+                changes["timings"] = dict(timings)
             if extra:
                 changes["extra"] = {**self._record.extra, **extra}
             record = self._record.model_copy(update=changes)

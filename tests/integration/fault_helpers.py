@@ -199,5 +199,5 @@ def comes_back(served: Served, gen: str) -> dict:
     nxt = served.next_generation(gen)
     t_ready, ready = served.watcher.wait_for(nxt, "ready", COMEBACK_S)
     wait_until(lambda: served.client.answered_after(t_ready) >= 2, 60, f"answers from generation {nxt}")
-    t = ready["extra"]["timings"]
+    t = ready["timings"]
     return {"generation": nxt, "task_start_to_ready_s": round(t["ready"] - t["task_start"], 1)}

@@ -91,7 +91,7 @@ def test_a_lost_worker_node_is_reported_and_the_teacher_serves_again(two_node: S
     t_failed, failed = two_node.watcher.wait_for(gen, "failed", 60)
     host = worker["host"]
     assert f"node {host} (rank 1" in failed["reason"] and "lost" in failed["reason"], failed["reason"]
-    assert failed["extra"]["final"] is False and failed["extra"]["will_retry"] is True, failed["extra"]
+    assert failed["final"] is False and failed["will_retry"] is True, failed
     measured = comes_back(two_node, gen)
     nodes = slurm_cluster.scontrol_job(job)
     assert host in nodes["ExcNodeList"] and host not in nodes["NodeList"], nodes  # the lost node is avoided
@@ -111,7 +111,7 @@ def test_sigterm_preemption_requeues_and_serves_again(two_node: Served, slurm_cl
     t_preempt = time.time()
     slurm_jobs.append(preempt(first, tmp_path))
     t_stopped, stopped = two_node.watcher.wait_for(gen, "stopped", 90)
-    assert "preempted" in stopped["reason"] and stopped["extra"]["will_retry"] is True, stopped
+    assert "preempted" in stopped["reason"] and stopped["will_retry"] is True, stopped
     assert "SIGTERM" in stopped["reason"], stopped["reason"]  # no user signal in this mode
     measured = comes_back(two_node, gen)
     assert RestartLedger.read(two_node.files).outcomes[-1].outcome == "preempted"

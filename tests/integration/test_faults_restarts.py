@@ -59,8 +59,8 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
                        f"answers after {limit.generation} (records seen: {s.watcher.summary()})")
             measured[alias] = {"generation": f"{ready['generation']['job_id']}:{ready['generation']['restart']}",
                                "first_reason": limit.reason,
-                               "task_start_to_ready_s": round(ready["extra"]["timings"]["ready"]
-                                                              - ready["extra"]["timings"]["task_start"], 1)}
+                               "task_start_to_ready_s": round(ready["timings"]["ready"]
+                                                              - ready["timings"]["task_start"], 1)}
         assert "SIGUSR2" in measured["usr2"]["first_reason"] and "SIGTERM" in measured["term"]["first_reason"]
         for alias, s in served.items():
             measured[alias]["calls"] = s.assert_client_clean(0)

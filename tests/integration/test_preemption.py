@@ -68,13 +68,13 @@ def comeback(watcher: RecordWatcher, client: ClientLoop, job: str, old: int, t_c
     t_ready, ready = watcher.wait_for(gen_new, "ready", COMEBACK_S)
     old_seq, new_seq = watcher.sequence(gen_old), watcher.sequence(gen_new)
     assert old_seq[-1] == "stopped" and "ready" in old_seq, (gen_old, old_seq)
-    timings = stopped["extra"]["timings"]
+    timings = stopped["timings"]
     # draining, then stopped: seen by the poller, or at least stamped in the record by the teacher
     assert "draining" in old_seq[old_seq.index("ready"):] or timings.get("draining"), (old_seq, timings)
     assert timings["stop_signal"] <= timings["draining"] <= timings["stopped"], timings
     assert new_seq[0] == "starting" and new_seq[-1] == "ready", (gen_new, new_seq)
     assert new_seq.index("starting") < new_seq.index("loading") < new_seq.index("ready"), new_seq
-    new_timings = ready["extra"]["timings"]
+    new_timings = ready["timings"]
     wait_until(lambda: client.answered_after(t_ready) >= 3, 60, "three answers from the new generation")
     waited = client.waited(timings["stop_signal"] - 1.0, t_ready + 1.0)
     return {
