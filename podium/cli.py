@@ -328,7 +328,8 @@ def doctor(
     """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and podium on a node, ports); exit 0 when all pass."""
     from podium.config.launcher import TeacherLauncherSettings
     from podium.config.plan import load_plan
-    from podium.launcher.doctor import doctor_report, print_checks, run_doctor
+    from podium.launcher.doctor.checks import run_doctor
+    from podium.launcher.doctor.report import doctor_report, print_checks
     from podium.launcher.run_dir import DEFAULT_RUNS_ROOT, RUNS_DIR_ENV, default_run_dir
 
     the_plan = None

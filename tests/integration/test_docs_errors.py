@@ -54,7 +54,7 @@ def _ray_start_died(tmp: Path) -> str:
 
 def _probe_report(tmp: Path, **changes) -> str:
     import podium
-    from podium.launcher.doctor import PROBE_MARK
+    from podium.launcher.doctor.probe import PROBE_MARK
 
     report = {"token": "3f2a9c1b7d4e", "host": "n1", "python": sys.executable, "version": list(sys.version_info[:3]),
               "podium": {"file": podium.__file__, "version": podium.__version__}, "checks": [], **changes}
@@ -62,7 +62,7 @@ def _probe_report(tmp: Path, **changes) -> str:
 
 
 def _run_dir_not_shared(tmp: Path) -> str:
-    from podium.launcher.doctor import _judge_probe
+    from podium.launcher.doctor.probe_job import _judge_probe
 
     out = Path("/shared/me/mopd-run/.doctor/3f2a9c1b7d4e.json")  # written on the node, absent here
     rows = _judge_probe(0, _probe_report(tmp), "", out, "in partition 'batch'", ())
@@ -70,7 +70,7 @@ def _run_dir_not_shared(tmp: Path) -> str:
 
 
 def _podium_not_on_node(tmp: Path) -> str:
-    from podium.launcher.doctor import _judge_probe
+    from podium.launcher.doctor.probe_job import _judge_probe
 
     out = tmp / "probe.json"
     out.write_text(json.dumps({"token": "3f2a9c1b7d4e"}))

@@ -2,17 +2,21 @@
 cluster: a good recipe passes every row; a recipe whose partition does not exist fails that row
 with the fix, and still runs the other checks; a local recipe on a machine without CUDA passes
 (the teacher runs on CPU, and the row says so), one the local backend refuses fails with its words.
+The test job's program, run where podium does not import, still reports its interpreter and file.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from launcher_helpers import podium, write_recipe
+from podium.launcher.doctor import probe
+from podium.launcher.doctor.probe_job import PODIUM_FIX, _judge_probe
 from podium.launcher.sbatch_errors import REFUSALS
 
 SLURM_ROWS = ["slurm", "sacct", "partition low", "checkpoints", "test job", "run dir", "python", "podium",
@@ -84,3 +88,19 @@ def test_doctor_without_slurm_commands_says_where_to_run(tiny_llama_checkpoint, 
     assert checks["slurm"]["state"] == "fail" and "sinfo: command not found" in checks["slurm"]["detail"]
     assert "podium.cluster: local" in checks["slurm"]["fix"]
     assert [c["state"] for n, c in checks.items() if n in ("sacct", "partition", "test job")] == ["skip"] * 3
+
+
+def test_probe_reports_python_and_run_dir_where_podium_does_not_import(tmp_path: Path) -> None:
+    """The probe's text, as the test job sends it, in an interpreter that cannot see podium
+    (-I -S: no PYTHONPATH, no site-packages): it still writes its file and reports its Python."""
+    out = tmp_path / ".doctor" / "3f2a9c1b7d4e.json"
+    out.parent.mkdir()
+    args = {"token": "3f2a9c1b7d4e", "out": str(out), "settings": {}}
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", Path(probe.__file__).read_text(), json.dumps(args)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r.name: r for r in _judge_probe(proc.returncode, proc.stdout, proc.stderr, out, "here",
+                                            ("run dir", "python", "podium", "ports", "address"))}
+    assert [rows[n].state for n in ("test job", "run dir", "python", "podium", "ports", "address")] == [
+        "pass", "pass", "pass", "fail", "skip", "skip"], rows
+    assert "No module named 'podium'" in rows["podium"].detail and rows["podium"].fix == PODIUM_FIX
