@@ -8,7 +8,7 @@ podium:
   slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
-  ray:    {port_range, temp_dir_root, interface, object_store_memory_mb}
+  ray:    {port_range, temp_dir_root, interface, object_store_memory_mb, nodes_timeout_s}
   server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s, max_queue,
            max_tokens_per_microbatch, max_queue_delay_ms, batch_requests}
   restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes}
@@ -98,6 +98,10 @@ class RaySettings(_Strict):
     temp_dir_root: str = "/tmp"  # per-job temp dirs are created below it
     interface: str | None = None  # network interface whose address Ray uses; default: hostname
     object_store_memory_mb: int | None = Field(default=None, gt=0)
+    # How long a generation's nodes get to come together: the head's wait for every node to join
+    # its Ray (and for its own `ray start`), a worker's wait for the head's address. Past it, the
+    # start fails (a failure for the restart policy) naming what was missing.
+    nodes_timeout_s: float = Field(default=300.0, gt=0)
 
     @field_validator("port_range")
     @classmethod

@@ -11,10 +11,11 @@ one teacher that are reachable from where it runs:
 - ``podium down`` sweeps once the jobs have ended (on a machine that sees the nodes' temp dirs,
   like the test cluster; on a real cluster a login node sees none of them and this is a no-op).
 
-A temp dir is removed only when it is the one a node record names, its name is a podium temp dir
-name (``podium-<job>-<restart>-<rank>``) of that record's generation, and no process the record
-names (task, ``ray start`` session) is alive. :func:`run_processes` lists those processes, for
-checks that nothing of a run is left.
+Records are read through :class:`podium.launcher.node_files.NodeState` (a damaged one is skipped
+with a warning; one a newer podium wrote is an error naming it). A temp dir is removed only when it
+is the one a node record names, its name is a podium temp dir name (``podium-<job>-<restart>-<rank>``)
+of that record's generation, and no process the record names (task, ``ray start`` session) is alive.
+:func:`run_processes` lists those processes, for checks that nothing of a run is left.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from podium.launcher.files import NODES_DIR, TeacherFiles
-from podium.launcher.procs import ProcRef, session_alive
-from podium.rendezvous.atomic import try_read_json
+from podium.launcher.node_files import NodeState, read_node_state
+from podium.launcher.procs import session_alive
+from podium.rendezvous.atomic import NEWER, FileReadError
 
 logger = logging.getLogger(__name__)
 
@@ -38,40 +40,30 @@ _NODE_FILE = re.compile(r"(\d+)\.json")
 
 @dataclass(frozen=True)
 class NodeRecord:
-    """One node task of one generation, as its ``<rank>.json`` says."""
+    """One node task of one generation: where its ``<rank>.json`` is, and what it says (``node``)."""
 
     path: Path
     job_id: str
     restart: int
     rank: int
-    data: dict
+    node: NodeState
 
     @property
     def generation(self) -> tuple[str, int]:
         return self.job_id, self.restart
 
     @property
-    def task(self) -> Optional[ProcRef]:
-        pid = self.data.get("pid")
-        return ProcRef(int(pid), self.data.get("pid_start")) if pid else None
-
-    @property
-    def ray(self) -> Optional[ProcRef]:
-        ray = self.data.get("ray")
-        return ProcRef.from_dict(ray) if isinstance(ray, dict) and ray.get("pid") else None
-
-    @property
     def temp(self) -> Optional[Path]:
-        temp = self.data.get("temp")
-        return Path(temp) if temp else None
+        return self.node.temp_dir
 
     def live_pids(self) -> list[int]:
         """PIDs of the record's processes still alive on this machine (task, Ray session)."""
         out = []
-        if self.task is not None and self.task.alive():
-            out.append(self.task.pid)
-        if self.ray is not None:
-            out += session_alive(self.ray)
+        task = self.node.task
+        if task is not None and task.alive():
+            out.append(task.pid)
+        if self.node.ray is not None and self.node.ray.pid:
+            out += session_alive(self.node.ray.ref)
         return sorted(set(out))
 
 
@@ -88,11 +80,14 @@ def node_records(files: TeacherFiles) -> Iterator[NodeRecord]:
             rank = _NODE_FILE.fullmatch(node_file.name)
             if rank is None:
                 continue
-            found = try_read_json(node_file)
-            if not found.ok or not isinstance(found.data, dict):
-                logger.warning("skipping node record %s: %s", node_file, found.error)
+            try:
+                node = read_node_state(node_file)
+            except FileReadError as exc:
+                if exc.kind == NEWER:
+                    raise
+                logger.warning("skipping node record %s: %s", node_file, exc)
                 continue
-            yield NodeRecord(node_file, gen.group(1), int(gen.group(2)), int(rank.group(1)), found.data)
+            yield NodeRecord(node_file, gen.group(1), int(gen.group(2)), int(rank.group(1)), node)
 
 
 def is_podium_temp_dir(path: Path, job_id: str, restart: int, rank: int) -> bool:

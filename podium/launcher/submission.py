@@ -23,17 +23,16 @@ from typing import Iterator, Mapping, Optional
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, backend_for, job_states
 from podium.launcher.claims import try_claim
+from podium.launcher.faults import faults
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
 
-# Fault injection for tests (as PODIUM_FAIL_NODE_RANK in node_entry): PODIUM_FAULT=exit-after-submit
+# Fault injection for tests (podium.launcher.faults): PODIUM_FAULTS=exit_after_submit
 # ends `up` with os._exit(FAULT_EXIT_CODE) right after the backend returned a job id, before
 # job.json is written (what a crash, a kill or a lost login session does at the worst moment).
-FAULT_ENV = "PODIUM_FAULT"
-FAULTS = frozenset({"exit-after-submit"})
 FAULT_EXIT_CODE = 17
 
 KEEP_ENV = frozenset({"SLURM_CONF"})
@@ -73,15 +72,17 @@ def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
 
 
 def _check_fault_env() -> None:
-    value = os.environ.get(FAULT_ENV)
-    if value and value not in FAULTS:
-        raise SubmitError(f"{FAULT_ENV}={value!r}: unknown fault (known: {', '.join(sorted(FAULTS))})")
+    try:
+        faults()
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from None
 
 
 def _fault(name: str, detail: str) -> None:
-    """End this process at once when ``PODIUM_FAULT`` names this fault (tests only)."""
-    if os.environ.get(FAULT_ENV) == name:
-        os.write(2, f"podium: fault injected by {FAULT_ENV}={name}: {detail}\n".encode())
+    """End this process at once when ``PODIUM_FAULTS`` asks for this fault (tests only)."""
+    injected = faults()
+    if getattr(injected, name):
+        os.write(2, f"podium: fault injected by {injected.injected(name)}: {detail}\n".encode())
         os._exit(FAULT_EXIT_CODE)
 
 
@@ -151,7 +152,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 except SubmitError:  # refused: nothing was submitted, so no submission is in flight
                     files.submitting.unlink(missing_ok=True)
                     raise
-                _fault("exit-after-submit", f"teacher {spec.display!r}: job {job_id} submitted, job.json not written")
+                _fault("exit_after_submit", f"teacher {spec.display!r}: job {job_id} submitted, job.json not written")
                 previous = ([*record.previous_job_ids, record.job_id] if record else [])
                 new = JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
                                 cluster=spec.launcher.cluster, submitted_at=time.time(),

@@ -8,7 +8,8 @@ check                              a fault when
 the head's own ``ray start``       it has exited
 each node Ray counted at start     Ray marks it dead (found by its Ray node id) (its raylet is gone; the GCS health check
                                    is tuned to notice in about 3 s, :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
-each worker node task              its ``<rank>.json`` says ``failed`` or ``ended`` while the
+each worker node task              its ``<rank>.json`` is done (``failed`` or ``ended``,
+                                   :data:`~podium.launcher.node_files.DONE_STATES`) while the
                                    head still serves
 the teacher group                  a call found a worker dead (``group.broken``) and, within
                                    :data:`CAUSE_WAIT_S`, no lost node explains it (a worker on
@@ -27,16 +28,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from podium.launcher.files import TeacherFiles
-from podium.rendezvous.atomic import try_read_json
+from podium.launcher.node_files import NodeState, try_read_node_state
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
 CAUSE_WAIT_S = 8.0  # a broken group waits this long for Ray to name a lost node as its cause
-TASK_DONE_STATES = frozenset({"failed", "ended"})
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,10 @@ class Watchdog:
         for node in self.nodes:
             if node.rank in (None, 0):
                 continue
-            state = try_read_json(self.files.node(self.job_id, self.restart, node.rank))
-            if state.ok and state.data.get("state") in TASK_DONE_STATES:
-                detail = state.data.get("error") or state.data.get("stop") or "no error recorded"
-                return f"{node.describe()} task {state.data['state']} while serving: {detail}", node.host
+            state = try_read_node_state(self.files.node(self.job_id, self.restart, node.rank))
+            if state is not None and state.done:
+                detail = state.error or state.stop or "no error recorded"
+                return f"{node.describe()} task {state.state.value} while serving: {detail}", node.host
         broken = getattr(self.group, "broken", None)
         if broken:
             # The endpoint already answers 503 (the group says it is broken): waiting a few
@@ -132,17 +132,16 @@ class Watchdog:
         return None
 
 
-def watched_nodes(alive: list[dict], recorded: list[dict], head_host: str) -> list[WatchedNode]:
+def watched_nodes(alive: list[dict], recorded: Sequence[NodeState], head_host: str) -> list[WatchedNode]:
     """The job's Ray nodes (``ray.nodes()`` entries alive at start) matched to the node tasks'
-    records (``<rank>.json``: ``ip``, ``host``, ``rank``) by address; a node no record matches is
+    states (``<rank>.json``: ``ip``, ``host``, ``rank``) by address; a node no state matches is
     the head's when it is the only one (``cluster: local``, where Ray rewrites 127.0.0.1)."""
-    by_ip = {str(r.get("ip")): r for r in recorded}
+    by_ip = {str(r.ip): (r.rank, r.host) for r in recorded}
     out = []
     for info in alive:
         ip = str(info.get("NodeManagerAddress"))
-        rec = by_ip.get(ip)
-        if rec is None and len(alive) == 1:
-            rec = {"rank": 0, "host": head_host}
-        out.append(WatchedNode(str(info.get("NodeID")), ip, rec.get("rank") if rec else None,
-                               str(rec.get("host")) if rec else ip))
+        rank, host = by_ip.get(ip, (None, ip))
+        if ip not in by_ip and len(alive) == 1:
+            rank, host = 0, head_host
+        out.append(WatchedNode(str(info.get("NodeID")), ip, rank, host))
     return out

@@ -121,7 +121,7 @@ def test_node_failing_at_start_fails_fast_naming_it(slurm_cluster, checkpoints, 
                           restart={"max_consecutive_failures": 1})
     run_dir = tmp_path / "run"
     proc = podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "300",
-                  env={"PODIUM_FAIL_NODE_RANK": "1"}, check=False, timeout=420)
+                  env={"PODIUM_FAULTS": "fail_node_rank=1"}, check=False, timeout=420)
     try:
         assert proc.returncode != 0
         assert "not ready after" not in proc.stderr, proc.stderr[-3000:]  # ended by the failure, not the wait

@@ -242,7 +242,7 @@ podium:
 """)
     # Ray's own refusal of a 1 MiB object store, from deep in a traceback of `ray start`
     cause = "ValueError: Attempting to cap object store memory usage at 1048576 bytes"
-    env = {**os.environ, "PODIUM_RAY_START_ARGS": "--object-store-memory=1048576"}
+    env = {**os.environ, "PODIUM_FAULTS": "ray_start_args=--object-store-memory=1048576"}
     try:
         up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "300"],
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=env)

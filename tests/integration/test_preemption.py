@@ -17,7 +17,7 @@ The client never sees an error. The test prints one JSON line with what it measu
 the signal to ready again, requests that waited and how long).
 
 A second test preempts a job whose task has not installed its signal handlers yet
-(``PODIUM_DELAY_START_S``): the signal waits, blocked, and the job still comes back. The last tests
+(``PODIUM_FAULTS`` ``delay_start_s``): the signal waits, blocked, and the job still comes back. The last tests
 need no cluster: the sweep of ended generations' temp dirs, ``squeue``'s restart count, and how
 ``status``/``wait`` read a record of a generation Slurm has requeued since.
 """
@@ -56,7 +56,7 @@ def assert_generation_gone(files: TeacherFiles, job: str, restart: int) -> None:
     recs = [r for r in node_records(files) if r.generation == (job, restart)]
     assert recs, f"no node records of generation {job}:{restart}"
     for rec in recs:
-        assert rec.data["state"] in ("ended", "failed"), (rec.path, rec.data)
+        assert rec.node.state in ("ended", "failed"), (rec.path, rec.node)
         assert not rec.live_pids(), f"{rec.path}: processes {rec.live_pids()} still alive"
         assert rec.temp is not None and not rec.temp.exists(), f"{rec.temp} left behind"
 
@@ -176,19 +176,19 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
 def test_signal_before_handlers_still_comes_back(
     slurm_cluster, slurm_scratch: Path, slurm_jobs: list, tiny_qwen2_checkpoint: Path
 ) -> None:
-    """Preempted while its task has not installed any handler (``PODIUM_DELAY_START_S``): the signal
+    """Preempted while its task has not installed any handler (``PODIUM_FAULTS`` ``delay_start_s``): the signal
     waits, blocked, instead of killing the task (a task that dies inside its grace time ends its
     job FAILED, and Slurm does not requeue it); the job comes back."""
     recipe = write_recipe(slurm_scratch / "recipe.yaml", {"solo": (tiny_qwen2_checkpoint, 1)},
                           slurm={"cpus_per_task": slurm_cluster.cpus_per_node})
     run_dir = slurm_scratch / "run"
-    podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_DELAY_START_S": "5"})
+    podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULTS": "delay_start_s=5"})
     job = job_ids(run_dir)["solo"]
     slurm_jobs.append(job)
     files = teacher_files(run_dir)
     try:
         err_log = files.task_err(job, 0)
-        wait_until(lambda: err_log.exists() and "PODIUM_DELAY_START_S" in err_log.read_text(), 120,
+        wait_until(lambda: err_log.exists() and "delay_start_s" in err_log.read_text(), 120,
                    "the task to start (before its handlers)")
         node = slurm_cluster.scontrol_job(job)["NodeList"]
         slurm_jobs.append(preempt(node, slurm_scratch))
@@ -196,7 +196,7 @@ def test_signal_before_handlers_still_comes_back(
         wait_until(lambda: (json.loads(files.endpoint.read_text()) if files.endpoint.exists() else {})
                    .get("generation") == {"job_id": int(job), "restart": 1}, COMEBACK_S, f"generation {job}:1")
         [first] = [r for r in node_records(files) if r.generation == (job, 0)]
-        assert first.data["state"] == "ended" and "SIGUSR2" in (first.data.get("stop") or ""), first.data
+        assert first.node.state == "ended" and "SIGUSR2" in (first.node.stop or ""), first.node
         assert slurm_cluster.scontrol_job(job)["Restarts"] == "1"
         runs = [r["State"].split()[0] for r in slurm_cluster.sacct(job, duplicates=True) if r["Partition"]]
         assert runs[0] == "REQUEUED", runs

@@ -32,10 +32,10 @@ def test_up_killed_between_sbatch_and_job_json_is_adopted_not_resubmitted(
     run_dir = tmp_path / "run"
     comment = identity(recipe, run_dir)
     try:
-        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULT": "exit-after-submit"},
+        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULTS": "exit_after_submit"},
                          check=False)
         assert crashed.returncode == 17, crashed.stderr[-2000:]
-        assert "fault injected by PODIUM_FAULT=exit-after-submit" in crashed.stderr
+        assert "fault injected by PODIUM_FAULTS exit_after_submit" in crashed.stderr
         assert not list(run_dir.glob("teachers/*/job.json"))  # the job was never recorded
         (job_id,) = queued_with(comment)
         slurm_jobs.append(job_id)
@@ -59,7 +59,7 @@ def test_down_cancels_a_job_that_job_json_does_not_name(slurm_cluster, slurm_job
     run_dir = tmp_path / "run"
     comment = identity(recipe, run_dir)
     try:
-        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULT": "exit-after-submit"},
+        crashed = podium("up", str(recipe), "--run-dir", str(run_dir), env={"PODIUM_FAULTS": "exit_after_submit"},
                          check=False)
         assert crashed.returncode == 17, crashed.stderr[-2000:]
         (job_id,) = queued_with(comment)

@@ -107,16 +107,18 @@ def test_without_a_classifier_a_user_signal_drains_and_a_term_cancels(name: str,
 
 
 def test_watched_nodes_match_ray_to_the_node_tasks() -> None:
+    from podium.launcher.node_files import NodeState
     from podium.launcher.watchdog import watched_nodes
 
     alive = [{"NodeID": "a", "NodeManagerAddress": "127.0.0.11"}, {"NodeID": "b", "NodeManagerAddress": "127.0.0.12"}]
-    recorded = [{"rank": 0, "host": "n1", "ip": "127.0.0.11"}, {"rank": 1, "host": "n2", "ip": "127.0.0.12"}]
+    recorded = [NodeState(state="started", rank=0, host="n1", ip="127.0.0.11"),
+                NodeState(state="started", rank=1, host="n2", ip="127.0.0.12")]
     nodes = watched_nodes(alive, recorded, "n1")
     assert [(n.node_id, n.rank, n.host) for n in nodes] == [("a", 0, "n1"), ("b", 1, "n2")]
     assert nodes[1].describe() == "node n2 (rank 1, 127.0.0.12)"
     # cluster: local: the task recorded 127.0.0.1, Ray advertises the host's address instead
     (local,) = watched_nodes([{"NodeID": "c", "NodeManagerAddress": "192.0.2.2"}],
-                             [{"rank": 0, "host": "vm", "ip": "127.0.0.1"}], "vm")
+                             [NodeState(state="started", rank=0, host="vm", ip="127.0.0.1")], "vm")
     assert (local.node_id, local.rank, local.host, local.ip) == ("c", 0, "vm", "192.0.2.2")
     (unknown, _) = watched_nodes(alive, [], "n1")
     assert unknown.rank is None and unknown.describe() == "node 127.0.0.11 (127.0.0.11)"

@@ -1,0 +1,81 @@
+"""Fault injection for tests: one setting, ``PODIUM_FAULTS``, read here and nowhere else.
+
+A test (never a user) sets ``PODIUM_FAULTS`` in the environment of ``podium up``; the job inherits
+it (Slurm's ``--export=ALL``, the local executor's environment), so every node task reads the same
+value. It is JSON (``{"fail_node_rank": 1}``) or comma-separated ``key=value`` pairs
+(``fail_node_rank=1,delay_start_s=5``; a bare key is true: ``exit_after_submit``). Use JSON for a
+value with a comma in it. An unknown key or a bad value is an error that names the variable.
+
+=====================  ===========  ==================================================================
+key                    read by      what it does
+=====================  ===========  ==================================================================
+``exit_after_submit``  ``up``       ends ``up`` with ``os._exit(17)`` right after the scheduler
+                                    returned a job id, before ``job.json`` is written (a crash, a kill
+                                    or a lost login session at the worst moment)
+``fail_node_rank``     node tasks   that rank's start fails (before its Ray starts), naming the fault
+``delay_start_s``      node tasks   every task waits that long before it installs its signal
+                                    handlers (a stop signal then finds none of podium's yet)
+``ray_start_args``     node tasks   these arguments (shell words) are appended to every node's
+                                    ``ray start`` (a bad one makes it die: what the head must notice
+                                    at once, and report by its log's cause)
+=====================  ===========  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FAULTS_ENV = "PODIUM_FAULTS"
+
+
+class Faults(BaseModel):
+    """The faults a test asked for (none by default); see the module table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_after_submit: bool = False
+    fail_node_rank: Optional[int] = Field(default=None, ge=0)
+    delay_start_s: float = Field(default=0.0, ge=0)
+    ray_start_args: str = ""
+
+    def injected(self, key: str) -> str:
+        """How logs and errors name one injected fault: ``PODIUM_FAULTS fail_node_rank=1``."""
+        value = getattr(self, key)
+        return f"{FAULTS_ENV} {key}" if value is True else f"{FAULTS_ENV} {key}={value}"
+
+    def ray_start_words(self) -> list[str]:
+        return shlex.split(self.ray_start_args)
+
+
+def parse_faults(text: str) -> Faults:
+    """``PODIUM_FAULTS``'s value (JSON or ``key=value,...``) as :class:`Faults`; ValueError naming
+    the variable and the valid keys when it is not."""
+    text = text.strip()
+    raw: Any
+    if text.startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{FAULTS_ENV}={text!r}: not valid JSON ({exc.msg})") from None
+    else:
+        raw = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            raw[key.strip()] = value.strip() if sep else True
+    try:
+        return Faults.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+                             for err in exc.errors())
+        raise ValueError(f"{FAULTS_ENV}={text!r}: {problems} (keys: {', '.join(Faults.model_fields)})") from None
+
+
+def faults(environ: Optional[Mapping[str, str]] = None) -> Faults:
+    """The faults this process's environment asks for (``PODIUM_FAULTS``; unset: none)."""
+    text = (os.environ if environ is None else environ).get(FAULTS_ENV, "")
+    return parse_faults(text) if text.strip() else Faults()
