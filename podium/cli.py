@@ -299,7 +299,7 @@ def render(
 ) -> None:
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""
     from podium.config.plan import load_plan
-    from podium.launcher.backends import backend_for
+    from podium.launcher.backends import scheduler_for
     from podium.launcher.files import TeacherFiles
     from podium.launcher.run_dir import default_run_dir, prepare_run_dir
 
@@ -312,7 +312,7 @@ def render(
     except ConfigError as exc:
         _fail(str(exc))
         return
-    submission = backend_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of_spec(target, spec))
+    submission = scheduler_for(spec.launcher.cluster).materialise(spec, TeacherFiles.of_spec(target, spec))
     typer.echo(submission.render(), nl=False)
 
 

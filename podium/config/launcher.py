@@ -47,7 +47,7 @@ def _port_range(value: Any) -> tuple[int, int]:
     return (lo, hi)
 
 
-# sbatch options podium sets itself and finds its jobs by (backends/slurm.py job_name, job_comment).
+# sbatch options podium sets itself and finds its jobs by (backends/slurm/scheduler.py job_name, job_comment).
 RESERVED_SBATCH = frozenset({"comment", "job-name"})
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 

@@ -86,6 +86,12 @@ class TeacherSpec(ParallelLayout):
                    or self.micro_batch_size * max_sequence_length)
 
     @property
+    def cpus_per_task(self) -> int:
+        """CPUs of each node task: ``podium.slurm.cpus_per_task``, else one per worker slot plus the
+        node's Ray and driver."""
+        return self.launcher.slurm.cpus_per_task or self.gpus_per_node + 1
+
+    @property
     def label(self) -> str:
         """``<name>-<key8>`` (``-r<i>`` for replica i >= 1): how files, jobs and logs name this replica."""
         return teacher_dir_name(self.name, self.key, self.replica)

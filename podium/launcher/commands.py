@@ -20,7 +20,7 @@ from podium.config.plan import Plan, require_checkpoints
 from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.spec import REPLICA_MARK, TeacherSpec
-from podium.launcher.backends import Submission, SubmitError, backend_for, job_states
+from podium.launcher.backends import Submission, SubmitError, job_states, scheduler_for
 from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
@@ -249,20 +249,20 @@ def validate(plan: Plan) -> None:
     teacher's backend can run it (``ConfigError`` / ``SubmitError``)."""
     require_checkpoints(plan)
     for spec in plan.teachers:
-        backend_for(spec.launcher.cluster).check(spec)
+        scheduler_for(spec.launcher.cluster).check(spec)
 
 
 def notices(plan: Plan) -> list[str]:
     """One line per teacher that its backend runs otherwise than the recipe asks (a local teacher on
     CPU where the recipe asks for GPUs), for ``up`` to print on stderr."""
-    return [line for spec in plan.teachers for line in backend_for(spec.launcher.cluster).notices(spec)]
+    return [line for spec in plan.teachers for line in scheduler_for(spec.launcher.cluster).notices(spec)]
 
 
 def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
     """What ``up`` would submit (every replica's job), validated as ``up`` validates; nothing is
     written or submitted."""
     validate(plan)
-    return [backend_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir.absolute(), replica))
+    return [scheduler_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir.absolute(), replica))
             for spec in plan.teachers for replica in spec.replica_specs()]
 
 
@@ -444,7 +444,7 @@ def _with_jobs(found: Sequence[tuple[TeacherSpec, TeacherFiles]]) -> list[tuple[
         rec = JobRecord.of(files, spec.launcher.cluster)
         records = [rec] if rec is not None else []
         # Live jobs of the teacher that no job.json names (an `up` died between sbatch and job.json).
-        for job_id in backend_for(spec.launcher.cluster).find_live(spec, files):
+        for job_id in scheduler_for(spec.launcher.cluster).find_live(spec, files):
             if rec is None or job_id != rec.job_id:
                 logger.warning("teacher %r: job %s carries its identity but %s does not name it: "
                                "cancelled too", spec.display, job_id, files.job)
@@ -468,7 +468,7 @@ def _stop(selected: Sequence[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]],
     for rec in records:
         by_cluster.setdefault(rec.cluster, []).append(rec)
     for cluster, recs in by_cluster.items():
-        backend_for(cluster).cancel(recs)
+        scheduler_for(cluster).cancel(recs)
     deadline = time.monotonic() + wait_s
     while records and time.monotonic() < deadline:
         states = job_states(records)
@@ -526,6 +526,6 @@ def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[P
             if rec is None:
                 raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
             ranks = [node] if node is not None else list(range(spec.num_nodes))
-            return backend_for(rec.cluster).log_paths(files, rec.job_id, ranks)
+            return scheduler_for(rec.cluster).log_paths(files, rec.job_id, ranks)
     names = ", ".join(s.name for s, _ in teachers)
     raise FileNotFoundError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")

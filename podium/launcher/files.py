@@ -25,6 +25,7 @@ path (in the teacher's folder)       written by      holds
                                                      without ``job.json`` was submitted with
 ``submitit/``                        submitit        ``%j_submission.sh`` (the script as submitted),
                                                      ``%j_%t_log.out/err`` (node tasks),
+                                                     ``%j_sbatch.out`` (the batch step),
                                                      ``controller.log`` (local controller)
 ``nodes/<job>-<restart>/head.json``  node rank 0     Ray head address of that generation (0600)
 ``nodes/<job>-<restart>/ray_token``  node rank 0     that generation's Ray auth token (0600)
@@ -63,6 +64,9 @@ RESTARTS_FILE = "restarts.json"
 RAY_TOKEN_FILE = "ray_token"
 PLAN_FILE = "plan.json"  # in the run dir: the resolved plan
 RECIPE_FILE = "recipe.yaml"  # in the run dir: the resolved recipe (as loaded, overrides applied)
+# submitit's log of one node task; a script's srun names them all with %j (job) and %t (rank)
+TASK_LOG_NAME = "{job}_{rank}_log.{stream}"
+SBATCH_LOG_NAME = "%j_sbatch.out"  # sbatch's own output (the batch step), %j: the job id
 CLAIM_STALE_S = 120.0
 _CLAIM_NAME = re.compile(re.escape(CLAIM_PREFIX) + r"(\d+)")
 
@@ -140,7 +144,17 @@ class TeacherFiles:
 
     def task_log(self, job_id: str, rank: int) -> Path:
         """submitit's log of one node task (``%j_%t_log.out``)."""
-        return self.submitit / f"{job_id}_{rank}_log.out"
+        return self.submitit / TASK_LOG_NAME.format(job=job_id, rank=rank, stream="out")
 
     def task_err(self, job_id: str, rank: int) -> Path:
-        return self.submitit / f"{job_id}_{rank}_log.err"
+        return self.submitit / TASK_LOG_NAME.format(job=job_id, rank=rank, stream="err")
+
+    def task_log_pattern(self, stream: str) -> Path:
+        """Every node task's log as a script's ``srun --output``/``--error`` names it (``stream``:
+        ``out`` or ``err``): ``%j_%t_log.<stream>``."""
+        return self.submitit / TASK_LOG_NAME.format(job="%j", rank="%t", stream=stream)
+
+    @property
+    def sbatch_log_pattern(self) -> Path:
+        """The batch step's output as ``sbatch --output`` names it (``%j_sbatch.out``)."""
+        return self.submitit / SBATCH_LOG_NAME

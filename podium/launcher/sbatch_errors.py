@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from podium.config.spec import TeacherSpec
 
-# sbatch option -> the setting under podium.slurm that renders it (backends/slurm.py sbatch_request)
+# sbatch option -> the setting under podium.slurm that renders it (backends/slurm/scheduler.py sbatch_request)
 OPTION_SETTINGS = {
     "partition": "partition", "account": "account", "qos": "qos", "time": "time",
     "constraint": "constraint", "mem": "mem", "cpus-per-task": "cpus_per_task",
@@ -100,7 +100,7 @@ def _setting(spec: TeacherSpec, option: str) -> str:
     name = OPTION_SETTINGS[option]
     value = getattr(slurm, name)
     if option == "cpus-per-task" and value is None:
-        return f"podium.slurm.cpus_per_task=(unset: gpus_per_node + 1 = {spec.gpus_per_node + 1})"
+        return f"podium.slurm.cpus_per_task=(unset: gpus_per_node + 1 = {spec.cpus_per_task})"
     return f"podium.slurm.{name}={_shown(value)}"
 
 

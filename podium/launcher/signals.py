@@ -3,7 +3,7 @@
 The handler only records the signal and sets ``stop``; what the stop *means* is asked once, from a
 thread, of the teacher's backend (:meth:`Signals.intent`), because the same SIGTERM is a cancel, a
 preemption or a time limit depending on what the scheduler is doing (on Slurm: ``scontrol show
-job``, see :func:`podium.launcher.backends.slurm.SlurmBackend.stop_intent`):
+job``, see :meth:`podium.launcher.backends.slurm.environment.SlurmEnvironment.stop_intent`):
 
 ==========================  ==============  =======  ===============================================
 what happened               kind            requeue  drain

@@ -5,7 +5,7 @@ reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.
 numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
 ``job.json``. Every job carries the teacher's identity, so a job whose ``job.json`` was never
-written is found (``Backend.find_live``) and adopted rather than submitted again. While it submits, the
+written is found (``Scheduler.find_live``) and adopted rather than submitted again. While it submits, the
 SLURM_* / SBATCH_* / SUBMITIT_* variables of an enclosing job (``podium up`` inside an sbatch
 script) are cleared (:func:`clean_submit_env`; ``SLURM_CONF`` is kept so ``sbatch`` finds its
 cluster).
@@ -21,7 +21,7 @@ import time
 from typing import Iterator, Mapping, Optional
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends import SubmitError, backend_for, job_states
+from podium.launcher.backends import SubmitError, job_states, scheduler_for
 from podium.launcher.claims import try_claim
 from podium.launcher.faults import faults
 from podium.launcher.files import TeacherFiles
@@ -62,12 +62,12 @@ def _clean_environ() -> Iterator[None]:
 
 def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
     """Submit the teacher's job now (no checks of what runs); returns the job id."""
-    backend = backend_for(spec.launcher.cluster)
-    backend.check(spec)
-    submission = backend.materialise(spec, files)
+    scheduler = scheduler_for(spec.launcher.cluster)
+    scheduler.check(spec)
+    submission = scheduler.materialise(spec, files)
     with _clean_environ():
-        job_id = backend.submit(submission)
-    logger.info("teacher %r: submitted job %s (%s)", spec.display, job_id, backend.name)
+        job_id = scheduler.submit(submission)
+    logger.info("teacher %r: submitted job %s (%s)", spec.display, job_id, scheduler.name)
     return job_id
 
 
@@ -123,7 +123,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
 
     Returns ``(record, action)`` with action ``reattached``, ``submitted`` or ``resubmitted``. When
     ``job.json`` is missing or names a job that has ended, the backend is asked for live jobs that
-    carry the teacher's identity (:meth:`Backend.find_live`) before anything is submitted: one found
+    carry the teacher's identity (:meth:`Scheduler.find_live`) before anything is submitted: one found
     is adopted (``job.json`` written, ``reattached``).
     """
     _check_fault_env()
@@ -140,7 +140,7 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                     if _alive(fresh):
                         return fresh, "reattached"
                     record = fresh
-                found = backend_for(spec.launcher.cluster).find_live(spec, files)
+                found = scheduler_for(spec.launcher.cluster).find_live(spec, files)
                 if found:
                     return _adopt(spec, files, found, record), "reattached"
                 launcher = spec.launcher.model_dump(mode="json")

@@ -113,7 +113,7 @@ def queued_with(comment: str) -> list[str]:
 def identity(recipe: Path, run_dir: Path, *overrides: str) -> str:
     """The ``--comment`` the recipe's one teacher's jobs carry in ``run_dir``."""
     from podium.config.plan import load_plan
-    from podium.launcher.backends.slurm import job_comment
+    from podium.launcher.backends.slurm.scheduler import job_comment
     from podium.launcher.files import TeacherFiles
 
     (spec,) = load_plan(recipe, list(overrides)).teachers

@@ -147,14 +147,14 @@ def _tokenizer(tmp: Path) -> str:
 
 
 def _local_cpu(tmp: Path) -> str:
-    from podium.launcher.backends.local import local_gpu_use
+    from podium.launcher.backends.local.environment import local_gpu_use
 
     return str(local_gpu_use("math", 2, 0)[1])
 
 
 def _local_too_few(tmp: Path) -> str:
     from podium.launcher.backends import SubmitError
-    from podium.launcher.backends.local import local_gpu_use
+    from podium.launcher.backends.local.environment import local_gpu_use
 
     with pytest.raises(SubmitError) as err:
         local_gpu_use("math", 8, 2)

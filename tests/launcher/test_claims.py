@@ -20,7 +20,9 @@ import pytest
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
-from podium.launcher.backends.slurm import SlurmBackend
+from podium.launcher.backends import registered
+from podium.launcher.backends.slurm.environment import SlurmEnvironment
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler
 from podium.launcher.claims import claim_state, try_claim
 from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
 from podium.launcher.procs import ProcRef
@@ -75,17 +77,20 @@ def _ensure(folder: str, log: str, start, done, out) -> None:
             handle.write(f"{os.getpid()}\n")
         return str(os.getpid())
 
-    def states(self, records):
-        lines = Path(log).read_text().split() if Path(log).exists() else []
-        return {r.job_id: JobState(r.job_id, "RUNNING" if r.job_id in lines else "COMPLETED") for r in records}
+    class FakeSlurm(SlurmScheduler):
+        def states(self, records):
+            lines = Path(log).read_text().split() if Path(log).exists() else []
+            return {r.job_id: JobState(r.job_id, "RUNNING" if r.job_id in lines else "COMPLETED") for r in records}
+
+        def find_live(self, spec, files):
+            return []
 
     submission.submit = submit
-    SlurmBackend.states = states
-    SlurmBackend.find_live = lambda self, spec, files: []
     spec = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
                        num_nodes=1, gpus_per_node=1)
     start.wait()
-    _, action = submission.ensure_submitted(spec, TeacherFiles(Path(folder)), timeout_s=60)
+    with registered("slurm", FakeSlurm, SlurmEnvironment):
+        _, action = submission.ensure_submitted(spec, TeacherFiles(Path(folder)), timeout_s=60)
     out.put(action)
     done.wait()
 

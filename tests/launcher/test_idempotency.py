@@ -12,7 +12,9 @@ import pytest
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
 from podium.launcher.claims import claim_state
-from podium.launcher.backends.slurm import SlurmBackend
+from podium.launcher.backends import registered
+from podium.launcher.backends.slurm.environment import SlurmEnvironment
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
@@ -33,14 +35,19 @@ def fake_slurm(monkeypatch):
         jobs[job_id] = "RUNNING"
         return job_id
 
-    monkeypatch.setattr(submission, "submit", submit)
-    monkeypatch.setattr(SlurmBackend, "states",
-                        lambda self, recs: {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs})
     # Jobs the scheduler runs that no job.json names (the real one: tests/integration/test_submit_once.py).
     unrecorded: list[str] = []
-    monkeypatch.setattr(SlurmBackend, "find_live",
-                        lambda self, spec, files: [j for j in unrecorded if jobs.get(j) == "RUNNING"])
-    return jobs, calls, unrecorded
+
+    class FakeSlurm(SlurmScheduler):
+        def states(self, recs):
+            return {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs}
+
+        def find_live(self, spec, files):
+            return [j for j in unrecorded if jobs.get(j) == "RUNNING"]
+
+    monkeypatch.setattr(submission, "submit", submit)
+    with registered("slurm", FakeSlurm, SlurmEnvironment):
+        yield jobs, calls, unrecorded
 
 
 def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:

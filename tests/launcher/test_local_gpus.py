@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from podium.launcher.backends import SubmitError
-from podium.launcher.backends.local import local_gpu_use
+from podium.launcher.backends.local.environment import local_gpu_use
 from podium.launcher.devices import cuda_device_count, driver_device_count, visible_limit
 
 

@@ -19,8 +19,8 @@ import pytest
 
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends import backend_for
-from podium.launcher.backends.slurm import SlurmBackend, sbatch_request
+from podium.launcher.backends import scheduler_for
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler, sbatch_request
 from podium.launcher.files import TeacherFiles
 from podium.launcher.slurm_state import time_to_minutes
 from podium.launcher.submission import clean_submit_env
@@ -53,7 +53,7 @@ CASES = {
 
 
 def render(case: TeacherSpec, run_dir: Path = RUN_DIR) -> str:
-    return SlurmBackend().materialise(case, TeacherFiles.of_spec(run_dir, case)).render()
+    return SlurmScheduler().materialise(case, TeacherFiles.of_spec(run_dir, case)).render()
 
 
 def compare_golden(name: str, text: str) -> None:
@@ -108,7 +108,7 @@ def test_request() -> None:
 def test_local_materialisation_is_the_node_entry_command(tmp_path: Path) -> None:
     case = spec().model_copy(update={"num_nodes": 1, "launcher": TeacherLauncherSettings(cluster="local")})
     files = TeacherFiles.of(tmp_path, case.name, case.key)
-    submission = backend_for("local").materialise(case, files)
+    submission = scheduler_for("local").materialise(case, files)
     command_line = submission.render().splitlines()[-1]
     assert shlex.split(command_line) == list(submission.command)
     assert submission.command[-1] == str(files.folder) and "podium.launcher.node_entry" in submission.command
@@ -137,7 +137,7 @@ def test_clean_submit_env() -> None:
 
 
 def test_every_job_carries_the_teachers_identity(tmp_path: Path) -> None:
-    from podium.launcher.backends.slurm import job_comment
+    from podium.launcher.backends.slurm.scheduler import job_comment
 
     case = CASES["gpu_two_nodes"]
     files = TeacherFiles.of(tmp_path / "run", case.name, case.key)
@@ -154,7 +154,7 @@ def test_every_job_carries_the_teachers_identity(tmp_path: Path) -> None:
 def test_each_replica_is_a_job_of_its_own() -> None:
     """Replica 0 is the teacher's job as without replicas; replica i >= 1 has its own folder, name and
     identity (so `up` finds and reattaches each), and nothing else of its request differs."""
-    from podium.launcher.backends.slurm import job_comment
+    from podium.launcher.backends.slurm.scheduler import job_comment
 
     first, third = CASES["gpu_two_nodes"], CASES["gpu_two_nodes_replica2"]
     files = [TeacherFiles.of_spec(RUN_DIR, case) for case in (first, third)]
@@ -179,7 +179,7 @@ def test_extra_sbatch_cannot_replace_the_identity(key: str) -> None:
 def test_local_find_live_scans_proc_for_the_teachers_controller(tmp_path: Path) -> None:
     """A process whose argv names the controller module and this teacher's submitit folder is found;
     one of another folder is not (a stand-in process: the real controller starts a teacher)."""
-    from podium.launcher.backends.local import CONTROLLER_MODULE, LocalBackend
+    from podium.launcher.backends.local.scheduler import CONTROLLER_MODULE, LocalScheduler
 
     case = spec().model_copy(update={"num_nodes": 1, "launcher": TeacherLauncherSettings(cluster="local")})
     files = TeacherFiles.of(tmp_path, case.name, case.key)
@@ -188,8 +188,8 @@ def test_local_find_live_scans_proc_for_the_teachers_controller(tmp_path: Path) 
     procs = [subprocess.Popen([sys.executable, "-c", code, "-m", CONTROLLER_MODULE, str(f.submitit)],
                               stdin=subprocess.PIPE) for f in (files, other)]
     try:
-        assert LocalBackend().find_live(case, files) == [str(procs[0].pid)]
+        assert LocalScheduler().find_live(case, files) == [str(procs[0].pid)]
     finally:
         for p in procs:
             p.communicate(b"")
-    assert LocalBackend().find_live(case, files) == []
+    assert LocalScheduler().find_live(case, files) == []

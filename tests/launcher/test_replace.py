@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 from podium.config.launcher import SettingChange, TeacherLauncherSettings, launcher_changes
 from podium.config.plan import load_plan
 from podium.launcher import commands, submission
-from podium.launcher.backends.slurm import SlurmBackend
+from podium.launcher.backends import kind_for, registered
+from podium.launcher.backends.slurm.environment import SlurmEnvironment
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
@@ -39,17 +41,21 @@ def fake_slurm(monkeypatch):
         jobs[job_id] = "PENDING"
         return job_id
 
-    def cancel(self, recs):
-        for rec in recs:
-            cancelled.append(rec.job_id)
-            jobs[rec.job_id] = "CANCELLED"
+    class FakeSlurm(SlurmScheduler):
+        def states(self, recs):
+            return {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs}
+
+        def find_live(self, spec, files):
+            return []
+
+        def cancel(self, recs):
+            for rec in recs:
+                cancelled.append(rec.job_id)
+                jobs[rec.job_id] = "CANCELLED"
 
     monkeypatch.setattr(submission, "submit", submit)
-    monkeypatch.setattr(SlurmBackend, "states", lambda self, recs: {r.job_id: JobState(r.job_id, jobs[r.job_id])
-                                                                    for r in recs if r.job_id in jobs})
-    monkeypatch.setattr(SlurmBackend, "find_live", lambda self, spec, files: [])
-    monkeypatch.setattr(SlurmBackend, "cancel", cancel)
-    return jobs, cancelled
+    with registered("slurm", FakeSlurm, SlurmEnvironment):
+        yield jobs, cancelled
 
 
 def recipe(tmp_path: Path) -> Path:
@@ -143,7 +149,7 @@ def test_an_adopted_job_keeps_the_settings_it_was_submitted_with(tmp_path: Path,
     monkeypatch.setattr(submission, "submit", die_after_submit)
     with pytest.raises(KeyboardInterrupt):
         submission.ensure_submitted(spec, files)
-    monkeypatch.setattr(SlurmBackend, "find_live", lambda self, spec, files: ["77"])
+    monkeypatch.setattr(kind_for("slurm").scheduler, "find_live", lambda self, spec, files: ["77"])  # the fake
     newer = load_plan(recipe(tmp_path), ["podium.slurm.time=08:00:00"]).teachers[0]
     record, action = submission.ensure_submitted(newer, files)
     assert (record.job_id, action) == ("77", "reattached")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends import slurm
+from podium.launcher.backends.slurm import environment
 from podium.launcher.backends.base import NodeContext
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt", num_nodes=1,
@@ -30,24 +30,24 @@ def _answers(monkeypatch: pytest.MonkeyPatch, *states: str, end_in_s: float = 29
         asked.append(state)
         return {"JobState": state, "Restarts": "0", "PreemptTime": "None", "EndTime": end}
 
-    monkeypatch.setattr(slurm, "show_job", show_job)
-    monkeypatch.setattr(slurm, "SIGNALING_WAIT_S", 2.0)
+    monkeypatch.setattr(environment, "show_job", show_job)
+    monkeypatch.setattr(environment, "SIGNALING_WAIT_S", 2.0)
     return asked
 
 
 def test_a_time_limit_term_read_while_signaling_is_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _answers(monkeypatch, "SIGNALING", "SIGNALING", "RUNNING")
-    intent = slurm.SlurmBackend().stop_intent(CTX, "SIGTERM", SPEC)
+    intent = environment.SlurmEnvironment().stop_intent(CTX, "SIGTERM", SPEC)
     assert intent.kind == "time_limit" and asked == ["SIGNALING", "SIGNALING", "RUNNING"]
 
 
 def test_a_cancel_read_while_signaling_is_a_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
     _answers(monkeypatch, "SIGNALING", "CANCELLED")
-    assert slurm.SlurmBackend().stop_intent(CTX, "SIGTERM", SPEC).kind == "cancel"
+    assert environment.SlurmEnvironment().stop_intent(CTX, "SIGTERM", SPEC).kind == "cancel"
 
 
 def test_signaling_that_never_settles_counts_as_running(monkeypatch: pytest.MonkeyPatch) -> None:
     _answers(monkeypatch, "SIGNALING")
-    assert slurm.SlurmBackend().stop_intent(CTX, "SIGTERM", SPEC).kind == "time_limit"
+    assert environment.SlurmEnvironment().stop_intent(CTX, "SIGTERM", SPEC).kind == "time_limit"
     _answers(monkeypatch, "SIGNALING", end_in_s=3600)  # far from the end: not the time limit's TERM
-    assert slurm.SlurmBackend().stop_intent(CTX, "SIGTERM", SPEC).kind == "cancel"
+    assert environment.SlurmEnvironment().stop_intent(CTX, "SIGTERM", SPEC).kind == "cancel"

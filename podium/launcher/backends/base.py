@@ -1,29 +1,31 @@
-"""What every cluster kind provides, and the typed submission it materialises.
+"""What every cluster kind provides, split as submitit splits it, and the data both halves share.
 
-A backend is one small class per cluster kind (``slurm``, ``local``), in submitit's style: the
-rest of the launcher asks it, and never asks which one it has.
+A cluster kind (``slurm``, ``local``) is two small classes, registered together by name in
+:mod:`podium.launcher.backends`: a :class:`Scheduler`, what runs on the login node (submitit's
+``Executor``), and a :class:`JobEnvironment`, what runs inside the job (submitit's
+``JobEnvironment``). The rest of the launcher asks them, and never asks which kind it has.
 
-=========================  ==================  ============================================
-method                     runs on             does
-=========================  ==================  ============================================
-``check(spec)``            login node          refuse what this kind cannot run (exit 2)
-``notices(spec)``          login node          one line each: how it runs ``spec`` otherwise
-                                               than asked (``up`` prints them on stderr)
-``materialise(spec, f)``   login node          pure: the exact script/command ``submit``
-                                               sends (what ``render``/``--dry-run`` print)
-``submit(submission)``     login node          send it; the job id
-``states(jobs)``           login node          :class:`JobState` per job (one query)
-``find_live(spec, f)``     login node          ids of pending/running jobs of this teacher
-                                               (this run dir), recorded in ``job.json`` or not
-``cancel(jobs)``           login node          end those jobs (``job.json`` records)
-``log_paths(f, job, n)``   login node          where the node tasks write
-``node_context()``         in the allocation   rank, node count, generation, host
-``node_gpus(spec)``        both                GPUs each node's Ray offers (0: CPU slots)
-``node_address(iface)``    in the allocation   the address Ray and the endpoint use
-``requeue(ctx, ...)``      in the allocation   ask for the next generation; why not, if not
-``stop_intent(ctx, sig)``  in the allocation   what a stop signal means (cancel, preemption,
-                                               time limit, ...): :mod:`podium.launcher.signals`
-=========================  ==================  ============================================
+=========================  ==============  ==============================================
+method                     class           does
+=========================  ==============  ==============================================
+``check(spec)``            Scheduler       refuse what this kind cannot run (exit 2)
+``notices(spec)``          Scheduler       one line each: how it runs ``spec`` otherwise
+                                           than asked (``up`` prints them on stderr)
+``materialise(spec, f)``   Scheduler       pure: the exact script/command ``submit``
+                                           sends (what ``render``/``--dry-run`` print)
+``submit(submission)``     Scheduler       send it; the job id
+``states(jobs)``           Scheduler       :class:`JobState` per job (one query)
+``find_live(spec, f)``     Scheduler       ids of pending/running jobs of this teacher
+                                           (this run dir), recorded in ``job.json`` or not
+``cancel(jobs)``           Scheduler       end those jobs (``job.json`` records)
+``log_paths(f, job, n)``   Scheduler       where the node tasks write
+``node_context()``         JobEnvironment  rank, node count, generation, host
+``node_gpus(spec)``        JobEnvironment  GPUs each node's Ray offers (0: CPU slots)
+``node_address(iface)``    JobEnvironment  the address Ray and the endpoint use
+``requeue(ctx, ...)``      JobEnvironment  ask for the next generation; why not, if not
+``stop_intent(ctx, sig)``  JobEnvironment  what a stop signal means (cancel, preemption,
+                                           time limit, ...): :mod:`podium.launcher.signals`
+=========================  ==============  ==============================================
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class SubmitError(RuntimeError):
 
 @dataclass(frozen=True)
 class Submission:
-    """One teacher's job, materialised: exactly what :meth:`Backend.submit` sends.
+    """One teacher's job, materialised: exactly what :meth:`Scheduler.submit` sends.
 
     ``text`` is the sbatch script (Slurm) or the shell command line (local) as it is submitted;
     :meth:`render` is what ``podium render`` and ``podium up --dry-run`` print.
@@ -72,7 +74,7 @@ class Submission:
 
 @dataclass(frozen=True)
 class NodeContext:
-    """Where one node task runs (from the backend's job environment)."""
+    """Where one node task runs (from the kind's :meth:`JobEnvironment.node_context`)."""
 
     job_id: str
     rank: int
@@ -92,27 +94,26 @@ def node_command(spec: TeacherSpec, files: TeacherFiles) -> tuple[str, ...]:
     return (*shim_command(python), "-u", "-m", NODE_ENTRY_MODULE, str(files.folder))
 
 
-class Backend(abc.ABC):
-    """One cluster kind (see the module table)."""
+def asked_gpus(spec: TeacherSpec) -> int:
+    """GPUs the recipe asks of each node: ``gpus_per_node`` with ``podium.slurm.gpus`` on, else 0."""
+    return spec.gpus_per_node if spec.launcher.slurm.gpus else 0
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+class Scheduler(abc.ABC):
+    """One cluster kind on the login node (see the module table)."""
 
     name: ClassVar[str]
-    #: the job comes back as the next generation when its head asks (:meth:`requeue`)
-    requeues: ClassVar[bool] = False
-    #: a node task signalled by the scheduler leaves with ``os._exit`` once torn down (Slurm's
-    #: KillWait would otherwise SIGKILL it in interpreter finalizers, and delay the requeue)
-    exit_fast_after_signal: ClassVar[bool] = False
 
     def check(self, spec: TeacherSpec) -> None:
-        """Raise :class:`SubmitError` for what this backend cannot run."""
+        """Raise :class:`SubmitError` for what this kind cannot run."""
 
     def notices(self, spec: TeacherSpec) -> list[str]:
         """One-line notices about how ``spec`` runs here otherwise than its recipe asks."""
         return []
-
-    def node_gpus(self, spec: TeacherSpec) -> int:
-        """GPUs each node's Ray offers the teacher's workers (``ray start --num-gpus``); with 0 the
-        workers are CPU slots. Slurm allocated what the recipe asked, so the recipe's count."""
-        return spec.gpus_per_node if spec.launcher.slurm.gpus else 0
 
     @abc.abstractmethod
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission: ...
@@ -133,11 +134,28 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, jobs: Sequence[JobRecord]) -> None: ...
 
-    @abc.abstractmethod
-    def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]: ...
+    def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
+        """Each rank's output and error logs, in rank order."""
+        return [path for rank in ranks for path in (files.task_log(job_id, rank), files.task_err(job_id, rank))]
+
+
+class JobEnvironment(abc.ABC):
+    """One cluster kind inside the job, where every node task runs (see the module table)."""
+
+    name: ClassVar[str]
+    #: the job comes back as the next generation when its head asks (:meth:`requeue`)
+    requeues: ClassVar[bool] = False
+    #: a node task signalled by the scheduler leaves with ``os._exit`` once torn down (Slurm's
+    #: KillWait would otherwise SIGKILL it in interpreter finalizers, and delay the requeue)
+    exit_fast_after_signal: ClassVar[bool] = False
 
     @abc.abstractmethod
     def node_context(self) -> NodeContext: ...
+
+    def node_gpus(self, spec: TeacherSpec) -> int:
+        """GPUs each node's Ray offers the teacher's workers (``ray start --num-gpus``); with 0 the
+        workers are CPU slots. The scheduler allocated what the recipe asked, so the recipe's count."""
+        return asked_gpus(spec)
 
     def node_address(self, interface: Optional[str]) -> str:
         from podium.launcher.ray_bootstrap import node_ip
@@ -155,7 +173,3 @@ class Backend(abc.ABC):
         drain = spec.launcher.server.drain_s if user else 0.0
         return StopIntent("signal" if user else "cancel", user and self.requeues, time.time() + drain,
                           f"stopped by {signal_name}")
-
-
-def host_name() -> str:
-    return socket.gethostname()

@@ -1,8 +1,8 @@
-"""The Slurm backend: a teacher's typed request, rendered into the sbatch script that is submitted.
+"""Slurm on the login node: a teacher's typed request, rendered into the sbatch script submitted.
 
 One materialisation (torchx's split): :func:`sbatch_request` turns a ``TeacherSpec`` into an
 :class:`SbatchRequest` (pure), :meth:`SbatchRequest.render` renders ``templates/teacher.sbatch.j2``
-into the script text (pure), and :meth:`SlurmBackend.submit` hands exactly that text to submitit,
+into the script text (pure), and :meth:`SlurmScheduler.submit` hands exactly that text to submitit,
 whose ``SlurmExecutor`` writes it to ``submitit/<job>_submission.sh``, runs ``sbatch`` and parses
 the job id. ``podium render`` and ``podium up --dry-run`` print the same text, so what a user
 reads is what Slurm gets.
@@ -30,37 +30,23 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import logging
 import shlex
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
+from podium.launcher.backends.base import Scheduler, Submission, SubmitError, node_command
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.sbatch_errors import explain, one_line
-from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import (
-    JobState,
-    SlurmQueryError,
-    query_live_by_comment,
-    query_states,
-    show_job,
-    slurm_time,
-    time_to_minutes,
-)
+from podium.launcher.slurm_state import JobState, SlurmQueryError, query_live_by_comment, query_states, time_to_minutes
 
-logger = logging.getLogger(__name__)
-
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
 TEACHER_TEMPLATE = "teacher.sbatch.j2"
-REQUEUE_TIMEOUT_S = 30.0
 SUBMITIT_TEMP_SCRIPTS = ".submission_file_*.sh"  # submitit's script before sbatch gives it a job id
 
 
@@ -80,14 +66,9 @@ def job_comment(spec: TeacherSpec, files: TeacherFiles) -> str:
     id>`` (:attr:`TeacherSpec.identity`: the key, ``-r<i>`` added for replica i >= 1), the run dir
     id being 16 hex of the sha256 of the run dir's absolute resolved path. Slurm knows it from the
     moment ``sbatch`` is accepted, so a job whose ``job.json`` was never written (its ``up`` died in
-    between) is still found (:meth:`SlurmBackend.find_live`)."""
+    between) is still found (:meth:`SlurmScheduler.find_live`)."""
     run_dir = str(files.run_dir.absolute().resolve())
     return f"podium:{spec.identity}:{hashlib.sha256(run_dir.encode()).hexdigest()[:16]}"
-
-
-def cpus_per_task(spec: TeacherSpec) -> int:
-    """CPUs of the node task: the setting, else one per worker slot plus the node's Ray and driver."""
-    return spec.launcher.slurm.cpus_per_task or spec.gpus_per_node + 1
 
 
 def _option(name: str, value: Any) -> str:
@@ -130,10 +111,10 @@ def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
         "comment": job_comment(spec, files),
         "nodes": spec.num_nodes,
         "ntasks-per-node": 1,
-        "cpus-per-task": cpus_per_task(spec),
+        "cpus-per-task": spec.cpus_per_task,
         "time": time_to_minutes(s.time),
         "signal": f"{s.signal}@{s.signal_lead_s}",
-        "output": str(files.submitit / "%j_sbatch.out"),
+        "output": str(files.sbatch_log_pattern),
         "open-mode": "append",
     }
     for name in ("partition", "account", "qos", "constraint", "mem"):
@@ -153,7 +134,7 @@ def sbatch_request(spec: TeacherSpec, files: TeacherFiles) -> SbatchRequest:
     # --kill-on-bad-exit=0: a task that fails does not take the others down with it; the head
     # watches its nodes, publishes which one failed and why, and decides the job's fate.
     srun = ["--unbuffered", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            f"--output={files.submitit / '%j_%t_log.out'}", f"--error={files.submitit / '%j_%t_log.err'}"]
+            f"--output={files.task_log_pattern('out')}", f"--error={files.task_log_pattern('err')}"]
     if s.container_image:
         srun.append(f"--container-image={s.container_image}")
         if s.container_mounts:
@@ -178,10 +159,8 @@ def _executor_class() -> type:
     return PodiumSlurmExecutor
 
 
-class SlurmBackend(Backend):
+class SlurmScheduler(Scheduler):
     name = "slurm"
-    requeues = True
-    exit_fast_after_signal = True
 
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         request = sbatch_request(spec, files)
@@ -227,102 +206,3 @@ class SlurmBackend(Backend):
         proc = subprocess.run(["scancel", *job_ids], capture_output=True, text=True)
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise SlurmQueryError(f"scancel {' '.join(job_ids)}: {proc.stderr.strip()}")
-
-    def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
-        out: list[Path] = []
-        for rank in ranks:
-            out += [files.task_log(job_id, rank), files.task_err(job_id, rank)]
-        return out
-
-    def node_context(self) -> NodeContext:
-        import os
-
-        from submitit.slurm.slurm import SlurmJobEnvironment
-
-        env = SlurmJobEnvironment()
-        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
-                           restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
-
-    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> Optional[str]:
-        """``scontrol requeue``, then (best effort: a site may refuse it) the nodes to avoid and the
-        earliest start of the next generation, which Slurm accepts once the job is requeued."""
-        refused = _scontrol(["requeue", ctx.job_id])
-        if refused is not None:
-            return refused
-        update = []
-        if exclude:
-            update.append(f"ExcNodeList={','.join(exclude)}")
-        if delay_s > 0:
-            update.append(f"StartTime=now+{int(round(delay_s))}")
-        if update:
-            problem = _scontrol(["update", f"JobId={ctx.job_id}", *update])
-            if problem is not None:
-                logger.warning("job %s requeued, but %s was refused: %s", ctx.job_id, " ".join(update), problem)
-        return None
-
-    def stop_intent(self, ctx: NodeContext, signal_name: str, spec: TeacherSpec) -> StopIntent:
-        """Classify a stop by asking Slurm what it is doing to the job (measured on Slurm 22.05):
-
-        - ``Restarts`` above this generation's: Slurm requeues it itself (``scontrol requeue``);
-        - ``PreemptTime`` set: preempted; ``EndTime`` is the end of the grace time;
-        - SIGTERM within ``signal_lead_s`` of ``EndTime``: the time limit (``--signal=TERM@lead``);
-        - a user signal: ``--signal`` at the time limit or a preemption with ``preempt_send_user_signal``;
-        - any other SIGTERM/SIGINT: a cancel (``scancel``; KillWait's SIGKILL follows).
-
-        The job is read once Slurm has delivered the signal (:func:`_settled_job`): while it is
-        sending one, its state reads SIGNALING, and a time limit looked like a cancel.
-        """
-        info = _settled_job(ctx.job_id)
-        now = time.time()
-        end = slurm_time(info.get("EndTime"))
-        # what the decision is made of, for the job's log: a stop read wrongly ends a teacher for good
-        logger.info("%s: JobState=%s Restarts=%s (this generation's %d) PreemptTime=%s EndTime=%s (%s)", signal_name,
-                    info.get("JobState"), info.get("Restarts"), ctx.restart, info.get("PreemptTime"),
-                    info.get("EndTime"), "unknown" if end is None else f"in {end - now:.0f}s")
-        until = (end - STOP_MARGIN_S) if end is not None else now
-        if int(info.get("Restarts") or 0) > ctx.restart:
-            return StopIntent("requeued", False, now, "requeued by Slurm")
-        if slurm_time(info.get("PreemptTime")) is not None:
-            return StopIntent("preempt", True, until, "preempted")
-        near_end = end is not None and end - now <= spec.launcher.slurm.signal_lead_s + TIME_LIMIT_SLACK_S
-        if signal_name in ("SIGUSR1", "SIGUSR2"):
-            kind, why = ("time_limit", "near its time limit") if near_end else ("signal", "asked to stop by --signal")
-            return StopIntent(kind, True, min(until, now + spec.launcher.server.drain_s), why)
-        if signal_name == "SIGTERM" and near_end and info.get("JobState") == "RUNNING":
-            return StopIntent("time_limit", True, until, "near its time limit")
-        return StopIntent("cancel", False, now, "stopped by Slurm")
-
-
-def _settled_job(job_id: str, wait_s: Optional[float] = None, poll_s: float = 0.25) -> dict[str, str]:
-    """``scontrol show job`` once Slurm has delivered the signal it is sending.
-
-    While an outgoing signal is pending, Slurm shows ``JobState=SIGNALING`` in place of the job's
-    state (its state string prefers that flag to the base state), so a stop read at that moment
-    cannot tell a time limit's TERM (the job is RUNNING) from a cancel. It clears once the signal is
-    delivered: ask again, up to ``wait_s``; after that, SIGNALING counts as RUNNING."""
-    wait_s = SIGNALING_WAIT_S if wait_s is None else wait_s
-    deadline = time.monotonic() + wait_s
-    info = show_job(job_id)
-    while info.get("JobState") == "SIGNALING" and time.monotonic() < deadline:
-        time.sleep(poll_s)
-        info = show_job(job_id)
-    if info.get("JobState") == "SIGNALING":
-        logger.warning("job %s still SIGNALING after %.0fs: read as RUNNING", job_id, wait_s)
-        info = {**info, "JobState": "RUNNING"}
-    return info
-
-
-SIGNALING_WAIT_S = 5.0
-STOP_MARGIN_S = 8.0  # a drain ends this long before Slurm's end time: teardown and requeue fit
-TIME_LIMIT_SLACK_S = 30.0  # a TERM this close to (lead before) the end time is the time limit's
-
-
-def _scontrol(args: list[str]) -> Optional[str]:
-    """Run ``scontrol ARGS``; None on success, else what it said."""
-    try:
-        proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if proc.returncode == 0:
-        return None
-    return proc.stderr.strip() or f"scontrol {args[0]} exited {proc.returncode}"

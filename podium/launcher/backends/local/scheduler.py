@@ -1,4 +1,5 @@
-"""The local backend: submitit's local controller on this machine, one node, no Slurm.
+"""The ``local`` cluster kind on the login side: submitit's local controller on this machine, one
+node, no Slurm.
 
 The job is submitit's local ``Controller`` (``python -m submitit.local._local FOLDER``), which runs
 the same node entry as a Slurm task, with ``SUBMITIT_LOCAL_*`` describing it; its job id is the
@@ -6,14 +7,9 @@ controller's PID. podium starts the controller itself rather than through
 ``submitit.local.local.start_controller`` for two reasons: the controller must not hold its
 caller's stdin/stdout/stderr (``out=$(podium up --wait)`` would never see an end of file), and it
 runs in a session of its own, so a Ctrl-C at ``podium up --wait`` does not end the teachers (a
-local teacher outlives ``up``, as a Slurm job does). The environment below is the controller's
-contract (``submitit/local/local.py``).
-
-GPUs. A recipe asks for GPUs (``gpus_per_node``, with ``podium.slurm.gpus`` on, the default, as
-NeMo RL's recipes ship); on a machine without a CUDA device the local teacher runs on CPU instead
-(``--num-gpus=0``: ``gpus_per_node`` CPU worker slots) and ``up`` says so in one line. Running
-slowly beats refusing: a first try on a laptop works, and the line says why it is slow. A machine
-with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_per_node``.
+local teacher outlives ``up``, as a Slurm job does). The environment :meth:`LocalScheduler.submit`
+sets is the controller's contract (``submitit/local/local.py``). What the machine's GPUs allow is
+:mod:`podium.launcher.backends.local.environment`'s (:func:`gpu_use`).
 """
 
 from __future__ import annotations
@@ -26,11 +22,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.base import Backend, NodeContext, Submission, SubmitError, host_name, node_command
-from podium.launcher.devices import cuda_device_count
+from podium.launcher.backends.base import Scheduler, Submission, SubmitError, node_command
+from podium.launcher.backends.local.environment import gpu_use
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
@@ -63,48 +59,24 @@ def find_controllers(folder: str | Path) -> list[str]:
     return [name for name in os.listdir("/proc") if name.isdigit() and is_controller_of(int(name), folder)]
 
 
-def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, Optional[str]]:
-    """GPUs the local Ray node offers a teacher that asks for ``wanted`` on a machine with ``found``
-    CUDA devices, and the notice ``up`` prints: all it asks for when there are enough; none (CPU
-    worker slots) with a notice when there is no CUDA device; ``SubmitError`` when there are some,
-    but too few (the recipe must say which it wants)."""
-    if not wanted or found >= wanted:
-        return wanted, None
-    if found:
-        raise SubmitError(f"teacher {teacher!r}: gpus_per_node={wanted} but this machine has {found} CUDA "
-                          f"device{'s' if found > 1 else ''} (set gpus_per_node: {found}, or "
-                          f"podium.slurm.gpus: false to run on CPU)")
-    return 0, (f"teacher {teacher!r} runs on CPU: no CUDA device found on this machine, so its "
-               f"gpus_per_node={wanted} workers are CPU processes, far slower than on GPUs "
-               f"(podium.slurm.gpus: false asks for CPU and silences this)")
-
-
-class LocalBackend(Backend):
+class LocalScheduler(Scheduler):
     name = "local"
 
     def check(self, spec: TeacherSpec) -> None:
         if spec.num_nodes != 1:
             raise SubmitError(f"teacher {spec.name!r}: cluster 'local' runs one node, the plan asks for "
                               f"num_nodes={spec.num_nodes} (set podium.cluster: slurm, or num_nodes: 1)")
-        self.gpu_use(spec)
+        gpu_use(spec)
 
     def notices(self, spec: TeacherSpec) -> list[str]:
-        return [notice] if (notice := self.gpu_use(spec)[1]) else []
-
-    def node_gpus(self, spec: TeacherSpec) -> int:
-        return self.gpu_use(spec)[0]
-
-    def gpu_use(self, spec: TeacherSpec) -> tuple[int, Optional[str]]:
-        """:func:`local_gpu_use` of this teacher on this machine."""
-        wanted = super().node_gpus(spec)
-        return local_gpu_use(spec.name, wanted, cuda_device_count() if wanted else 0)
+        return [notice] if (notice := gpu_use(spec)[1]) else []
 
     def materialise(self, spec: TeacherSpec, files: TeacherFiles) -> Submission:
         command = node_command(spec, files)
         replica = f" replica {spec.replica}" if spec.replica else ""
         text = (f"# podium teacher {spec.name} ({spec.key}){replica}, serving: {', '.join(spec.aliases)}\n"
                 f"# cluster: local: submitit's local controller runs this command as the job's one task\n"
-                f"# (logs: {files.submitit}/<job>_0_log.out and .err)\n"
+                f"# (logs: {files.task_log('<job>', 0)} and .err)\n"
                 f"{shlex.join(command)}\n")
         return Submission(backend=self.name, teacher=spec.label, folder=files.submitit, text=text, command=command)
 
@@ -154,20 +126,7 @@ class LocalBackend(Backend):
                 _signal(job, signal.SIGKILL)
 
     def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
-        out: list[Path] = []
-        for rank in ranks:
-            out += [files.task_log(job_id, rank), files.task_err(job_id, rank)]
-        return out + [files.submitit / CONTROLLER_LOG]
-
-    def node_context(self) -> NodeContext:
-        from submitit.local.local import LocalJobEnvironment
-
-        env = LocalJobEnvironment()
-        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name())
-
-    def node_address(self, interface: Optional[str]) -> str:
-        # One machine: Ray and the endpoint on loopback unless an interface is named.
-        return super().node_address(interface) if interface else "127.0.0.1"
+        return super().log_paths(files, job_id, ranks) + [files.submitit / CONTROLLER_LOG]
 
 
 def _signal(job: JobRecord, sig: signal.Signals) -> None:

@@ -1,0 +1,56 @@
+"""The ``local`` cluster kind inside the job: the one node task submitit's local controller runs,
+and the GPUs this machine gives it.
+
+GPUs. A recipe asks for GPUs (``gpus_per_node``, with ``podium.slurm.gpus`` on, the default, as
+NeMo RL's recipes ship); on a machine without a CUDA device the local teacher runs on CPU instead
+(``--num-gpus=0``: ``gpus_per_node`` CPU worker slots) and ``up`` says so in one line. Running
+slowly beats refusing: a first try on a laptop works, and the line says why it is slow. A machine
+with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends.base import JobEnvironment, NodeContext, SubmitError, asked_gpus, host_name
+from podium.launcher.devices import cuda_device_count
+
+
+def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, Optional[str]]:
+    """GPUs the local Ray node offers a teacher that asks for ``wanted`` on a machine with ``found``
+    CUDA devices, and the notice ``up`` prints: all it asks for when there are enough; none (CPU
+    worker slots) with a notice when there is no CUDA device; ``SubmitError`` when there are some,
+    but too few (the recipe must say which it wants)."""
+    if not wanted or found >= wanted:
+        return wanted, None
+    if found:
+        raise SubmitError(f"teacher {teacher!r}: gpus_per_node={wanted} but this machine has {found} CUDA "
+                          f"device{'s' if found > 1 else ''} (set gpus_per_node: {found}, or "
+                          f"podium.slurm.gpus: false to run on CPU)")
+    return 0, (f"teacher {teacher!r} runs on CPU: no CUDA device found on this machine, so its "
+               f"gpus_per_node={wanted} workers are CPU processes, far slower than on GPUs "
+               f"(podium.slurm.gpus: false asks for CPU and silences this)")
+
+
+def gpu_use(spec: TeacherSpec) -> tuple[int, Optional[str]]:
+    """:func:`local_gpu_use` of this teacher on this machine."""
+    wanted = asked_gpus(spec)
+    return local_gpu_use(spec.name, wanted, cuda_device_count() if wanted else 0)
+
+
+class LocalEnvironment(JobEnvironment):
+    name = "local"
+
+    def node_gpus(self, spec: TeacherSpec) -> int:
+        return gpu_use(spec)[0]
+
+    def node_context(self) -> NodeContext:
+        from submitit.local.local import LocalJobEnvironment
+
+        env = LocalJobEnvironment()
+        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name())
+
+    def node_address(self, interface: Optional[str]) -> str:
+        # One machine: Ray and the endpoint on loopback unless an interface is named.
+        return super().node_address(interface) if interface else "127.0.0.1"

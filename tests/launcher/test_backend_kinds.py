@@ -1,0 +1,50 @@
+"""The cluster kinds' registry (``podium.launcher.backends``): the built-ins, a kind put in place
+for a block and then taken away, and the error that names the kinds there are."""
+
+from __future__ import annotations
+
+import pytest
+
+from podium.launcher.backends import environment_for, known_kinds, register, registered, scheduler_for
+from podium.launcher.backends.local.environment import LocalEnvironment
+from podium.launcher.backends.local.scheduler import LocalScheduler
+from podium.launcher.backends.slurm.environment import SlurmEnvironment
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler
+
+
+class FakeScheduler(LocalScheduler):
+    name = "fake"
+
+
+class FakeEnvironment(LocalEnvironment):
+    name = "fake"
+
+
+def test_the_built_in_kinds() -> None:
+    assert known_kinds() == ("local", "slurm")
+    assert type(scheduler_for("slurm")) is SlurmScheduler and type(environment_for("slurm")) is SlurmEnvironment
+    assert type(scheduler_for("local")) is LocalScheduler and type(environment_for("local")) is LocalEnvironment
+
+
+def test_a_kind_registered_for_a_block_is_gone_after_it() -> None:
+    with registered("fake", FakeScheduler, FakeEnvironment) as kind:
+        assert kind.name == "fake" and known_kinds() == ("fake", "local", "slurm")
+        assert type(scheduler_for("fake")) is FakeScheduler and type(environment_for("fake")) is FakeEnvironment
+    with pytest.raises(ValueError, match=r"unknown cluster kind 'fake' \(known: local, slurm\)"):
+        scheduler_for("fake")
+
+
+def test_a_kind_replaced_for_a_block_comes_back() -> None:
+    class Quiet(SlurmScheduler):
+        def find_live(self, spec, files):
+            return []
+
+    with registered("slurm", Quiet, SlurmEnvironment):
+        assert type(scheduler_for("slurm")) is Quiet
+    assert type(scheduler_for("slurm")) is SlurmScheduler
+
+
+def test_the_classes_must_carry_the_name() -> None:
+    with pytest.raises(ValueError, match="FakeScheduler.name is 'fake'"):
+        register("slurm", FakeScheduler, SlurmEnvironment)
+    assert type(scheduler_for("slurm")) is SlurmScheduler
