@@ -212,8 +212,8 @@ class HeadRun:
             for rank in range(1, ctx.num_nodes):
                 state = try_read_node_state(files.node(ctx.job_id, ctx.restart, rank))
                 if state is not None and state.state is NodeStatus.FAILED:
-                    raise NodeStartError(f"node {state.host} (rank {rank}) failed at start: {state.error}; "
-                                         f"log {state.log}", node=state.host)
+                    raise NodeStartError(f"node {state.host} (rank {rank}) failed at start: "
+                                         f"{state.error}; log {state.log}", node=state.host)
             if not ray_proc.alive():
                 raise NodeStartError(f"head node {ctx.host}: {ray_proc.describe_exit()}")
             return None
