@@ -13,8 +13,8 @@ import time
 import pytest
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.slurm import environment
 from podium.launcher.backends.base import NodeContext
+from podium.launcher.backends.slurm import environment
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt", num_nodes=1,
                    gpus_per_node=1, launcher={"slurm": {"signal": "TERM", "signal_lead_s": 280}})
