@@ -17,6 +17,7 @@ from typing import List, Optional
 import typer
 
 from podium.config.errors import ConfigError
+from podium.rendezvous.layout import RENDEZVOUS_FILE, RunLayout
 
 app = typer.Typer(
     help="Launch distillation teachers on Slurm, once, and let every trainer find them.",
@@ -95,11 +96,11 @@ def convert(
     typer.echo(f"wrote {out}")
 
 
-RunDirArg = typer.Argument(..., help="The run directory (or its rendezvous.json).")
+RunDirArg = typer.Argument(..., help=f"The run directory (or its {RENDEZVOUS_FILE}).")
 
 
 def _run_dir(path: Path) -> Path:
-    return path.parent if path.name == "rendezvous.json" else path
+    return RunLayout.from_rendezvous_path(path).run_dir
 
 
 @app.command()
@@ -148,7 +149,7 @@ def up(
     for orphan in result.orphans:
         verb = "stopped" if replace else "left running (use --replace to stop it)"
         typer.echo(f"{orphan}: no longer in the recipe, {verb}")
-    typer.echo(f"rendezvous: {result.run_dir / 'rendezvous.json'}")
+    typer.echo(f"rendezvous: {RunLayout(result.run_dir).rendezvous_path}")
     if wait_ready:
         _wait(result.run_dir, timeout)
 
@@ -160,13 +161,13 @@ def _notices(lines: List[str]) -> None:
 
 def _wait(run_dir: Path, timeout: float) -> None:
     from podium.cli_render import WaitView
-    from podium.launcher import commands
+    from podium.launcher.status import WaitFailed, wait
 
     view = WaitView()
     try:
         with view:
-            commands.wait(run_dir, timeout, on_update=view.update)
-    except commands.WaitFailed as exc:
+            wait(run_dir, timeout, on_update=view.update)
+    except WaitFailed as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(1)
     typer.echo("all teachers ready")
@@ -190,12 +191,12 @@ def status(
 ) -> None:
     """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s over the last
     minute, queue depth, padding share); exit 0 only when all are ready."""
-    from podium.launcher import commands
+    from podium.launcher import status as teacher_status
     from podium.launcher.slurm_state import SlurmQueryError
     from podium.rendezvous.atomic import FileReadError
 
     try:
-        rows = commands.status(_run_dir(run_dir))
+        rows = teacher_status.status(_run_dir(run_dir))
     except (FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1)
@@ -203,7 +204,7 @@ def status(
         from podium.cli_render import watch_status
 
         target = _run_dir(run_dir)
-        watch_status(lambda: commands.status(target), watch, errors=(FileReadError, SlurmQueryError))
+        watch_status(lambda: teacher_status.status(target), watch, errors=(FileReadError, SlurmQueryError))
         return
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -218,7 +219,7 @@ def status(
 @app.command()
 def logs(
     run_dir: Path = RunDirArg,
-    teacher: str = typer.Argument(..., help="Teacher name, key or folder name."),
+    teacher: str = typer.Argument(..., help="Teacher name, key, folder name, or NAME#i for its replica i."),
     node: Optional[int] = typer.Option(None, "--node", help="Node rank (default: all)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing as the log grows."),
 ) -> None:
@@ -226,10 +227,11 @@ def logs(
     import subprocess
 
     from podium.launcher import commands
+    from podium.launcher.selection import UnknownTeacherError
 
     try:
         paths = commands.log_paths(_run_dir(run_dir), teacher, node)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, UnknownTeacherError) as exc:
         _fail(str(exc))
         return
     existing = [str(p) for p in paths if p.exists()]
@@ -246,14 +248,19 @@ def logs(
 @app.command()
 def down(
     run_dir: Path = RunDirArg,
-    teachers: Optional[List[str]] = typer.Argument(None, help="Teachers to stop (default: all)."),
+    teachers: Optional[List[str]] = typer.Argument(
+        None, help="Teachers to stop, each by name, key, folder name, or NAME#i for its replica i (default: all)."),
 ) -> None:
     """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
-    from podium.launcher import commands
+    from podium.launcher.selection import UnknownTeacherError
     from podium.launcher.slurm_state import SlurmQueryError
+    from podium.launcher.stop import down as stop_teachers
 
     try:
-        names = commands.down(_run_dir(run_dir), teachers or [])
+        names = stop_teachers(_run_dir(run_dir), teachers or [])
+    except UnknownTeacherError as exc:
+        _fail(str(exc))
+        return
     except SlurmQueryError as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(1)
@@ -263,7 +270,7 @@ def down(
 @app.command()
 def scale(
     run_dir: Path = RunDirArg,
-    teacher: str = typer.Argument(..., help="Teacher name (first alias) or key."),
+    teacher: str = typer.Argument(..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
     replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
 ) -> None:
     """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond (the others are left as they are)."""
@@ -284,7 +291,7 @@ def scale(
         typer.echo(f"{name}: {action} job {result.job_ids[name]}")
     for name in result.stopped:
         typer.echo(f"{name}: stopped")
-    typer.echo(f"rendezvous: {result.run_dir / 'rendezvous.json'} lists {result.count} replica(s) of "
+    typer.echo(f"rendezvous: {RunLayout(result.run_dir).rendezvous_path} lists {result.count} replica(s) of "
                f"{result.teacher} (was {result.before})")
 
 

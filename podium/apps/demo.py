@@ -61,6 +61,9 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
     from podium.client import connect
     from podium.config.plan import load_plan
     from podium.launcher import commands
+    from podium.launcher.status import WaitFailed, wait
+    from podium.launcher.stop import down
+    from podium.rendezvous.layout import RunLayout
     from podium.tiny import hf_oracle_logprobs
 
     console = Console()
@@ -78,7 +81,7 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
     try:
         commands.up(plan, run_dir)
         with WaitView(console) as view:
-            commands.wait(run_dir, timeout_s, on_update=view.update)
+            wait(run_dir, timeout_s, on_update=view.update)
         t_ready = time.monotonic() - t0
         gen = torch.Generator().manual_seed(0)
         lengths = torch.tensor([7, 12, 4])
@@ -89,7 +92,7 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
         for col in ("alias", "teacher", "max |error|", "latency"):
             table.add_column(col)
         ok = True
-        with connect(run_dir / "rendezvous.json") as client:
+        with connect(RunLayout(run_dir).rendezvous_path) as client:
             for alias in plan.routes:
                 spec = plan.route(alias)
                 start = time.perf_counter()
@@ -103,10 +106,10 @@ def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
         console.print(table)
         console.print(f"ready after {t_ready:.1f}s; " + ("all aliases match" if ok else "[red]MISMATCH[/red]"))
         code = 0 if ok else 1
-    except commands.WaitFailed as exc:
+    except WaitFailed as exc:
         console.print(f"[red]podium demo: {exc}[/red]")
     finally:
-        commands.down(run_dir)
+        down(run_dir)
         console.print(f"brought everything down; total {time.monotonic() - t0:.1f}s")
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)

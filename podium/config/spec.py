@@ -31,6 +31,11 @@ from podium.rendezvous.layout import REPLICA_SUFFIX, teacher_dir_name
 REPLICA_MARK = "#"  # how people name one replica of a teacher: `math#1` (`podium down RUN math#1`)
 
 
+def display_name(name: str, replica: int = 0) -> str:
+    """How commands and tables name a replica of teacher ``name``: the name, ``name#i`` for i >= 1."""
+    return f"{name}{REPLICA_MARK}{replica}" if replica else name
+
+
 class TeacherSpec(ParallelLayout):
     """One unique teacher: identity, checkpoint, parallel layout (inherited), model and launcher."""
 
@@ -105,7 +110,13 @@ class TeacherSpec(ParallelLayout):
     @property
     def display(self) -> str:
         """How commands and tables name this replica: the teacher's name, ``name#i`` for i >= 1."""
-        return f"{self.name}{REPLICA_MARK}{self.replica}" if self.replica else self.name
+        return display_name(self.name, self.replica)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every word a user may type to select this replica (``podium down/logs/scale``): the
+        teacher's name or key (which select all its replicas), its folder name and its display name."""
+        return frozenset((self.name, self.key, self.label, self.display))
 
     def replica_spec(self, replica: int) -> "TeacherSpec":
         """This teacher's spec for replica ``replica``."""

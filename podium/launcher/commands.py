@@ -1,4 +1,9 @@
-"""The logic of ``podium up / status / wait / scale / logs / down`` (the CLI only parses and prints).
+"""The logic of ``podium up / scale / logs`` and ``up --dry-run`` (the CLI only parses and prints).
+
+Owns what brings a run to the recipe (``up``) or a teacher to a count of replicas (``scale``):
+submitting each replica once, reattaching to live jobs, listing the replicas in the rendezvous.
+What runs is seen by :mod:`podium.launcher.status`, stopped by :mod:`podium.launcher.stop`, and
+the words a user types are turned into teachers by :mod:`podium.launcher.selection`.
 
 All state comes from the run directory (``job.json``, the endpoint records) and Slurm, so any
 ``podium`` process on any login node can run these. Light imports only: no torch, no ray.
@@ -8,120 +13,24 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from podium.config.plan import Plan, require_checkpoints
-from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.config.launcher import SettingChange, launcher_changes
-from podium.config.spec import REPLICA_MARK, TeacherSpec
+from podium.config.plan import Plan, require_checkpoints
+from podium.config.spec import TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, job_states, scheduler_for
-from podium.launcher.cleanup import run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.run_dir import known_teachers, prepare_run_dir, write_spec
+from podium.launcher.selection import resolve, select
+from podium.launcher.stop import down, stop_replicas, with_jobs
 from podium.launcher.submission import ensure_submitted
-from podium.rendezvous.atomic import FileReadError, atomic_write_json
-from podium.rendezvous.layout import ENDPOINT_MODE, RunLayout
+from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
-from podium.rendezvous.records import StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
-
-DOWN_STRAGGLER_S = 15.0  # `down`: how long recorded processes of an ended job may take to go
-
-
-@dataclass
-class TeacherStatus:
-    """One row of ``podium status``."""
-
-    name: str
-    key: str
-    aliases: tuple[str, ...]
-    replica: int = 0  # which of the teacher's independent allocations this row is
-    temperature: float = 1.0  # what the teacher divides its logits by (its record's, else its spec's)
-    job_id: Optional[str] = None
-    cluster: str = ""
-    slurm_state: str = "NOT SUBMITTED"
-    job_kind: str = "none"  # pending | running | done | none
-    generation: Optional[str] = None  # of the endpoint record: "<job id>:<restart>"
-    restarts: Optional[int] = None  # Slurm's restart count of the job (while Slurm lists it)
-    status: str = "pending"  # endpoint record status, or pending when there is none yet
-    reason: Optional[str] = None
-    url: Optional[str] = None
-    health: Optional[bool] = None  # probed /v2/health/live
-    heartbeat_age_s: Optional[float] = None
-    submitted_at: Optional[float] = None
-    timings: dict[str, float] = field(default_factory=dict)
-    restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
-    final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
-    in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
-    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
-    # queue depth, padding share, requests, errors; None when not probed or not answering.
-    load: Optional[dict[str, float]] = None
-
-    @property
-    def display(self) -> str:
-        """The teacher's name, ``name#i`` for replica i >= 1 (:attr:`TeacherSpec.display`)."""
-        return f"{self.name}{REPLICA_MARK}{self.replica}" if self.replica else self.name
-
-    @property
-    def ready(self) -> bool:
-        return (self.status == "ready" and self.job_kind == "running" and self.health is not False
-                and not self.superseded)
-
-    @property
-    def record_restart(self) -> Optional[int]:
-        """The restart count of the generation the endpoint record belongs to."""
-        if self.generation is None:
-            return None
-        return int(self.generation.rpartition(":")[2] or 0)
-
-    @property
-    def superseded(self) -> bool:
-        """The record belongs to an earlier run of a job Slurm has requeued since (it comes back)."""
-        return (self.restarts is not None and self.record_restart is not None
-                and self.record_restart < self.restarts)
-
-    @property
-    def failed(self) -> bool:
-        """Failed for good: the job is over, or its record failed with no retry to come."""
-        if self.job_kind == "done":
-            return self.job_id is not None
-        if self.status == "failed":
-            coming_back = self.superseded or self.final is False
-            return not (coming_back and self.job_kind in ("pending", "running"))
-        return False
-
-    @property
-    def phase(self) -> str:
-        """What ``--wait`` shows: Slurm state until the job runs, then the endpoint status."""
-        requeued = f"requeued ×{self.restarts}, " if self.restarts else ""
-        if self.job_kind in ("pending", "none"):
-            return f"{requeued}{self.slurm_state.lower()}" if requeued else self.slurm_state.lower()
-        if self.job_kind == "done":
-            return f"{self.slurm_state.lower()} ({self.status})"
-        if self.superseded:
-            return f"{requeued}starting"
-        if self.status == "failed" and self.final is False:
-            return f"failed, retrying ({self.restart.get('why', 'requeued')})"
-        return self.status
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "replica": self.replica, "aliases": list(self.aliases),
-                "temperature": self.temperature,
-                "job_id": self.job_id,
-                "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
-                "restarts": self.restarts,
-                "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
-                "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
-                "timings": self.timings, "restart": self.restart, "final": self.final,
-                "submitted_at": self.submitted_at, "load": self.load}
 
 
 @dataclass
@@ -171,7 +80,7 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
         wanted, names = teacher.launcher.replicas, ", ".join(f"{s.display} (job {rec.job_id})" for s, _, rec in found)
         if replace:
             # listed no more (rendezvous written above): clients move to the others, then it stops
-            _stop([(s, files, [rec]) for s, files, rec in found])
+            stop_replicas([(s, files, [rec]) for s, files, rec in found])
             result.notes.append(f"teacher {teacher.name!r}: replicas beyond the recipe's {wanted} stopped: {names}")
         else:
             result.notes.append(f"teacher {teacher.name!r}: replicas beyond the recipe's {wanted} run and stay "
@@ -201,7 +110,7 @@ def _up_replica(spec: TeacherSpec, run_dir: Path, replace: bool, result: UpResul
     changes = recorded_changes(spec, record) if action == "reattached" else []
     if changes and replace:
         old = record
-        _stop([(spec, files, [old])], only_their_records=True)
+        stop_replicas([(spec, files, [old])], only_their_records=True)
         record, action = ensure_submitted(spec, files)
         if record.job_id == old.job_id:
             raise SubmitError(f"{who}: job {old.job_id} still runs after it was cancelled; "
@@ -266,109 +175,6 @@ def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
             for spec in plan.teachers for replica in spec.replica_specs()]
 
 
-def _probe(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{HEALTH_LIVE}", timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _load(url: str, timeout_s: float = 2.0) -> Optional[dict[str, float]]:
-    """The key figures of the endpoint's ``/metrics`` (None when it does not answer them)."""
-    from podium.teacher.metrics import summary  # prometheus_client only: no torch
-
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{METRICS}", timeout=timeout_s) as resp:
-            return summary(resp.read().decode("utf-8"))
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
-    """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct)."""
-    run_dir = run_dir.absolute()
-    layout = RunLayout(run_dir)
-    rdv = read_rendezvous(run_dir)
-    listed = {layout.resolve(path).parent for entry in rdv.teachers.values() for path in entry.replicas}
-    teachers = known_teachers(run_dir)
-    records = {files.folder: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
-    states = job_states([r for r in records.values() if r is not None])
-    rows = []
-    for spec, files in teachers:
-        row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases), replica=spec.replica,
-                            temperature=spec.temperature, in_plan=files.folder in listed)
-        rec = records.get(files.folder)
-        if rec is not None:
-            row.job_id, row.cluster, row.submitted_at = rec.job_id, rec.cluster, rec.submitted_at
-            state = states.get(rec.job_id)
-            if state is None:
-                row.slurm_state, row.job_kind = "UNKNOWN", "done"
-            else:
-                row.slurm_state, row.job_kind, row.restarts = state.state, state.kind, state.restarts
-        try:
-            endpoint = read_record(files.endpoint)
-        except FileReadError as exc:
-            if exc.kind != "missing":
-                row.reason = str(exc)
-            endpoint = None
-        if endpoint is not None and (rec is None or str(endpoint.generation.job_id) == str(rec.job_id)):
-            row.status = endpoint.status.value
-            row.reason = endpoint.reason
-            row.url = endpoint.url
-            row.generation = str(endpoint.generation)
-            row.heartbeat_age_s = round(endpoint.age(), 1)
-            row.timings = dict(endpoint.extra.get("timings", {}))
-            row.restart = dict(endpoint.extra.get("restart", {}))
-            row.final = endpoint.extra.get("final")
-            if endpoint.model is not None:
-                row.temperature = endpoint.model.temperature
-            if probe and endpoint.url and endpoint.status is Status.READY:
-                row.health = _probe(endpoint.url)
-                if row.health:
-                    row.load = _load(endpoint.url)
-        rows.append(row)
-    rows.sort(key=lambda r: (not r.in_plan, r.name, r.replica))
-    return rows
-
-
-class WaitFailed(RuntimeError):
-    pass
-
-
-def wait(run_dir: Path, timeout_s: float = 600.0,
-         on_update: Optional[Callable[[list[TeacherStatus], float], None]] = None,
-         poll_s: float = 0.5) -> list[TeacherStatus]:
-    """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise."""
-    t0 = time.monotonic()
-    while True:
-        rows = [r for r in status(run_dir) if r.in_plan]
-        elapsed = time.monotonic() - t0
-        if on_update is not None:
-            on_update(rows, elapsed)
-        failed = [r for r in rows if r.failed]
-        if failed:
-            raise WaitFailed("; ".join(
-                f"teacher {r.display!r} (job {r.job_id}): {r.slurm_state} / {r.status}"
-                + (f": {r.reason}" if r.reason else "") + f" — see `podium logs {run_dir} {r.display}`"
-                for r in failed))
-        if rows and all(r.ready for r in rows):
-            return rows
-        if elapsed > timeout_s:
-            waiting = ", ".join(f"{r.display}={r.phase}" for r in rows if not r.ready)
-            raise WaitFailed(f"not ready after {timeout_s:.0f}s: {waiting}")
-        time.sleep(poll_s)
-
-
-def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False,
-         wait_s: float = 60.0) -> list[str]:
-    """Cancel the teachers' jobs (all, or those named), mark records stopped; safe to repeat."""
-    run_dir = run_dir.absolute()
-    found = [(spec, files) for spec, files in known_teachers(run_dir)
-             if not teachers or {spec.name, spec.key, spec.label, spec.display} & set(teachers)]
-    return _stop(_with_jobs(found), wait_s=wait_s)
-
-
 @dataclass
 class ScaleResult:
     """What ``podium scale`` did to one teacher."""
@@ -384,7 +190,8 @@ class ScaleResult:
 
 
 def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> ScaleResult:
-    """Serve ``teacher`` (its name or key) of a running run by ``count`` replicas.
+    """Serve ``teacher`` of a running run by ``count`` replicas: any word naming one of its replicas
+    (:mod:`podium.launcher.selection`: name, key, folder name, ``name#i``) names the teacher.
 
     Replicas ``0..count-1`` that run are left as they are (reattached); the missing ones are
     submitted with the teacher's spec (replica 0's: the settings it runs with). The rendezvous is
@@ -399,14 +206,15 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
     layout = RunLayout(run_dir)
     rdv = read_rendezvous(run_dir)
     known = known_teachers(run_dir)
-    keys = {spec.key for spec, _ in known if teacher in (spec.name, spec.key)}
+    keys = {spec.key for spec, _ in select(known, [teacher], run_dir)}
     listed_keys = sorted(keys & set(rdv.teachers))
     if len(listed_keys) != 1:
         names = ", ".join(dict.fromkeys(entry.name for entry in rdv.teachers.values()))
-        if not listed_keys and keys:
+        if not listed_keys:
             raise ValueError(f"teacher {teacher!r} is not in {layout.rendezvous_path} (the recipe no longer has it): "
                              f"`podium up` it first; teachers: {names}")
-        raise ValueError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")
+        raise ValueError(f"{teacher!r} names {len(listed_keys)} teachers in {run_dir}: name one by its key "
+                         f"({', '.join(listed_keys)})")
     (key,) = listed_keys
     replicas = {spec.replica: (spec, files) for spec, files in known if spec.key == key}
     template = replicas[min(replicas)][0]
@@ -429,103 +237,19 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
         result.job_ids[spec.display] = record.job_id
     # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay
     write_rendezvous(layout, rdv.with_replicas(key, [endpoint(i) for i in range(count)]))
-    beyond = _with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
+    beyond = with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
     live = _live_job_ids([rec for _, _, recs in beyond for rec in recs])
     result.stopped = [spec.display for spec, _, recs in beyond if any(rec.job_id in live for rec in recs)]
-    _stop(beyond, wait_s=wait_s)
+    stop_replicas(beyond, wait_s=wait_s)
     return result
 
 
-def _with_jobs(found: Sequence[tuple[TeacherSpec, TeacherFiles]]) -> list[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]]:
-    """Each replica with its jobs: the one ``job.json`` names, and live jobs carrying its identity
-    that no ``job.json`` names (an ``up`` died between sbatch and ``job.json``)."""
-    selected: list[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]] = []
-    for spec, files in found:
-        rec = JobRecord.of(files, spec.launcher.cluster)
-        records = [rec] if rec is not None else []
-        # Live jobs of the teacher that no job.json names (an `up` died between sbatch and job.json).
-        for job_id in scheduler_for(spec.launcher.cluster).find_live(spec, files):
-            if rec is None or job_id != rec.job_id:
-                logger.warning("teacher %r: job %s carries its identity but %s does not name it: "
-                               "cancelled too", spec.display, job_id, files.job)
-                records.append(JobRecord(teacher_key=spec.key, teacher_name=spec.name, job_id=job_id,
-                                         cluster=spec.launcher.cluster, submitted_at=0.0,
-                                         folder=str(files.submitit), submitted_by="found by down"))
-        selected.append((spec, files, records))
-    return selected
-
-
-def _stop(selected: Sequence[tuple[TeacherSpec, TeacherFiles, list[JobRecord]]], wait_s: float = 60.0,
-          only_their_records: bool = False) -> list[str]:
-    """Stop these jobs of these replicas: a stop request (to the first job of each), cancel, wait
-    until they have ended, mark the endpoint records stopped (with ``only_their_records``, only a
-    record of one of these jobs), sweep what they left. Returns their display names."""
-    records = [rec for _, _, recs in selected for rec in recs]
-    for _, files, recs in selected:
-        if recs:  # a job that cannot be signalled (or misses the signal) stops by this
-            atomic_write_json(files.stop_request, {"job_id": recs[0].job_id, "time": time.time(), "pid": os.getpid()})
-    by_cluster: dict[str, list[JobRecord]] = {}
-    for rec in records:
-        by_cluster.setdefault(rec.cluster, []).append(rec)
-    for cluster, recs in by_cluster.items():
-        scheduler_for(cluster).cancel(recs)
-    deadline = time.monotonic() + wait_s
-    while records and time.monotonic() < deadline:
-        states = job_states(records)
-        if all(not states[r.job_id].alive for r in records if r.job_id in states):
-            break
-        time.sleep(0.5)
-    names = []
-    for spec, files, recs in selected:
-        _mark_stopped(files, {r.job_id for r in recs} if only_their_records else None)
-        # The job has ended; its tasks' processes end with it (stragglers get a few seconds).
-        straggle_deadline = min(deadline, time.monotonic() + DOWN_STRAGGLER_S)
-        while run_processes(files) and time.monotonic() < straggle_deadline:
-            time.sleep(0.2)
-        for path in sweep_temp_dirs(files):
-            logger.info("teacher %r: removed %s", spec.display, path)
-        names.append(spec.display)
-    return names
-
-
-def _mark_stopped(files: TeacherFiles, job_ids: Optional[set[str]] = None) -> None:
-    """Record ``stopped`` where the job could not (cancelled before serving, or killed); with
-    ``job_ids``, only a record of one of those jobs.
-
-    ``down`` is then a second writer of the record, so it is fenced like the head process: the
-    record is replaced only if it still belongs to the generation read here, checked again just
-    before the rename; a newer generation's record is left as it is."""
-    try:
-        record = read_record(files.endpoint)
-    except FileReadError:
-        return
-    if record.status in (Status.STOPPED, Status.FAILED):
-        return
-    if job_ids is not None and str(record.generation.job_id) not in job_ids:
-        return
-    data = record.to_json()
-    data.update(status="stopped", reason="podium down", heartbeat_at=time.time())
-
-    def same_generation() -> None:
-        current = read_record(files.endpoint)
-        if current.generation != record.generation:
-            raise StaleGenerationError(files.endpoint, record.generation, current.generation)
-
-    try:
-        atomic_write_json(files.endpoint, data, mode=ENDPOINT_MODE, before_replace=same_generation)
-    except (StaleGenerationError, FileReadError) as exc:
-        logger.info("left %s alone: %s", files.endpoint, exc)
-
-
 def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[Path]:
-    """The logs of a teacher's current job's node tasks (one node, or all)."""
-    teachers = known_teachers(run_dir.absolute())
-    for spec, files in teachers:
-        if teacher in (spec.name, spec.key, spec.label, spec.display):
-            rec = JobRecord.of(files, spec.launcher.cluster)
-            if rec is None:
-                raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
-            ranks = [node] if node is not None else list(range(spec.num_nodes))
-            return scheduler_for(rec.cluster).log_paths(files, rec.job_id, ranks)
-    names = ", ".join(s.name for s, _ in teachers)
-    raise FileNotFoundError(f"no teacher {teacher!r} in {run_dir} (teachers: {names})")
+    """The logs of a teacher's current job's node tasks (one node, or all): the first replica
+    ``teacher`` names (:mod:`podium.launcher.selection`; a teacher's name: its replica 0)."""
+    spec, files = resolve(run_dir, [teacher])[0]
+    rec = JobRecord.of(files, spec.launcher.cluster)
+    if rec is None:
+        raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
+    ranks = [node] if node is not None else list(range(spec.num_nodes))
+    return scheduler_for(rec.cluster).log_paths(files, rec.job_id, ranks)

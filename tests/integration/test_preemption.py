@@ -38,7 +38,7 @@ import pytest
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from fault_helpers import COMEBACK_S, ClientLoop, RecordWatcher, preempt, wait_until
 from launcher_helpers import TOL, job_ids, podium, write_recipe
-from podium.launcher import commands
+from podium.launcher import status as status_view
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
 from podium.launcher.procs import STOP_SIGNALS, ProcRef, kill_session, session_alive, shim_command, stop_signals_blocked
@@ -121,10 +121,10 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
         waiter = subprocess.Popen([sys.executable, "-m", "podium.cli", "wait", str(run_dir), "--timeout",
                                    str(COMEBACK_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=dict(os.environ))
-        rows_seen: list[commands.TeacherStatus] = []
+        rows_seen: list[status_view.TeacherStatus] = []
 
         def back_ready() -> bool:
-            rows_seen.extend(commands.status(run_dir, probe=False))
+            rows_seen.extend(status_view.status(run_dir, probe=False))
             return watcher.find(f"{job}:1", "ready") is not None
 
         wait_until(back_ready, COMEBACK_S, f"generation {job}:1 ready", poll_s=0.25)
@@ -245,8 +245,8 @@ def test_squeue_restart_count_and_requeued_status() -> None:
     assert (jobs["14"].kind, jobs["14"].restarts) == ("running", 0)
     assert jobs["4"].restarts is None and jobs["4"].nodes == ("n1", "n2")
 
-    def row(**kw: Any) -> commands.TeacherStatus:
-        return commands.TeacherStatus(name="solo", key="k", aliases=("solo",), job_id="13", **kw)
+    def row(**kw: Any) -> status_view.TeacherStatus:
+        return status_view.TeacherStatus(name="solo", key="k", aliases=("solo",), job_id="13", **kw)
 
     # The old generation's record (even a failed one) while Slurm brings the job back: neither
     # ready nor failed, and `wait` says it was requeued.

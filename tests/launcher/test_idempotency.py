@@ -104,19 +104,19 @@ def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
 
 
 def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, monkeypatch) -> None:
-    from podium.launcher import commands
+    from podium.launcher import stop
     from podium.rendezvous.records import Generation, RecordWriter, Status, read_record
 
     files = TeacherFiles(tmp_path / "t")
     files.folder.mkdir(parents=True)
     old = RecordWriter(files.endpoint, teacher_key=SPEC.key, teacher_name="math", generation=Generation(7, 0))
     old.publish(Status.READY, url="http://n1:1")
-    commands._mark_stopped(files)
+    stop._mark_stopped(files)
     assert read_record(files.endpoint).status is Status.STOPPED
 
     new = RecordWriter(files.endpoint, teacher_key=SPEC.key, teacher_name="math", generation=Generation(7, 1))
     new.publish(Status.READY, url="http://n2:2")
-    real_read = commands.read_record
+    real_read = stop.read_record
     calls = []
 
     def read_then_requeue(path):  # a newer generation writes between down's read and its rename
@@ -127,7 +127,7 @@ def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, mo
         calls.append(path)
         return record
 
-    monkeypatch.setattr(commands, "read_record", read_then_requeue)
-    commands._mark_stopped(files)
+    monkeypatch.setattr(stop, "read_record", read_then_requeue)
+    stop._mark_stopped(files)
     record = read_record(files.endpoint)
     assert (record.generation, record.status) == (Generation(7, 2), Status.STARTING)

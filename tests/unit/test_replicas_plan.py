@@ -12,7 +12,7 @@ from podium.config.errors import ConfigError
 from podium.config.launcher import launcher_changes
 from podium.config.needs import teacher_needs
 from podium.config.plan import load_plan
-from podium.launcher import commands
+from podium.launcher import commands, status as status_view
 from podium.launcher.run_dir import known_teachers, prepare_run_dir
 from podium.rendezvous import read_rendezvous
 from podium.rendezvous.manifest import Rendezvous, TeacherEntry
@@ -86,13 +86,13 @@ def test_run_dir_and_rendezvous_list_every_replica(tmp_path: Path) -> None:
     assert found == [("chat", 0, f"chat-{chat.key[:8]}"), ("chat#1", 1, f"chat-{chat.key[:8]}-r1"),
                      ("math", 0, f"math-{math.key[:8]}")]
     # status: one row per replica, all listed, none submitted yet
-    rows = commands.status(layout.run_dir, probe=False)
+    rows = status_view.status(layout.run_dir, probe=False)
     assert [(r.display, r.replica, r.in_plan, r.status) for r in rows] == [
         ("chat", 0, True, "pending"), ("chat#1", 1, True, "pending"), ("math", 0, True, "pending")]
     # a replica folder the rendezvous no longer lists (scaled down) is shown, not waited for
     write = rdv.with_replicas(chat.key, rdv.teachers[chat.key].replicas[:1])
     (layout.run_dir / "rendezvous.json").write_text(write.model_dump_json())
-    rows = commands.status(layout.run_dir, probe=False)
+    rows = status_view.status(layout.run_dir, probe=False)
     assert [(r.display, r.in_plan) for r in rows] == [("chat", True), ("math", True), ("chat#1", False)]
     assert json.loads(json.dumps(rows[2].to_dict()))["replica"] == 1
 

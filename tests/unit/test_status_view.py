@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from podium.cli_render import status_table
-from podium.launcher.commands import TeacherStatus
+from podium.launcher.status import TeacherStatus
 from podium.teacher.metrics import EndpointMetrics, summary
 
 

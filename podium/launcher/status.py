@@ -1,0 +1,218 @@
+"""What ``podium status`` and ``podium wait`` see: one :class:`TeacherStatus` row per replica.
+
+Owns the status view: each replica's job (``job.json``), what Slurm says of it, its endpoint record
+and, for a ready one, a probe of its health and its ``/metrics``; and ``wait``, which polls that
+view until every planned teacher is ready or one has failed for good. Reads only: the run directory
+and the scheduler. Light imports only: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from podium.config.spec import display_name
+from podium.launcher.backends import job_states
+from podium.launcher.jobs import JobRecord
+from podium.launcher.run_dir import known_teachers
+from podium.poll import PollTimeout, poll_until
+from podium.protocol.names import HEALTH_LIVE, METRICS
+from podium.rendezvous.atomic import FileReadError
+from podium.rendezvous.layout import RunLayout
+from podium.rendezvous.manifest import read_rendezvous
+from podium.rendezvous.records import Generation, Status, read_record
+
+logger = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 2.0  # a ready endpoint's /health/live and /metrics answer within this, or count as not
+WAIT_POLL_S = 0.5  # `wait`: how often it reads the status of every teacher
+
+
+@dataclass
+class TeacherStatus:
+    """One row of ``podium status``."""
+
+    name: str
+    key: str
+    aliases: tuple[str, ...]
+    replica: int = 0  # which of the teacher's independent allocations this row is
+    temperature: float = 1.0  # what the teacher divides its logits by (its record's, else its spec's)
+    job_id: Optional[str] = None
+    cluster: str = ""
+    slurm_state: str = "NOT SUBMITTED"
+    job_kind: str = "none"  # pending | running | done | none
+    generation: Optional[str] = None  # of the endpoint record: "<job id>:<restart>"
+    restarts: Optional[int] = None  # Slurm's restart count of the job (while Slurm lists it)
+    status: str = "pending"  # endpoint record status, or pending when there is none yet
+    reason: Optional[str] = None
+    url: Optional[str] = None
+    health: Optional[bool] = None  # probed /v2/health/live
+    heartbeat_age_s: Optional[float] = None
+    submitted_at: Optional[float] = None
+    timings: dict[str, float] = field(default_factory=dict)
+    restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
+    final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
+    in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
+    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
+    # queue depth, padding share, requests, errors; None when not probed or not answering.
+    load: Optional[dict[str, float]] = None
+
+    @property
+    def display(self) -> str:
+        """The teacher's name, ``name#i`` for replica i >= 1 (:func:`podium.config.spec.display_name`)."""
+        return display_name(self.name, self.replica)
+
+    @property
+    def ready(self) -> bool:
+        return (self.status == "ready" and self.job_kind == "running" and self.health is not False
+                and not self.superseded)
+
+    @property
+    def record_restart(self) -> Optional[int]:
+        """The restart count of the generation the endpoint record belongs to."""
+        if self.generation is None:
+            return None
+        return Generation.parse(self.generation).restart
+
+    @property
+    def superseded(self) -> bool:
+        """The record belongs to an earlier run of a job Slurm has requeued since (it comes back)."""
+        return (self.restarts is not None and self.record_restart is not None
+                and self.record_restart < self.restarts)
+
+    @property
+    def failed(self) -> bool:
+        """Failed for good: the job is over, or its record failed with no retry to come."""
+        if self.job_kind == "done":
+            return self.job_id is not None
+        if self.status == "failed":
+            coming_back = self.superseded or self.final is False
+            return not (coming_back and self.job_kind in ("pending", "running"))
+        return False
+
+    @property
+    def phase(self) -> str:
+        """What ``--wait`` shows: Slurm state until the job runs, then the endpoint status."""
+        requeued = f"requeued ×{self.restarts}, " if self.restarts else ""
+        if self.job_kind in ("pending", "none"):
+            return f"{requeued}{self.slurm_state.lower()}" if requeued else self.slurm_state.lower()
+        if self.job_kind == "done":
+            return f"{self.slurm_state.lower()} ({self.status})"
+        if self.superseded:
+            return f"{requeued}starting"
+        if self.status == "failed" and self.final is False:
+            return f"failed, retrying ({self.restart.get('why', 'requeued')})"
+        return self.status
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "replica": self.replica, "aliases": list(self.aliases),
+                "temperature": self.temperature,
+                "job_id": self.job_id,
+                "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
+                "restarts": self.restarts,
+                "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
+                "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
+                "timings": self.timings, "restart": self.restart, "final": self.final,
+                "submitted_at": self.submitted_at, "load": self.load}
+
+
+def _probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}{HEALTH_LIVE}", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _load(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> Optional[dict[str, float]]:
+    """The key figures of the endpoint's ``/metrics`` (None when it does not answer them)."""
+    from podium.teacher.metrics import summary  # prometheus_client only: no torch
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}{METRICS}", timeout=timeout_s) as resp:
+            return summary(resp.read().decode("utf-8"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
+    """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct)."""
+    run_dir = run_dir.absolute()
+    layout = RunLayout(run_dir)
+    rdv = read_rendezvous(run_dir)
+    listed = {layout.resolve(path).parent for entry in rdv.teachers.values() for path in entry.replicas}
+    teachers = known_teachers(run_dir)
+    records = {files.folder: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
+    states = job_states([r for r in records.values() if r is not None])
+    rows = []
+    for spec, files in teachers:
+        row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases), replica=spec.replica,
+                            temperature=spec.temperature, in_plan=files.folder in listed)
+        rec = records.get(files.folder)
+        if rec is not None:
+            row.job_id, row.cluster, row.submitted_at = rec.job_id, rec.cluster, rec.submitted_at
+            state = states.get(rec.job_id)
+            if state is None:
+                row.slurm_state, row.job_kind = "UNKNOWN", "done"
+            else:
+                row.slurm_state, row.job_kind, row.restarts = state.state, state.kind, state.restarts
+        try:
+            endpoint = read_record(files.endpoint)
+        except FileReadError as exc:
+            if exc.kind != "missing":
+                row.reason = str(exc)
+            endpoint = None
+        if endpoint is not None and (rec is None or str(endpoint.generation.job_id) == str(rec.job_id)):
+            row.status = endpoint.status.value
+            row.reason = endpoint.reason
+            row.url = endpoint.url
+            row.generation = str(endpoint.generation)
+            row.heartbeat_age_s = round(endpoint.age(), 1)
+            row.timings = dict(endpoint.timings)
+            row.restart = endpoint.restart.model_dump(mode="json") if endpoint.restart is not None else {}
+            row.final = endpoint.final
+            if endpoint.model is not None:
+                row.temperature = endpoint.model.temperature
+            if probe and endpoint.url and endpoint.status is Status.READY:
+                row.health = _probe(endpoint.url)
+                if row.health:
+                    row.load = _load(endpoint.url)
+        rows.append(row)
+    rows.sort(key=lambda r: (not r.in_plan, r.name, r.replica))
+    return rows
+
+
+class WaitFailed(RuntimeError):
+    pass
+
+
+def wait(run_dir: Path, timeout_s: float = 600.0,
+         on_update: Optional[Callable[[list[TeacherStatus], float], None]] = None,
+         poll_s: float = WAIT_POLL_S) -> list[TeacherStatus]:
+    """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise."""
+    t0 = time.monotonic()
+    rows: list[TeacherStatus] = []
+
+    def all_ready() -> Optional[list[TeacherStatus]]:
+        nonlocal rows
+        rows = [r for r in status(run_dir) if r.in_plan]
+        if on_update is not None:
+            on_update(rows, time.monotonic() - t0)
+        failed = [r for r in rows if r.failed]
+        if failed:
+            raise WaitFailed("; ".join(
+                f"teacher {r.display!r} (job {r.job_id}): {r.slurm_state} / {r.status}"
+                + (f": {r.reason}" if r.reason else "") + f" — see `podium logs {run_dir} {r.display}`"
+                for r in failed))
+        return rows if rows and all(r.ready for r in rows) else None
+
+    try:
+        return poll_until(all_ready, timeout_s=timeout_s, interval_s=poll_s, what="every teacher to be ready")
+    except PollTimeout:
+        waiting = ", ".join(f"{r.display}={r.phase}" for r in rows if not r.ready)
+        raise WaitFailed(f"not ready after {timeout_s:.0f}s: {waiting}") from None
