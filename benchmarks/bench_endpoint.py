@@ -228,15 +228,17 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def serve(group: Any, layout: Any, key: str, name: str, token: str, generation: int, **config: Any) -> Any:
-    """``group`` behind an endpoint (``config``: more :class:`EndpointConfig` fields), published ready."""
+def serve(group: Any, layout: Any, key: str, name: str, token: str, generation: int, **settings: Any) -> Any:
+    """``group`` behind an endpoint (``settings``: more ``podium.server`` settings), published ready."""
+    from podium.config.launcher import ServerSettings
     from podium.rendezvous import Generation, RecordWriter, Status
     from podium.teacher.endpoint import EndpointConfig, ServerThread
 
     writer = RecordWriter(layout.endpoint_path(name, key), teacher_key=key, teacher_name=name, aliases=(name,),
                           generation=Generation(generation, 0))
-    server = ServerThread(group, EndpointConfig(served_name=name, token=token, teacher_key=key, aliases=(name,),
-                                                generation=Generation(generation, 0), port_range=PORTS, **config))
+    server = ServerThread(group, EndpointConfig(served_name=name, token=token,
+                                                server=ServerSettings(port_range=PORTS, **settings), teacher_key=key,
+                                                aliases=(name,), generation=Generation(generation, 0)))
     url = server.start()
     server.set_ready(True)
     writer.publish(Status.READY, url=url, model=server.server.model_info())

@@ -116,11 +116,8 @@ class TeacherLifecycle:
 
         server_cfg = self.spec.launcher.server
         fingerprint, tokenizer_size = _fingerprint(fingerprint_from_pretrained, getattr(group, "checkpoint_path", None))
-        config = EndpointConfig(served_name=self.spec.name, token=token, teacher_key=self.spec.key,
+        config = EndpointConfig(served_name=self.spec.name, token=token, server=server_cfg, teacher_key=self.spec.key,
                                 aliases=self.spec.aliases, generation=self.generation, host=host,
-                                port_range=server_cfg.port_range, max_body_bytes=server_cfg.max_body_mb * 1024 * 1024,
-                                max_queue=server_cfg.max_queue, max_queue_delay_ms=server_cfg.max_queue_delay_ms,
-                                batch_requests=server_cfg.batch_requests,
                                 model_name=self.spec.model_name, tokenizer_fingerprint=fingerprint,
                                 tokenizer_vocab_size=tokenizer_size)
         server = ServerThread(group, config)

@@ -36,6 +36,7 @@ from podium.rendezvous import (
     create_token,
     write_rendezvous,
 )
+from podium.config.launcher import ServerSettings
 from podium.protocol.batch import Batch
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
@@ -180,8 +181,9 @@ class Teacher:
     generation: Generation = field(default_factory=lambda: Generation(1000, 0))
     port_range: tuple[int, int] = PORT_RANGE
     heartbeat_s: float = 0.5
-    config_overrides: dict[str, Any] = field(default_factory=dict)
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # more EndpointConfig fields
     replica: int = 0  # which replica of the teacher this is (its record: the replica's)
+    server_settings: dict[str, Any] = field(default_factory=dict)  # podium.server settings besides port_range
     server: Optional[ServerThread] = None
     writer: Optional[RecordWriter] = None
     heartbeat: Optional[Heartbeat] = None
@@ -197,8 +199,10 @@ class Teacher:
                                    teacher_name=d.name, aliases=d.aliases, generation=self.generation,
                                    replica=self.replica)
         self.writer.publish(Status.STARTING)
-        config = EndpointConfig(served_name=d.name, token=self.token, teacher_key=d.key, aliases=d.aliases,
-                                generation=self.generation, port_range=self.port_range, **self.config_overrides)
+        config = EndpointConfig(served_name=d.name, token=self.token,
+                                server=ServerSettings(port_range=self.port_range, **self.server_settings),
+                                teacher_key=d.key, aliases=d.aliases, generation=self.generation,
+                                **self.config_overrides)
         self.server = ServerThread(self.group, config)
         url = self.server.start()
         self.server.set_ready(True)
@@ -228,7 +232,7 @@ class Teacher:
         old_port = self.server.port if self.server else PORT_RANGE[0]
         nxt = Teacher(group if group is not None else self.group, self.layout, self.definition, self.token,
                       Generation(g.job_id, g.restart + 1), (old_port + 1, PORT_RANGE[1]), self.heartbeat_s,
-                      self.config_overrides, self.replica)
+                      self.config_overrides, self.replica, self.server_settings)
         return nxt.start()
 
     def restart(self, *, port_range: Optional[tuple[int, int]] = None, gap_s: float = 0.0) -> "Teacher":
@@ -240,5 +244,5 @@ class Teacher:
         g = self.generation
         nxt = Teacher(self.group, self.layout, self.definition, self.token, Generation(g.job_id, g.restart + 1),
                       port_range or ((old_port + 1, PORT_RANGE[1]) if old_port else self.port_range),
-                      self.heartbeat_s, self.config_overrides, self.replica)
+                      self.heartbeat_s, self.config_overrides, self.replica, self.server_settings)
         return nxt.start()

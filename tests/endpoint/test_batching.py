@@ -43,7 +43,7 @@ def teacher(tmp_path_factory: pytest.TempPathFactory, llama_group: Any) -> Itera
     saved = llama_group.max_tokens_per_microbatch
     llama_group.max_tokens_per_microbatch = BUDGET  # the shared group's budget, for this module only
     layout, token = make_run(tmp_path_factory.mktemp("batching"), [LLAMA])
-    served = Teacher(llama_group, layout, LLAMA, token, config_overrides={"max_queue_delay_ms": 20.0}).start()
+    served = Teacher(llama_group, layout, LLAMA, token, server_settings={"max_queue_delay_ms": 20.0}).start()
     try:
         yield served
     finally:

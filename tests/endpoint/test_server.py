@@ -18,6 +18,7 @@ import pytest
 import requests
 import torch
 
+from podium.config.launcher import ServerSettings
 from podium.net import listen_on_free_port as bind_socket
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
@@ -348,9 +349,10 @@ def test_columns_past_the_teacher_limit_are_cut_and_come_back_as_zeros() -> None
         server.stop()
 
 
-def _server(group: FakeGroup, token: str = "t0ken", **kw: Any) -> ServerThread:
-    kw.setdefault("port_range", (23000, 23999))
-    server = ServerThread(group, EndpointConfig(served_name="m", token=token, **kw))
+def _server(group: FakeGroup, token: str = "t0ken", settings: Optional[dict[str, Any]] = None, **kw: Any) -> ServerThread:
+    """A started, ready server (``settings``: ``podium.server`` settings; ``kw``: more EndpointConfig fields)."""
+    server_settings = ServerSettings(**{"port_range": (23000, 23999), **(settings or {})})
+    server = ServerThread(group, EndpointConfig(served_name="m", token=token, server=server_settings, **kw))
     server.start()
     server.set_ready(True)
     return server
@@ -372,7 +374,7 @@ def test_requests_queue_in_order_behind_a_busy_group_and_none_is_dropped(batch_r
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, batch_requests=batch_requests)
+    server = _server(group, settings={"batch_requests": batch_requests})
     endpoint = server.server
     n = 12
     results: dict[int, np.ndarray] = {}
@@ -461,14 +463,14 @@ def test_port_collision_takes_the_next_port() -> None:
     busy = bind_socket("127.0.0.1", (23000, 23999))
     port = busy.getsockname()[1]
     try:
-        server = _server(FakeGroup(), port_range=(port, port + 20))
+        server = _server(FakeGroup(), settings={"port_range": (port, port + 20)})
         try:
             assert server.port > port
             assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
         finally:
             server.stop()
         with pytest.raises(OSError, match=f"no free port on 127.0.0.1 in {port}-{port}"):
-            _server(FakeGroup(), port_range=(port, port))
+            _server(FakeGroup(), settings={"port_range": (port, port)})
     finally:
         busy.close()
 
@@ -502,7 +504,7 @@ def test_config_refuses_no_token() -> None:
 
 def test_readiness_is_the_lifecycles_to_set_and_says_why_not() -> None:
     """A server answers ready only once its owner says so, and 503 names the reason otherwise."""
-    server = ServerThread(FakeGroup(), EndpointConfig(served_name="m", token="t0ken", port_range=(23000, 23999)))
+    server = ServerThread(FakeGroup(), EndpointConfig(served_name="m", token="t0ken", server=ServerSettings(port_range=(23000, 23999))))
     server.start()
     headers = {"Authorization": "Bearer t0ken"}
     try:
@@ -560,11 +562,11 @@ def test_a_body_that_disagrees_with_its_declared_tensors_is_refused_before_room_
     """Content-Length announces the whole limit, the header declares 80 bytes of tensors, and only
     the header and those 80 bytes are sent: the answer comes at once (the server did not wait for the
     announced body) and the only buffer allocated is the header's."""
-    from podium.teacher import endpoint
+    from podium.teacher.endpoint import body as endpoint_body
 
     allocated: list[int] = []
-    real = endpoint._buffer
-    monkeypatch.setattr(endpoint, "_buffer", lambda size: allocated.append(size) or real(size))
+    real = endpoint_body._buffer
+    monkeypatch.setattr(endpoint_body, "_buffer", lambda size: allocated.append(size) or real(size))
     server = _server(FakeGroup(), max_body_bytes=MAX_BODY)
     try:
         body, header_len = binary_body(GOOD_IDS, GOOD_LENS)
@@ -595,7 +597,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_are_a
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, max_queue=3, retry_after_s=4)
+    server = _server(group, settings={"max_queue": 3}, retry_after_s=4)
     endpoint = server.server
     outcome: dict[int, Any] = {}
     threads: list[threading.Thread] = []
@@ -735,7 +737,7 @@ def test_a_huge_request_is_split_and_other_callers_take_turns_with_it() -> None:
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, call_tokens=32, max_queue_delay_ms=0)
+    server = _server(group, settings={"max_queue_delay_ms": 0}, call_tokens=32)
     outcome: dict[int, Any] = {}
     threads = []
     try:
@@ -768,7 +770,7 @@ def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, call_tokens=32, max_queue_delay_ms=0)
+    server = _server(group, settings={"max_queue_delay_ms": 0}, call_tokens=32)
     endpoint = server.server
     try:
         a = _raw_infer(server, _rows_body(1, 40))

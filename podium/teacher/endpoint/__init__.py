@@ -1,0 +1,47 @@
+"""The teacher's HTTP endpoint: its worker group served over the Open Inference Protocol (KServe v2).
+
+It runs on the teacher's head node, serves and reports (URL, model metadata, queue, metrics); it
+publishes nothing: the lifecycle (:mod:`podium.launcher.lifecycle`) sets its readiness and owns the
+endpoint record. The wire codec is :mod:`podium.protocol.oip`, the batch rule
+:mod:`podium.protocol.batch`.
+
+=====  ==========================================  =====  ========================================
+verb   route                                       auth   answer
+=====  ==========================================  =====  ========================================
+GET    /v2/health/live                             no     200 while the process serves HTTP
+GET    /metrics                                    no     Prometheus text (``podium.teacher.metrics``)
+GET    /v2/health/ready                            yes    200 once the owner says ready, 503 when
+                                                          not ready (with the reason) or draining
+GET    /v2                                         yes    server metadata (extensions)
+GET    /v2/models/<name>[/versions/<v>]            yes    model metadata + podium's fields
+GET    /v2/models/<name>[/versions/<v>]/ready      yes    like /v2/health/ready, for that model
+POST   /v2/models/<name>[/versions/<v>]/infer      yes    logprobs (+ top-k) for input_ids and
+                                                          input_lengths
+=====  ==========================================  =====  ========================================
+
+``<name>`` may be the teacher's served name (its first alias), any of its aliases, or its key.
+Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and
+``X-Podium-Generation`` (errors too: a client tells which generation answered).
+
+Modules:
+
+- ``config``: :class:`EndpointConfig` (its tunables are ``ServerSettings``, the recipe's
+  ``podium.server``) and :class:`LogprobGroup`, what the endpoint serves;
+- ``server``: :class:`EndpointServer`, the aiohttp app: routes, readiness, admission (the bounded
+  queue), draining, the scheduler, binding a free port;
+- ``middleware``: request ids, errors answered as JSON, bearer-token auth;
+- ``errors``: :class:`RequestError` and the JSON error answer;
+- ``body``: reading a request body, its binary framing checked before room for it is allocated;
+- ``validation``: an infer request checked against the model;
+- ``calls``: the group calls (their size, the executor thread, their metrics);
+- ``answer``: the group's outputs checked, in their wire dtypes, encoded as the HTTP answer;
+- ``metadata``: KServe v2 server and model metadata, the published ``ModelInfo``;
+- ``thread``: :class:`ServerThread`, a server on its own event loop for synchronous callers.
+"""
+
+from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.errors import RequestError
+from podium.teacher.endpoint.server import EndpointServer
+from podium.teacher.endpoint.thread import ServerThread
+
+__all__ = ["EndpointConfig", "EndpointServer", "LogprobGroup", "RequestError", "ServerThread"]

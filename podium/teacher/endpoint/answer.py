@@ -1,0 +1,73 @@
+"""The group's answer on its way out: checked, each output in its wire dtype, encoded as OIP.
+
+:func:`group_outputs` refuses what a group returned in the wrong shape (a broken group is a 500,
+never a wrong answer); :func:`wire` gives each output the dtype it travels as; :func:`infer_response`
+is the HTTP answer (JSON or the binary extension, as the request asked; codec
+:mod:`podium.protocol.oip`) with the request id, generation and teacher headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+from aiohttp import web
+
+from podium.protocol import oip
+from podium.protocol.batch import Batch, Options
+from podium.protocol.names import (
+    GENERATION_HEADER,
+    GENERATION_PARAMETER,
+    INDEX_OUTPUTS,
+    OUTPUTS,
+    REQUEST_ID_HEADER,
+    TEACHER_HEADER,
+    TOPK_INDICES,
+    VALUE_OUTPUTS,
+)
+from podium.teacher.endpoint.config import EndpointConfig
+
+
+def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarray]:
+    """The outputs a group call returned, as numpy arrays ``[rows, width, ...]`` of ``batch``."""
+    out: dict[str, np.ndarray] = {}
+    for name in OUTPUTS:
+        if name in result and result[name] is not None:
+            value = result[name]
+            array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+            if array.shape[:2] != (batch.rows, batch.width):  # a broken group is a 500, never a wrong answer
+                raise RuntimeError(f"the group returned {name} of shape {list(array.shape)} for a batch of "
+                                   f"{batch.rows} rows and width {batch.width}")
+            out[name] = array
+    return out
+
+
+def wire(name: str, array: np.ndarray, opts: Options) -> np.ndarray:
+    """An output as it travels: indices INT64 (top-k logit indices INT32 when asked), values
+    float32 (top-k logits and candidate logprobs as BF16 bits when asked)."""
+    if name in (TOPK_INDICES, *INDEX_OUTPUTS):
+        return array.astype(np.int32 if name in INDEX_OUTPUTS and opts.indices_datatype == "INT32" else np.int64,
+                            copy=False)
+    values = array.astype(np.float32, copy=False)
+    return oip.to_bf16(values) if name in VALUE_OUTPUTS and opts.values_datatype == "BF16" else values
+
+
+def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, np.ndarray],
+                   outputs: list[str], opts: Options, request_id: str) -> web.Response:
+    """The answer to ``req``: its ``outputs`` of ``result`` (already in their wire dtypes)."""
+    gen = str(config.generation) if config.generation is not None else ""
+    chunks, header_len = oip.encode_response(
+        config.served_name,
+        [(name, result[name], req.wants_binary(name)) for name in outputs],
+        model_version=config.model_version,
+        request_id=req.id,
+        parameters={GENERATION_PARAMETER: gen} if gen else None,
+        datatypes={name: opts.values_datatype for name in outputs if name in VALUE_OUTPUTS},
+    )
+    headers = {REQUEST_ID_HEADER: request_id, GENERATION_HEADER: gen, TEACHER_HEADER: config.teacher_key}
+    if header_len is not None:
+        headers[oip.HEADER_LENGTH] = str(header_len)
+        content_type = oip.BINARY_CONTENT_TYPE
+    else:
+        content_type = oip.JSON_CONTENT_TYPE
+    return web.Response(body=oip.join(chunks), headers=headers, content_type=content_type)

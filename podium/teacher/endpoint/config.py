@@ -1,0 +1,66 @@
+"""What an endpoint is handed: its :class:`EndpointConfig`, and the :class:`LogprobGroup` it serves.
+
+The tunables a recipe sets (port range, body limit, queue size, queue delay, batching) are the
+recipe's ``podium.server`` section itself, :class:`~podium.config.launcher.ServerSettings`, which
+owns their defaults; :class:`EndpointConfig` adds who the endpoint is (names, token, generation,
+the model facts it publishes) and the few knobs no recipe sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Protocol
+
+from podium.config.launcher import ServerSettings
+from podium.protocol.batch import Batch
+from podium.rendezvous.records import Generation
+
+MIB = 1024 * 1024
+
+
+class LogprobGroup(Protocol):
+    """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in.
+
+    ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns the
+    requested ``outputs`` ``[B, width, ...]`` (names of :mod:`podium.protocol.names`). A group may
+    also have ``broken``: ``None``, or why it can serve no more (a worker died); the endpoint then
+    answers not ready, and a failed call 503 (see
+    :meth:`~podium.teacher.endpoint.server.EndpointServer.failure`)."""
+
+    vocab_size: int
+    max_sequence_length: Optional[int]
+    sequence_length_multiple: int
+
+    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
+                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """How one endpoint serves: names, token, address, limits. ``token`` is never logged."""
+
+    served_name: str
+    token: str = field(repr=False)
+    server: ServerSettings = field(default_factory=ServerSettings)  # port range, body limit, queue, batching
+    teacher_key: str = ""
+    aliases: tuple[str, ...] = ()
+    generation: Optional[Generation] = None
+    host: str = "127.0.0.1"
+    advertise_host: Optional[str] = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
+    retry_after_s: int = 5  # the Retry-After of a 503
+    call_tokens: Optional[int] = None  # tokens of one group call; default: the group's budget × DP × 2
+    max_top_k: Optional[int] = None  # default: the vocabulary size
+    max_body_bytes: Optional[int] = None  # a body limit in bytes (under 1 MiB: tests); default: server.max_body_mb
+    model_name: Optional[str] = None
+    tokenizer_fingerprint: Optional[str] = None
+    tokenizer_vocab_size: Optional[int] = None
+    model_version: str = "1"
+
+    def __post_init__(self) -> None:
+        if not self.token:
+            raise ValueError("endpoint: an auth token is required")
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body, in bytes."""
+        return self.max_body_bytes or self.server.max_body_mb * MIB

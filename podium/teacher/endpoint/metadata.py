@@ -1,0 +1,93 @@
+"""What the endpoint says about itself: KServe v2 server and model metadata, and the model's facts.
+
+:func:`server_metadata` answers ``GET /v2``; :func:`model_info` is the
+:class:`~podium.rendezvous.records.ModelInfo` the lifecycle publishes in the endpoint record (and a
+client checks its tokenizer against); :func:`model_metadata` answers ``GET /v2/models/<name>``: the
+v2 fields, then podium's own (the model's facts, what a request may ask, and the server's state as
+the caller passes it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from podium.protocol.names import (
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
+    ID_DATATYPES,
+    INDEX_DATATYPES,
+    INDICES_DATATYPE,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    LOGPROBS,
+    MICRO_BATCH_SIZE,
+    SERVER_NAME,
+    SERVER_VERSION,
+    TEMPERATURE,
+    TOP_K,
+    TOPK_INDICES,
+    TOPK_LOGIT_INDICES,
+    TOPK_LOGITS,
+    TOPK_LOGPROBS,
+    VALUE_DATATYPES,
+    VALUES_DATATYPE,
+)
+from podium.rendezvous.records import ModelInfo
+from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+
+def server_metadata() -> dict[str, Any]:
+    """The answer of ``GET /v2``: the server's name, version and protocol extensions."""
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
+
+
+def model_info(group: LogprobGroup, config: EndpointConfig, *, vocab_size: int, max_sequence_length: Optional[int],
+               sequence_length_multiple: int) -> ModelInfo:
+    """The model's facts: the group's (its spec, checkpoint and layout) and the config's (names, tokenizer)."""
+    spec = getattr(group, "spec", None)
+    return ModelInfo(
+        served_name=config.served_name,
+        model_name=config.model_name,
+        checkpoint_path=str(getattr(group, "checkpoint_path", None) or "") or None,
+        vocab_size=vocab_size,
+        max_sequence_length=max_sequence_length,
+        sequence_length_multiple=sequence_length_multiple,
+        data_parallel_size=int(getattr(group, "data_parallel_size", 1) or 1),
+        temperature=float(getattr(spec, "temperature", 1.0)),
+        parallel_sizes=spec.parallel_sizes() if hasattr(spec, "parallel_sizes") else {},
+        tokenizer_fingerprint=config.tokenizer_fingerprint,
+        tokenizer_vocab_size=config.tokenizer_vocab_size,
+    )
+
+
+def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, Any]) -> dict[str, Any]:
+    """The model metadata answer; ``state``: the server's (readiness, queue, counters), last."""
+    gen = config.generation
+    return {
+        "name": config.served_name,
+        "versions": [config.model_version],
+        "platform": "podium",
+        "inputs": [
+            {"name": INPUT_IDS, "datatype": "INT64", "shape": [-1, -1]},
+            {"name": INPUT_LENGTHS, "datatype": "INT64", "shape": [-1]},
+            {"name": CANDIDATE_IDS, "datatype": "INT64", "shape": [-1, -1, -1], "optional": True},
+        ],
+        "outputs": [
+            {"name": LOGPROBS, "datatype": "FP32", "shape": [-1, -1]},
+            {"name": TOPK_LOGPROBS, "datatype": "FP32", "shape": [-1, -1, -1]},
+            {"name": TOPK_INDICES, "datatype": "INT64", "shape": [-1, -1, -1]},
+            {"name": TOPK_LOGITS, "datatype": "FP32", "shape": [-1, -1, -1]},
+            {"name": TOPK_LOGIT_INDICES, "datatype": "INT64", "shape": [-1, -1, -1]},
+            {"name": CANDIDATE_LOGPROBS, "datatype": "FP32", "shape": [-1, -1, -1]},
+        ],
+        "podium": {
+            **info.model_dump(mode="json"),
+            "teacher_key": config.teacher_key,
+            "aliases": list(config.aliases),
+            "generation": None if gen is None else {"job_id": gen.job_id, "restart": gen.restart},
+            "accepted_input_datatypes": list(ID_DATATYPES),
+            "parameters": {TOP_K: f"1..{config.max_top_k or info.vocab_size}", MICRO_BATCH_SIZE: ">= 1",
+                           TEMPERATURE: "> 0", VALUES_DATATYPE: list(VALUE_DATATYPES),
+                           INDICES_DATATYPE: list(INDEX_DATATYPES)},
+            **state,
+        },
+    }

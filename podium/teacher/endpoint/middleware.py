@@ -1,0 +1,89 @@
+"""What every request passes through: its request id, errors answered as JSON, bearer-token auth.
+
+Every response carries ``X-Request-ID`` (the request's header, else a new one; an infer request's
+JSON ``id`` replaces it) and ``X-Podium-Generation`` (errors too: a client tells which generation
+answered). An exception a route raises becomes a JSON ``{"error": ...}`` answer (500 for an
+unexpected one: one request never takes the server down). Every route but liveness and metrics
+needs ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from podium.protocol import oip
+from podium.protocol.names import AUTHORIZATION, GENERATION_HEADER, HEALTH_LIVE, METRICS, REQUEST_ID_HEADER
+from podium.rendezvous.token import tokens_equal
+from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.endpoint.errors import RequestError, json_error
+from podium.teacher.metrics import EndpointMetrics
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+# Per-request storage key for the request id (typed key where aiohttp has them).
+REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
+
+
+def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middleware:
+    """Request id in, errors out as JSON, infer answers counted in ``metrics``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request[REQUEST_ID] = request_id
+        try:
+            response = await handler(request)
+        except RequestError as exc:
+            response = json_error(exc.status, exc.message, exc.headers)
+        except oip.OIPError as exc:
+            response = json_error(exc.status, exc.message)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = json_error(413, f"request body is larger than the limit of {config.body_limit} bytes ({exc.text})")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                detail = exc.reason
+                if exc.status == 404:
+                    detail = f"no route {request.method} {request.path}"
+                elif exc.status == 405:
+                    detail = f"method {request.method} not allowed on {request.path}"
+                response = json_error(exc.status, detail)
+            else:
+                raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never let one request take the server down
+            logger.exception("request %s %s failed", request.method, request.path)
+            response = json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+        if request.method == "POST" and request.path.endswith("/infer"):
+            metrics.answered(response.status)
+        response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
+        if config.generation is not None and GENERATION_HEADER not in response.headers:
+            response.headers[GENERATION_HEADER] = str(config.generation)  # errors too: who answered
+        return response
+
+    return middleware
+
+
+def auth_middleware(token: str) -> Middleware:
+    """401 for a request without the bearer ``token`` (liveness and metrics need none)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in (HEALTH_LIVE, METRICS):
+            header = request.headers.get(AUTHORIZATION, "")
+            scheme, _, given = header.partition(" ")
+            if not header:
+                raise RequestError(401, "missing Authorization: Bearer <token> header", {"WWW-Authenticate": "Bearer"})
+            if scheme.lower() != "bearer" or not tokens_equal(given.strip(), token):
+                raise RequestError(401, "invalid bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,344 @@
+"""The endpoint's aiohttp server: its routes, readiness, admission and draining.
+
+:class:`EndpointServer` serves one group (the route table is in :mod:`podium.teacher.endpoint`).
+It admits at most ``server.max_queue`` infer requests at once (reading their body, queued or
+computing; beyond it 503 + ``Retry-After``); the requests of all callers are batched into group
+calls by :mod:`podium.teacher.scheduler` (run by :mod:`~podium.teacher.endpoint.calls`); a request
+whose client went away leaves the queue and never reaches the group. Readiness is set by the owner
+of the teacher's lifecycle, with a reason when it is false; :meth:`EndpointServer.failure` says
+what a group failure is answered with; draining answers 503 + ``Retry-After`` while queued
+requests finish. It binds the first free port of ``server.port_range``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any, Optional
+
+import numpy as np
+from aiohttp import web
+
+from podium.net import http_url, listen_on_free_port
+from podium.protocol.batch import Batch, Options
+from podium.protocol.names import (
+    CALLER_HEADER,
+    HEALTH_LIVE,
+    HEALTH_READY,
+    METRICS,
+    RETRY_AFTER,
+    SERVER_METADATA,
+)
+from podium.rendezvous.records import ModelInfo
+from podium.teacher.endpoint import metadata
+from podium.teacher.endpoint.answer import infer_response, wire
+from podium.teacher.endpoint.body import read_request
+from podium.teacher.endpoint.calls import GroupCalls, call_tokens
+from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.errors import RequestError
+from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
+from podium.teacher.endpoint.validation import validate_request
+from podium.teacher.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from podium.teacher.metrics import EndpointMetrics
+from podium.teacher.scheduler import Job, Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class EndpointServer:
+    """The aiohttp application around one group (asyncio API: ``await start()``, ``await stop()``)."""
+
+    def __init__(self, group: LogprobGroup, config: EndpointConfig) -> None:
+        self.group = group
+        self.config = config
+        self.vocab_size = int(group.vocab_size)
+        self.max_sequence_length: Optional[int] = getattr(group, "max_sequence_length", None)
+        self.sequence_length_multiple = int(getattr(group, "sequence_length_multiple", 1) or 1)
+        self._names = {config.served_name, *config.aliases} | ({config.teacher_key} if config.teacher_key else set())
+        self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
+        self._not_ready_reason = "starting"
+        self._draining = False
+        self._admitted = 0  # requests holding a queue slot: reading their body, queued or computing
+        self._served = 0
+        self.abandoned = 0  # requests whose client went away before its answer
+        self._idle: Optional[asyncio.Event] = None
+        self._scheduler: Optional[Scheduler] = None
+        self.metrics = EndpointMetrics(config.teacher_key or config.served_name, lambda: self.queue_depth,
+                                       lambda: self._scheduler.queued_rows if self._scheduler else 0)
+        if config.generation is not None:
+            self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
+        self._calls = GroupCalls(group, self.metrics)
+        self._runner: Optional[web.AppRunner] = None
+        self._sock: Optional[socket.socket] = None
+        self.port: Optional[int] = None
+        self.url: Optional[str] = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def broken(self) -> Optional[str]:
+        """Why the group can serve no more, when it says so (its ``broken``), else None."""
+        broken = getattr(self.group, "broken", None)
+        return str(broken) if broken else None
+
+    def _why_not_ready(self) -> Optional[str]:
+        """None when ready; else why not (the one place that decides readiness)."""
+        if self._draining:
+            return "draining"
+        if not self._ready:
+            return self._not_ready_reason
+        broken = self.broken
+        return f"group broken: {broken}" if broken else None
+
+    @property
+    def ready(self) -> bool:
+        return self._why_not_ready() is None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests queued or in the group's call (one whose client went away while the group computes
+        it too: the group is busy with it); requests still reading their body not included."""
+        return self._scheduler.depth if self._scheduler is not None else 0
+
+    @property
+    def served(self) -> int:
+        """Requests answered 200."""
+        return self._served
+
+    def _update_idle(self) -> None:
+        if self._idle is not None:
+            if self._admitted == 0 and self.queue_depth == 0:
+                self._idle.set()
+            else:
+                self._idle.clear()
+
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        """Readiness as the teacher's lifecycle sees it; ``reason`` says why it is not ready."""
+        self._ready = ready
+        self._not_ready_reason = "" if ready else (reason or "not ready")
+
+    def model_info(self) -> ModelInfo:
+        return metadata.model_info(self.group, self.config, vocab_size=self.vocab_size,
+                                   max_sequence_length=self.max_sequence_length,
+                                   sequence_length_multiple=self.sequence_length_multiple)
+
+    def metadata(self) -> dict[str, Any]:
+        """The model metadata answer, with this server's state."""
+        return metadata.model_metadata(self.config, self.model_info(), {
+            "ready": self.ready,
+            "draining": self._draining,
+            "queue_depth": self.queue_depth,
+            "admitted": self._admitted,
+            "max_queue": self.config.server.max_queue,
+            "abandoned": self.abandoned,
+            "served": self._served,
+        })
+
+    def build_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.body_limit,
+            middlewares=[error_middleware(self.config, self.metrics), auth_middleware(self.config.token)],
+        )
+        app.router.add_get(HEALTH_LIVE, self._live)
+        app.router.add_get(METRICS, self._metrics)
+        app.router.add_get(HEALTH_READY, self._ready_route)
+        app.router.add_get(SERVER_METADATA, self._server_metadata)
+        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            app.router.add_get(prefix, self._model_metadata)
+            app.router.add_get(prefix + "/ready", self._model_ready)
+            app.router.add_post(prefix + "/infer", self._infer)
+        return app
+
+    async def start(self) -> str:
+        """Bind, start serving, return the URL."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._scheduler = Scheduler(self._calls.call, call_tokens=call_tokens(self.group, self.config.call_tokens),
+                                    max_delay_s=self.config.server.max_queue_delay_ms / 1000.0,
+                                    batch_requests=self.config.server.batch_requests, on_call=self._calls.observe,
+                                    on_change=self._update_idle)
+        self._scheduler.start()
+        self._sock = listen_on_free_port(self.config.host, self.config.server.port_range)
+        self.port = self._sock.getsockname()[1]
+        # handler_cancellation: a request whose client went away is cancelled (aiohttp >= 3.9 does
+        # not by default), so a queued one leaves the queue instead of computing for nobody.
+        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                                     handler_cancellation=True)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+        host = self.config.advertise_host or self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        self.url = http_url(host, self.port)
+        logger.info("teacher %r serving at %s (generation %s)", self.config.served_name, self.url, self.config.generation)
+        return self.url
+
+    def drain(self) -> None:
+        """From now on: ready is 503, new infer requests are 503 + Retry-After; queued ones finish."""
+        if not self._draining:
+            logger.info("teacher %r draining (%d requests queued)", self.config.served_name, self.queue_depth)
+        self._draining = True
+
+    async def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no request is queued or running; False on timeout."""
+        assert self._idle is not None
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Drain, wait up to ``grace_s`` for queued requests, then close the listener."""
+        self.drain()
+        if self._idle is not None and not await self.wait_idle(grace_s):
+            logger.warning("teacher %r: %d requests still queued after %.0fs; closing", self.config.served_name, self.queue_depth, grace_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._scheduler is not None:
+            await self._scheduler.stop()
+        self._calls.shutdown()
+        logger.info("teacher %r stopped serving at %s after %d requests", self.config.served_name, self.url, self._served)
+
+    # ------------------------------------------------------------------ routes
+
+    def _check_model(self, request: web.Request) -> None:
+        name = request.match_info["name"]
+        if name not in self._names:
+            raise RequestError(404, f"unknown model {name!r}; this endpoint serves {self.config.served_name!r} "
+                               f"(aliases: {', '.join(sorted(self._names))})")
+        version = request.match_info.get("version")
+        if version is not None and version != self.config.model_version:
+            raise RequestError(404, f"model {name!r} has no version {version!r} (versions: {self.config.model_version})")
+
+    def _retry_after(self) -> dict[str, str]:
+        return {RETRY_AFTER: str(self.config.retry_after_s)}
+
+    def _not_ready(self) -> RequestError:
+        why = self._why_not_ready()
+        what = "draining" if why == "draining" else f"not ready ({why})"
+        return RequestError(503, f"teacher {self.config.served_name!r} is {what}", self._retry_after())
+
+    def failure(self, exc: Exception) -> RequestError:
+        """What a group call that raised ``exc`` is answered with.
+
+        - ``ValueError``: 400, the group refuses what it cannot serve (a layout's limit, say);
+        - any other error while the teacher is no longer ready (the lifecycle said so with
+          :meth:`set_ready`, it is draining, or the group says it is ``broken``): 503 +
+          ``Retry-After``, "teacher ... is unavailable: <cause>". The group broke under the request
+          (a worker died, a node was lost); the same request succeeds on the next generation, and
+          the client retries it there;
+        - any other error while the teacher is still ready: 500. The group still works, so this
+          request itself failed it (a bug): retrying it would fail the same way.
+
+        Readiness is read when the failure is answered, so a lifecycle that marks the teacher not
+        ready while the call is failing (or a group that marks itself broken as it raises, as
+        ``TeacherWorkerGroup`` does) turns the answer into a 503.
+        """
+        name = self.config.served_name
+        cause = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ValueError):
+            return RequestError(400, f"rejected by the teacher: {exc}")
+        why = self._why_not_ready()
+        if why is not None:
+            return RequestError(503, f"teacher {name!r} is unavailable ({why}): {cause}", self._retry_after())
+        return RequestError(500, f"teacher {name!r} failed: {cause}")
+
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def _ready_route(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            raise self._not_ready()
+        return web.json_response({"ready": True, "generation": str(self.config.generation) if self.config.generation else None})
+
+    async def _server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(metadata.server_metadata())
+
+    async def _model_metadata(self, request: web.Request) -> web.Response:
+        self._check_model(request)
+        return web.json_response(self.metadata())
+
+    async def _model_ready(self, request: web.Request) -> web.Response:
+        self._check_model(request)
+        return await self._ready_route(request)
+
+    async def _infer(self, request: web.Request) -> web.Response:
+        self._check_model(request)
+        if not self.ready:
+            raise self._not_ready()
+        limit = self.config.server.max_queue
+        if self._admitted >= limit:
+            raise RequestError(503, f"teacher {self.config.served_name!r} queue is full: {self._admitted} requests "
+                               f"queued or running (max_queue {limit}); retry later", self._retry_after())
+        self._admitted += 1  # a slot from before the body is read: at most max_queue bodies in memory
+        self._update_idle()
+        try:
+            return await self._admitted_infer(request)
+        finally:
+            self._admitted -= 1
+            self._update_idle()
+
+    async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str,
+                   caller: str) -> dict[str, np.ndarray]:
+        """The request through the scheduler (batched with other callers' rows). Cancelled (its
+        client went away) before its first rows were sent, it leaves the queue and never reaches
+        the group; mid-way, no more of its rows are sent and its answer is dropped. Either way it
+        counts in :attr:`abandoned`."""
+        assert self._scheduler is not None, "endpoint not started"
+        loop = asyncio.get_running_loop()
+        job = Job(request_id, caller, batch, opts, tuple(outputs), loop.create_future(),
+                  seq_multiple=self.sequence_length_multiple)
+        self._scheduler.submit(job)
+        self._update_idle()
+        try:
+            result = await job.future
+        except asyncio.CancelledError:
+            self.abandoned += 1
+            self.metrics.abandoned_request()
+            if job.started is None:
+                logger.info("request %s: the client went away while it was queued; dropped before the group",
+                            request_id)
+            else:
+                logger.info("request %s: the client went away while the group computes it; the answer will "
+                            "not be sent", request_id)
+            raise
+        except Exception as exc:
+            answer = self.failure(exc)
+            self.metrics.failed("rejected" if answer.status < 500 else "group")
+            if answer.status >= 500:
+                logger.error("teacher %r: get_logprobs failed (request %s): HTTP %d: %s: %s", self.config.served_name,
+                             request_id, answer.status, type(exc).__name__, exc, exc_info=exc)
+            raise answer from None
+        finally:
+            self._update_idle()
+        return {name: wire(name, array, opts) for name, array in result.items()}
+
+    async def _admitted_infer(self, request: web.Request) -> web.Response:
+        req = await read_request(request, self.config.body_limit)
+        request_id = req.id or request[REQUEST_ID]
+        request[REQUEST_ID] = request_id
+        batch, opts, outputs = validate_request(req, vocab_size=self.vocab_size,
+                                               max_sequence_length=self.max_sequence_length,
+                                               max_top_k=self.config.max_top_k)
+        started = time.perf_counter()
+        caller = request.headers.get(CALLER_HEADER) or request.remote or "?"
+        result = await self._run(batch, opts, outputs, request_id, caller)
+        self._served += 1
+        self.metrics.served(batch.rows, batch.tokens)
+        logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
+        missing = [name for name in outputs if name not in result]
+        if missing:
+            raise RequestError(500, f"teacher {self.config.served_name!r} returned no {missing}")
+        return infer_response(self.config, req, result, outputs, opts, request_id)
+
