@@ -24,7 +24,6 @@ from podium.client import (
     TokenizerMismatchError,
     tokenizer_fingerprint,
 )
-from podium.client.replicas import failure_is_final
 from podium.client.transport import HTTPTransport
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
@@ -32,8 +31,10 @@ from podium.launcher.files import TeacherFiles
 from podium.launcher.lifecycle import TeacherLifecycle
 from podium.launcher.restarts import Decision, RestartLedger
 from podium.launcher.signals import Signals
+from podium.launcher.stop_request import request_stop
+from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.protocol.tokenizer import fingerprint_from_pretrained
-from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, atomic_write_json, read_record
+from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
 
 from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
 
@@ -122,13 +123,14 @@ def test_strict_routing_refuses_unknown_agents(tmp_path: Path) -> None:
 def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
     path, _, _ = two_teachers
     client = podium.connect(path)
-    group = client.teacher_group("code")
+    group = RemoteTeacherWorkerGroup.from_client(client, "code")
     ids, lengths = batch(2)
     out = group.get_logprobs({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)},
                              micro_batch_size=2)
     assert set(out) == {"reference_logprobs"}
     np.testing.assert_array_equal(out["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
-    topk = client.teacher_group("math", top_k=2).get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    with_topk = RemoteTeacherWorkerGroup.from_client(client, "math", top_k=2)
+    topk = with_topk.get_logprobs({"input_ids": ids, "input_lengths": lengths})
     assert set(topk) == {"reference_logprobs", "reference_topk_logprobs", "reference_topk_indices"}
     connections = list(client.teacher("code").replicas.last.transport._all)
     assert connections and all(conn.sock is not None for conn in connections)
@@ -138,7 +140,8 @@ def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -
         group.get_logprobs({"input_ids": ids, "input_lengths": lengths})
     # the client's connections are its owner's, used by its other callers: a facade leaves them open
     assert all(conn.sock is not None for conn in connections)
-    again = client.teacher_group("math").get_logprobs({"input_ids": ids, "input_lengths": lengths})
+    another = RemoteTeacherWorkerGroup.from_client(client, "math")
+    again = another.get_logprobs({"input_ids": ids, "input_lengths": lengths})
     np.testing.assert_array_equal(again["reference_logprobs"].numpy(), fake_logprobs(ids, lengths))
     client.close()
     assert all(conn.sock is None for conn in connections)
@@ -355,17 +358,17 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
         record = read_record(files.endpoint)
         assert record.status is Status.READY and record.url == urls[0] and record.generation == Generation(77, 2)
         assert record.model.tokenizer_fingerprint == tokenizer_fingerprint(teacher_tok)
-        assert record.stale_after_s == 5 and {"loading", "ready"} <= set(record.extra["timings"])
+        assert record.stale_after_s == 5 and {"loading", "ready"} <= set(record.timings)
         with podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST) as client:
             out = client.get_logprobs("math", {"input_ids": [[1, 2, 3]], "input_lengths": [3]})
             np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2, 3]], [3]))
         beat = record.heartbeat_at
         _wait(lambda: read_record(files.endpoint).heartbeat_at > beat)
         # A stop request left for another (older) job does not stop this one; one for this job does.
-        atomic_write_json(files.stop_request, {"job_id": "76"})
+        request_stop(files, "76")
         lifecycle._check_stop_file()
         assert not signals.stop.is_set()
-        atomic_write_json(files.stop_request, {"job_id": "77"})
+        request_stop(files, "77")
         thread.join(30)
         assert not thread.is_alive()
     finally:
@@ -375,8 +378,8 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     lifecycle.end("stopped", signals.describe(), Decision(False, False, 0.0, "stopped"), RestartLedger())
     final = read_record(files.endpoint)
     assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
-    assert final.extra["final"] is False and final.extra["will_retry"] is False
-    assert final.extra["timings"]["draining"] <= final.extra["timings"]["stopped"]
+    assert final.final is False and final.will_retry is False
+    assert final.timings["draining"] <= final.timings["stopped"]
 
 
 def _wait(condition: Any, timeout: float = 30.0) -> None:
@@ -570,19 +573,19 @@ def test_only_a_final_failure_ends_a_call(tmp_path: Path) -> None:
     writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name="math",
                           generation=Generation(1000, 0))
     record = writer.publish(Status.FAILED, reason="node n2 lost", will_retry=True)
-    assert not failure_is_final(record)
+    assert not record.failure_is_final()
     with podium.connect(layout.rendezvous_path, **FAST) as client:
         with pytest.raises(TeacherUnavailableError, match=r"generation 1000:0 failed \(node n2 lost\); the teacher "
                                                           r"will retry"):
             client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]}, timeout_s=0.3)
         record = writer.publish(Status.FAILED, reason="node n2 lost again", final=True)
-        assert failure_is_final(record)
+        assert record.failure_is_final()
         with pytest.raises(TeacherFailedError, match="generation 1000:0 failed: node n2 lost again"):
             client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
     plain = writer.publish(Status.FAILED, reason="checkpoint not found", final=False)
-    assert not failure_is_final(plain)  # final: false says it outright
-    assert failure_is_final(plain.model_copy(update={"extra": {}}))  # no word either way: final
-    assert not failure_is_final(plain.model_copy(update={"status": Status.READY}))
+    assert not plain.failure_is_final()  # final: false says it outright
+    assert plain.model_copy(update={"final": None}).failure_is_final()  # no word either way: final
+    assert not plain.model_copy(update={"status": Status.READY}).failure_is_final()
 
 
 def test_client_sockets_have_tcp_keepalive(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
