@@ -95,8 +95,8 @@ def describe(name: str, seq: int) -> dict[str, Any]:
     podium's TransformerConfig for it (bf16, TP1): what the dry run checks."""
     import torch
 
-    from podium.teacher.hf_checkpoint import describe_hf_config
-    from podium.teacher.megatron_model import build_transformer_config
+    from podium.teacher.hf import describe_hf_config
+    from podium.teacher.megatron_config import build_transformer_config
 
     model_cls, config = hf_model_class_and_config(name)
     desc = describe_hf_config(config.to_dict(), name)
@@ -124,7 +124,7 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
 
     from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
-    from podium.teacher.megatron_model import te_available
+    from podium.teacher.megatron_config import te_available
     from podium.tiny import make_tiny_checkpoint, random_batch
 
     kind, overrides = MODELS[name]

@@ -26,7 +26,7 @@ from typing import Literal
 CheckpointFormat = Literal["hf", "torch_dist"]
 
 # The HF architectures podium loads (``config.json`` ``architectures``), by the family of name
-# maps that reads them (``podium.teacher.hf_checkpoint``): the one list, checked at plan time.
+# maps that reads them (``podium.teacher.hf``): the one list, checked at plan time.
 ARCHITECTURE_FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",

@@ -6,8 +6,10 @@ this package, or ``podium.teacher.group``, stays cheap):
 - ``group``: ``TeacherWorkerGroup`` — placement, rendezvous, ``get_logprobs``, ``shutdown``;
 - ``worker``: the Ray actor (one rank): parallel state, model, forward-only logprobs;
 - ``checkpoint_loader``: which checkpoint (HF dir / torch_dist / cached hub id) and this rank's model;
-- ``hf_checkpoint``: HF architectures and per-rank safetensors slices;
-- ``megatron_model``: TransformerConfig, layer spec (TE or local + SDPA attention), GPTModel;
+- ``hf``: HF checkpoints: architecture description, safetensors slices, per-family weight maps;
+- ``megatron_config``: the TransformerConfig (parallel layout, overrides, MoE routing, vocab padding);
+- ``megatron_model``: the layer spec (TE or local + SDPA attention) and the GPTModel;
+- ``megatron_patches``: inference speed-ups podium installs into megatron-core (RoPE, SwiGLU);
 - ``logprobs``: vocab-parallel logprobs/top-k, NeMo RL alignment, the pipeline stage loop;
 - ``torch_dist``: Megatron dist_checkpointing load (resharding) and save;
 - ``convert``: ``convert_hf_to_torch_dist`` (temp dir + rename);

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from podium.config.checkpoints import HF_CONFIG, CheckpointError, find_checkpoint
-from podium.teacher.hf_checkpoint import ModelDescription, describe_hf_config
+from podium.teacher.hf import ModelDescription, describe_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -113,13 +113,13 @@ def build_and_load(
     """Build this rank's GPTModel stage and fill it from ``checkpoint`` (HF slices or torch_dist)."""
     from megatron.core import parallel_state
 
-    from podium.teacher import megatron_model
-    from podium.teacher.hf_checkpoint import RankLayout, load_hf_weights
+    from podium.teacher import megatron_config, megatron_model
+    from podium.teacher.hf import RankLayout, load_hf_weights
 
     started = time.perf_counter()
     resolved = resolve_checkpoint(checkpoint, hf_config)
     desc = describe_checkpoint(resolved)
-    _, options = megatron_model.split_overrides(overrides or {}, where)
+    _, options = megatron_config.split_overrides(overrides or {}, where)
     tp = int(parallel.get("tensor_model_parallel_size", 1))
     if resolved.kind == "torch_dist":
         from podium.teacher.torch_dist import checkpoint_padded_vocab
@@ -134,9 +134,9 @@ def build_and_load(
                 f"checkpoint {resolved.name}: embedding has {padded} rows < vocab_size {desc.vocab_size} in its config"
             )
     else:
-        divisor = int(options.get("make_vocab_size_divisible_by", megatron_model.DEFAULT_VOCAB_DIVISOR))
-        padded = megatron_model.padded_vocab_size(desc.vocab_size, tp, divisor)
-    config = megatron_model.build_transformer_config(desc, parallel, precision, overrides, where=where)
+        divisor = int(options.get("make_vocab_size_divisible_by", megatron_config.DEFAULT_VOCAB_DIVISOR))
+        padded = megatron_config.padded_vocab_size(desc.vocab_size, tp, divisor)
+    config = megatron_config.build_transformer_config(desc, parallel, precision, overrides, where=where)
     model = megatron_model.build_gpt_model(desc, config, padded)
     if resolved.kind == "torch_dist":
         from podium.teacher.torch_dist import load_torch_dist

@@ -116,7 +116,7 @@ def convert_hf_to_torch_dist(
         raise ValueError(f"convert: --precision {exc}") from None
     if min(int(tp), int(pp), int(ep), int(etp)) < 1:
         raise ValueError(f"convert: tp ({tp}), pp ({pp}), ep ({ep}) and etp ({etp}) must be ≥ 1")
-    from podium.teacher.megatron_model import check_model_layout
+    from podium.teacher.megatron_config import check_model_layout
 
     parallel = {
         "tensor_model_parallel_size": int(tp),

@@ -125,7 +125,7 @@ class TeacherWorkerGroup:
     def _preflight(self) -> None:
         """Checks that need only files and config classes: fail before anything is placed."""
         from podium.teacher.checkpoint_loader import describe_model
-        from podium.teacher.megatron_model import check_model_layout, split_overrides
+        from podium.teacher.megatron_config import check_model_layout, split_overrides
 
         s = self.spec
         desc = describe_model(s.model_name, self.options.hf_config)

@@ -45,8 +45,9 @@ def _diffs(checkpoint: str, parallel: dict[str, int], world: int) -> dict[str, f
     from megatron.core import parallel_state
 
     from podium.teacher.checkpoint_loader import describe_model
-    from podium.teacher.hf_checkpoint import RankLayout, load_hf_weights
-    from podium.teacher.megatron_model import build_gpt_model, build_transformer_config, padded_vocab_size
+    from podium.teacher.hf import RankLayout, load_hf_weights
+    from podium.teacher.megatron_config import build_transformer_config, padded_vocab_size
+    from podium.teacher.megatron_model import build_gpt_model
     from podium.tiny import hf_oracle_logits, random_batch
 
     desc = describe_model(checkpoint)

@@ -84,8 +84,9 @@ MOE_CONFIG = {
 def _moe_forward(rank: int, world: int, store: str) -> None:
     import torch
 
-    from podium.teacher.hf_checkpoint import describe_hf_config
-    from podium.teacher.megatron_model import build_gpt_model, build_transformer_config
+    from podium.teacher.hf import describe_hf_config
+    from podium.teacher.megatron_config import build_transformer_config
+    from podium.teacher.megatron_model import build_gpt_model
     from podium.teacher.worker import destroy_parallel, init_parallel
 
     parallel = {"expert_model_parallel_size": world}

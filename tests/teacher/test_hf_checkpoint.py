@@ -14,14 +14,8 @@ import pytest
 import torch
 
 from podium.teacher.checkpoint_loader import describe_model
-from podium.teacher.hf_checkpoint import (
-    RankLayout,
-    SafetensorsCheckpoint,
-    _gpt2_sources,
-    _llama_sources,
-    _Reader,
-    describe_hf_config,
-)
+from podium.teacher.hf import RankLayout, SafetensorsCheckpoint, describe_hf_config
+from podium.teacher.hf.weights import _gpt2_sources, _llama_sources, _Reader
 
 
 def reader(path: Path, tp_rank: int = 0, tp: int = 1, padded: int | None = None) -> _Reader:

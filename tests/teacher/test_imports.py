@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 MODULES = ["podium.teacher", "podium.teacher.group", "podium.teacher.worker", "podium.teacher.convert",
-           "podium.teacher.hf_checkpoint", "podium.teacher.megatron_model", "podium.teacher.logprobs",
+           "podium.teacher.hf", "podium.teacher.megatron_config", "podium.teacher.megatron_patches",
+           "podium.teacher.megatron_model", "podium.teacher.logprobs",
            "podium.teacher.torch_dist", "podium.teacher.checkpoint_loader", "podium.teacher.cuda_shims"]
 
 

@@ -1,0 +1,240 @@
+"""What podium needs to know about an HF checkpoint's architecture, read from its ``config.json``.
+
+This module owns :class:`ModelDescription` and ``describe_hf_config``, which normalises the config
+of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
+
+- ``llama``: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), and the MoE models Qwen3-MoE
+  (q/k norm, layer mix by ``decoder_sparse_step`` / ``mlp_only_layers``, ``norm_topk_prob``),
+  Qwen2-MoE (Qwen3-MoE's routing and layer mix, q/k/v bias, a shared expert behind a sigmoid gate)
+  and Mixtral;
+- ``gpt2``: GPT-2.
+
+Anything else is a ``ValueError`` naming the checkpoint, the architecture and the supported list
+(the list itself, architecture -> family, is :data:`podium.config.checkpoints.ARCHITECTURE_FAMILIES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
+
+# HF architecture name -> family (the one list: config.checkpoints).
+_FAMILIES = ARCHITECTURE_FAMILIES
+# HF names of an MoE layer's router and experts, per architecture: (block prefix, router, expert
+# gate/up/down projections). Its keys are the architectures with routed experts; the weight maps
+# (``weights``) read the names.
+MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
+    "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
+}
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What podium needs to know about a checkpoint's architecture (from its HF config)."""
+
+    architecture: str
+    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3) or "gpt2"
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    normalization: str  # "RMSNorm" | "LayerNorm"
+    norm_eps: float
+    activation: str  # "swiglu" | "gelu_tanh" | "gelu"
+    position_embedding_type: str  # "rope" | "learned_absolute"
+    rotary_base: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tied_embeddings: bool = False
+    sliding_window: int | None = None
+    # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
+    # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[bool, ...] = ()
+    # A shared expert on every MoE layer (0: none): its MLP size, and whether a sigmoid gate
+    # (a linear map of the layer input to one value per token) scales its output.
+    moe_shared_ffn_hidden_size: int = 0
+    moe_shared_expert_gate: bool = False
+    hf_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def any_linear_bias(self) -> bool:
+        return self.attn_out_bias or self.mlp_bias
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("hf_config")
+        return out
+
+
+def _rope(config: Mapping[str, Any], checkpoint: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling) from either transformers 5 ``rope_parameters`` or 4.x fields."""
+    params = dict(config.get("rope_parameters") or {})
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    scaling = dict(config.get("rope_scaling") or {}) or {k: v for k, v in params.items() if k != "rope_theta"}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if rope_type in (None, "default"):
+        return float(theta), None
+    if rope_type == "linear":
+        return float(theta), {"rope_type": "linear", "factor": float(scaling["factor"])}
+    if rope_type == "llama3":
+        fixed = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        for key, expected in fixed.items():
+            if float(scaling.get(key, expected)) != float(expected):
+                raise ValueError(
+                    f"checkpoint {checkpoint}: rope scaling llama3 with {key}={scaling.get(key)} is not "
+                    f"supported (Megatron's llama3 scaling fixes {key}={expected})"
+                )
+        return float(theta), {"rope_type": "llama3", "factor": float(scaling.get("factor", 8.0))}
+    raise ValueError(
+        f"checkpoint {checkpoint}: rope scaling type {rope_type!r} is not supported "
+        "(supported: default, linear, llama3)"
+    )
+
+
+def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") -> ModelDescription:
+    """Normalise an HF ``config.json`` mapping; unknown architectures are a ``ValueError``."""
+    archs = list(config.get("architectures") or [])
+    arch = next((a for a in archs if a in _FAMILIES), None)
+    if arch is None:
+        raise ValueError(
+            f"checkpoint {checkpoint}: architecture {archs or config.get('model_type')!r} is not supported "
+            f"for direct HF loading (supported: {', '.join(SUPPORTED_ARCHITECTURES)}); convert it with "
+            "megatron-bridge to a torch_dist checkpoint"
+        )
+    family = _FAMILIES[arch]
+    return _DESCRIBERS[family](config, arch, family, checkpoint)
+
+
+def _describe_gpt2(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """GPT-2: learned positions, LayerNorm, GELU, biases on every linear layer."""
+    act = config.get("activation_function", "gelu_new")
+    activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+    if act not in activations:
+        raise ValueError(f"checkpoint {checkpoint}: GPT-2 activation_function {act!r} is not supported")
+    if config.get("scale_attn_by_inverse_layer_idx") or not config.get("scale_attn_weights", True):
+        raise ValueError(
+            f"checkpoint {checkpoint}: GPT-2 attention scaling options "
+            "scale_attn_by_inverse_layer_idx/scale_attn_weights=False are not supported"
+        )
+    hidden = int(config["n_embd"])
+    heads = int(config["n_head"])
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=int(config["n_layer"]),
+        hidden_size=hidden,
+        ffn_hidden_size=int(config.get("n_inner") or 4 * hidden),
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        head_dim=hidden // heads,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config["n_positions"]),
+        normalization="LayerNorm",
+        norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+        activation=activations[act],
+        position_embedding_type="learned_absolute",
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+        tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+        hf_config=dict(config),
+    )
+
+
+def _describe_llama(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """The Llama family: RoPE, RMSNorm, SwiGLU; Qwen's q/k/v bias and q/k norm; routed experts."""
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"checkpoint {checkpoint}: hidden_act {act!r} is not supported (SwiGLU needs silu)")
+    model_type = config.get("model_type", "")
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and config.get("use_sliding_window"):
+        raise ValueError(f"checkpoint {checkpoint}: {model_type} with use_sliding_window=true is not supported")
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    theta, scaling = _rope(config, checkpoint)
+    attention_bias = bool(config.get("attention_bias", False))
+    sliding = config.get("sliding_window") if model_type in ("mistral", "mixtral") else None
+    layers = int(config["num_hidden_layers"])
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=int(config["num_hidden_layers"]),
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="swiglu",
+        position_embedding_type="rope",
+        rotary_base=theta,
+        rope_scaling=scaling,
+        # Qwen2: q/k/v bias, none on o_proj; Qwen2-MoE says so with ``qkv_bias`` (transformers 5;
+        # always on before it)
+        qkv_bias=(attention_bias or arch == "Qwen2ForCausalLM"
+                  or (arch == "Qwen2MoeForCausalLM" and bool(config.get("qkv_bias", True)))),
+        attn_out_bias=attention_bias and arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"),
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        sliding_window=int(sliding) if sliding else None,
+        **(_moe_fields(config, arch, layers, checkpoint) if arch in MOE_NAMES else {}),
+        hf_config=dict(config),
+    )
+
+
+def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: str) -> dict[str, Any]:
+    """The routed-expert fields of a Qwen3-MoE / Qwen2-MoE / Mixtral config (names differ by family
+    and by transformers version: ``num_experts`` or ``num_local_experts``)."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    if shared and arch != "Qwen2MoeForCausalLM":
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with shared_expert_intermediate_size={shared}: "
+                         "shared experts are mapped for Qwen2MoeForCausalLM only")
+    # Qwen2-MoE: a shared expert (when its size is > 0; with 0 transformers' is an empty MLP whose
+    # output is 0) always behind its sigmoid gate
+    fields: dict[str, Any] = dict(moe_shared_ffn_hidden_size=shared, moe_shared_expert_gate=bool(shared))
+    if arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+        step = int(config.get("decoder_sparse_step") or 1)
+        dense = {int(i) for i in (config.get("mlp_only_layers") or [])}
+        moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+        ffn = int(config["moe_intermediate_size"])
+        norm = bool(config.get("norm_topk_prob", False))
+    else:  # Mixtral: every layer, experts of intermediate_size, top-k weights renormalised
+        moe_layers = (True,) * layers
+        ffn = int(config["intermediate_size"])
+        norm = True
+    return dict(num_experts=experts, moe_topk=topk, moe_ffn_hidden_size=ffn, norm_topk_prob=norm,
+                moe_layers=moe_layers, **fields)
+
+
+# Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
+_DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
+    "llama": _describe_llama,
+    "gpt2": _describe_gpt2,
+}

@@ -1,0 +1,286 @@
+"""A teacher's Megatron ``TransformerConfig``, built from its architecture and its planned spec.
+
+This module owns the translation from (HF architecture description, planned ``TeacherSpec``,
+``megatron_cfg_overrides``) to a Megatron ``TransformerConfig``:
+
+- the parallel layout (TP/PP/CP/EP/ETP) goes into the config as well as into ``parallel_state``
+  (layers per pipeline stage come from the config; without it every stage builds all layers), and
+  ``check_model_layout`` says, without importing megatron, whether that layout can split the model;
+- ``megatron_cfg_overrides`` are applied to the config; keys that are neither ``TransformerConfig``
+  fields nor known NeMo RL training-only keys are an error listing them (they are never ignored
+  silently); known training-only keys are logged and skipped;
+- for an MoE model, the checkpoint's experts and routing, the inference routing settings and the
+  token dispatcher for this device (``moe_settings``);
+- the padded vocabulary size (a multiple of ``make_vocab_size_divisible_by × TP``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Mapping
+
+from podium.config.layout import PARALLEL_SIZES
+from podium.config.precision import torch_dtype
+from podium.teacher.hf import ModelDescription
+
+if TYPE_CHECKING:  # pragma: no cover
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_VOCAB_DIVISOR = 128
+
+# Keys of a NeMo RL ``megatron_cfg`` that matter only for training (or are handled elsewhere):
+# skipped with a log line, not an error.
+TRAINING_ONLY_KEYS: frozenset[str] = frozenset(
+    {
+        "enabled",
+        "empty_unused_memory_level",
+        "activation_checkpointing",
+        "converter_type",
+        "optimizer",
+        "scheduler",
+        "distributed_data_parallel_config",
+        "train_iters",
+        "freeze_moe_router",
+        "moe_router_load_balancing_type",  # inference routing is forced (see moe_settings)
+        "moe_router_bias_update_rate",
+        "moe_permute_fusion",
+        "apply_rope_fusion",
+        "defer_fp32_logits",
+        "env_vars",
+        "sequence_parallel",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+        "pipeline_dtype",
+        "bias_activation_fusion",
+        "force_overwrite_initial_ckpt",
+        "fp8_cfg",
+    }
+)
+# Keys podium uses itself (not TransformerConfig fields).
+MODEL_KEYS: frozenset[str] = frozenset({"make_vocab_size_divisible_by"})
+
+
+def te_available() -> bool:
+    """TransformerEngine is used only when it is importable and CUDA is present."""
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = DEFAULT_VOCAB_DIVISOR) -> int:
+    multiple = max(1, divisible_by) * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def split_overrides(overrides: Mapping[str, Any], where: str = "megatron_cfg_overrides") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TransformerConfig overrides, podium model options); unknown keys raise ``ValueError``."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    config_overrides: dict[str, Any] = {}
+    model_options: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in dict(overrides or {}).items():
+        if key in MODEL_KEYS:
+            model_options[key] = value
+        elif key in TRAINING_ONLY_KEYS:
+            logger.info("%s: %r is training-only; not used by an inference teacher", where, key)
+        elif key in fields:
+            config_overrides[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        close = sorted(f for f in fields if any(u.split("_")[0] in f for u in unknown))[:12]
+        raise ValueError(
+            f"{where}: unknown key(s) {sorted(unknown)}: not TransformerConfig fields nor known "
+            f"training-only keys{'; similar fields: ' + ', '.join(close) if close else ''}"
+        )
+    return config_overrides, model_options
+
+
+def check_model_layout(desc: ModelDescription, parallel: Mapping[str, int], where: str = "") -> None:
+    """``ValueError`` when the parallel layout cannot split this architecture (no megatron import)."""
+    tp = int(parallel.get("tensor_model_parallel_size", 1))
+    pp = int(parallel.get("pipeline_model_parallel_size", 1))
+    cp = int(parallel.get("context_parallel_size", 1))
+    who = f"{where}{desc.architecture}"
+    if desc.num_query_groups % tp or desc.num_attention_heads % tp:
+        raise ValueError(
+            f"{who}: TP{tp} must divide the attention heads ({desc.num_attention_heads}) "
+            f"and the KV groups ({desc.num_query_groups})"
+        )
+    if desc.ffn_hidden_size % tp:
+        raise ValueError(f"{who}: TP{tp} must divide the MLP size ({desc.ffn_hidden_size})")
+    if desc.num_layers % pp:
+        raise ValueError(f"{who}: PP{pp} must divide the number of layers ({desc.num_layers})")
+    ep = int(parallel.get("expert_model_parallel_size", 1))
+    etp = int(parallel.get("expert_tensor_parallel_size", 1))
+    if not desc.is_moe and (ep > 1 or etp > 1):
+        raise ValueError(f"{who}: has no routed experts; expert_model_parallel_size={ep} / "
+                         f"expert_tensor_parallel_size={etp} need an MoE model (set them to 1)")
+    if desc.is_moe:
+        if desc.num_experts % ep:
+            raise ValueError(f"{who}: EP{ep} must divide the experts ({desc.num_experts}): "
+                             f"{desc.num_experts} experts / EP{ep} is not a whole number per rank")
+        if desc.moe_ffn_hidden_size % etp:
+            raise ValueError(f"{who}: expert-TP{etp} must divide the experts' MLP size ({desc.moe_ffn_hidden_size})")
+        if desc.moe_shared_ffn_hidden_size % tp:
+            raise ValueError(f"{who}: TP{tp} must divide the shared expert's MLP size "
+                             f"({desc.moe_shared_ffn_hidden_size}; it is split over the attention TP)")
+    if cp > 1 and not te_available():
+        raise ValueError(f"{who}: CP{cp} needs TransformerEngine's attention on CUDA (not available here)")
+
+
+def _activation(desc: ModelDescription) -> tuple[Any, bool]:
+    import torch.nn.functional as F
+
+    if desc.activation == "swiglu":
+        return F.silu, True
+    if desc.activation == "gelu_tanh":
+        return functools.partial(F.gelu, approximate="tanh"), False
+    return F.gelu, False
+
+
+def build_transformer_config(
+    desc: ModelDescription,
+    parallel: Mapping[str, int],
+    precision: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    use_cpu_initialization: bool | None = None,
+    where: str = "megatron_cfg_overrides",
+) -> "TransformerConfig":
+    """The inference ``TransformerConfig`` of a teacher (parallel sizes included, see module doc)."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config_overrides, _ = split_overrides(overrides or {}, where)
+    # Parallel sizes come from the spec; an override may repeat them but not contradict them.
+    for key in PARALLEL_SIZES:
+        if key in config_overrides and int(config_overrides[key]) != int(parallel.get(key, 1)):
+            raise ValueError(
+                f"{where}: {key}={config_overrides[key]} contradicts the planned layout "
+                f"({key}={parallel.get(key, 1)}); set it in the teacher's parallel sizes instead"
+            )
+    check_model_layout(desc, parallel)
+    dtype = torch_dtype(precision)
+    activation, gated = _activation(desc)
+    if use_cpu_initialization is None:
+        use_cpu_initialization = not torch.cuda.is_available()
+    kwargs: dict[str, Any] = dict(
+        num_layers=desc.num_layers,
+        hidden_size=desc.hidden_size,
+        ffn_hidden_size=desc.ffn_hidden_size,
+        num_attention_heads=desc.num_attention_heads,
+        num_query_groups=desc.num_query_groups,
+        kv_channels=desc.head_dim,
+        normalization=desc.normalization,
+        layernorm_epsilon=desc.norm_eps,
+        activation_func=activation,
+        gated_linear_unit=gated,
+        add_bias_linear=desc.any_linear_bias,
+        add_qkv_bias=desc.qkv_bias,
+        qk_layernorm=desc.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        apply_query_key_layer_scaling=False,
+        attention_softmax_in_fp32=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=False,  # weights come from the checkpoint
+        **{key: int(parallel.get(key, 1)) for key in PARALLEL_SIZES},
+    )
+    if desc.sliding_window:
+        kwargs["window_size"] = (desc.sliding_window - 1, 0)
+    kwargs.update(config_overrides)
+    if desc.is_moe:
+        kwargs.update(moe_settings(desc, parallel, config_overrides, where))
+    try:
+        return TransformerConfig(**kwargs)
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise ValueError(f"{desc.architecture}: invalid Megatron TransformerConfig ({exc})") from exc
+
+
+def moe_dispatcher(parallel: Mapping[str, int], requested: str | None) -> str:
+    """The token dispatcher: on CUDA the recipe's (default ``alltoall``); on CPU/gloo
+    ``alltoall`` (with the CPU shims), or ``allgather`` where expert-TP exceeds attention-TP
+    (gloo cannot all-gather tensors of different sizes, which ``alltoall`` would need there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return requested or "alltoall"
+    tp = int(parallel.get("tensor_model_parallel_size", 1))
+    etp = int(parallel.get("expert_tensor_parallel_size", 1))
+    chosen = "allgather" if etp > tp else "alltoall"
+    if chosen == "allgather":
+        logger.info("expert-TP%d > TP%d on CPU/gloo: allgather token dispatcher", etp, tp)
+    if requested not in (None, chosen):
+        logger.info("moe_token_dispatcher_type=%r needs CUDA; using %r on CPU/gloo", requested, chosen)
+    return chosen
+
+
+# What an inference teacher's routing must be, whatever the recipe trained with: dropless (no
+# capacity, no padding to it), the router's own top-k weights (no scaling), no sinkhorn (it changes
+# routing even in eval), no losses, no jitter.
+MOE_INFERENCE: dict[str, Any] = {
+    "moe_expert_capacity_factor": None,
+    "moe_pad_expert_input_to_capacity": False,
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_load_balancing_type": "none",
+    "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None,
+    "moe_input_jitter_eps": None,
+}
+
+
+def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides: Mapping[str, Any],
+                 where: str = "megatron_cfg_overrides") -> dict[str, Any]:
+    """The MoE part of the TransformerConfig: the experts and routing of the checkpoint (an
+    override may repeat them, not contradict them), the inference settings (forced, logged when an
+    override differs) and the dispatcher for this device."""
+    import torch
+
+    from_checkpoint: dict[str, Any] = {
+        "num_moe_experts": desc.num_experts,
+        "moe_router_topk": desc.moe_topk,
+        "moe_ffn_hidden_size": desc.moe_ffn_hidden_size,
+        # HF norm_topk_prob: top-k of the logits, softmax over those k (renormalised); without it,
+        # softmax over all experts first, the top-k probabilities as they are
+        "moe_router_pre_softmax": not desc.norm_topk_prob,
+        "moe_router_score_function": "softmax",
+        "moe_layer_freq": [int(m) for m in desc.moe_layers],
+        # Qwen2-MoE: sigmoid(x · gateᵀ) · shared_expert(x) added to the routed output (Megatron's
+        # SharedExpertMLP with its gate computes exactly that)
+        "moe_shared_expert_intermediate_size": desc.moe_shared_ffn_hidden_size or None,
+        "moe_shared_expert_gate": desc.moe_shared_expert_gate,
+    }
+    for key, value in from_checkpoint.items():
+        if key in overrides and overrides[key] != value:
+            raise ValueError(f"{where}: {key}={overrides[key]!r} contradicts the checkpoint ({desc.architecture}: "
+                             f"{key}={value!r}); remove it")
+    forced = dict(MOE_INFERENCE)
+    if not te_available():
+        forced.update(moe_grouped_gemm=False, moe_router_fusion=False, moe_permute_fusion=False)
+    if desc.moe_shared_ffn_hidden_size and not torch.cuda.is_available():
+        forced["moe_shared_expert_overlap"] = False  # it runs the shared expert on a CUDA stream
+    for key, value in forced.items():
+        if key in overrides and overrides[key] != value:
+            logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key], value)
+    dispatcher = moe_dispatcher(parallel, overrides.get("moe_token_dispatcher_type"))
+    return {**from_checkpoint, **forced, "moe_token_dispatcher_type": dispatcher}
