@@ -1,7 +1,8 @@
 """CPU-only shims for megatron-core: the few CUDA calls it makes even when running on CPU/gloo.
 
-This module owns every monkeypatch podium applies to torch/megatron, so that an upgrade has one
-place to look. They are applied only when CUDA is absent (``torch.cuda.is_available()`` is False;
+This module owns every patch podium needs for megatron-core to run at all without CUDA, so that an
+upgrade has one place to look (the exact speed-ups of the local layer spec are
+:mod:`podium.teacher.megatron_patches`). They are applied only when CUDA is absent (``torch.cuda.is_available()`` is False;
 ``te_general_gemm``: when TransformerEngine is), by the worker process before it builds a model,
 and by ``convert`` before it saves a checkpoint.
 
