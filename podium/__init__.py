@@ -2,19 +2,23 @@
 
 Importing ``podium`` is cheap: it must not pull torch, ray or megatron, so that login-node
 commands (``podium --help``, ``plan``, ``status``, ``down``) answer at once. Heavy parts are
-imported lazily by the modules that need them.
+imported lazily by the modules that need them. A trainer needs only the base install
+(``pip install podium``: client, protocol, rendezvous, ``podium.nemo_rl``); teachers and the
+launcher need the ``teacher`` and ``launcher`` extras (pyproject.toml).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from podium.version import __version__
+
 if TYPE_CHECKING:
     from os import PathLike
 
     from podium.client import PodiumClient
 
-__version__ = "0.1.0"  # the one version string: pyproject reads it, the endpoint reports it
+__all__ = ["__version__", "connect"]
 
 
 def connect(path: str | PathLike[str], **kwargs: Any) -> PodiumClient:

@@ -27,7 +27,7 @@ and ``indices_datatype`` (``INT64`` or ``INT32``). BF16 travels only as binary d
 
 from __future__ import annotations
 
-from podium import __version__
+from podium.version import __version__
 
 INPUT_IDS = "input_ids"
 INPUT_LENGTHS = "input_lengths"
