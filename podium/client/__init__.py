@@ -8,12 +8,16 @@
 - ``check_tokenizer(alias, tokenizer)``: vocab size + tokenizer fingerprint
 - ``get_topk_logits(alias, data, k)``: NeMo RL's top-k logits; ``get_candidate_logprobs``: logprobs of
   the caller's ids
-- ``teacher_group(alias)``: NeMo RL ``TeacherWorkerGroup`` facade (:mod:`podium.nemo_rl`)
+
+NeMo RL's facades on a client: ``podium.nemo_rl.RemoteTeacherWorkerGroup.from_client(client, alias)``
+(that package imports this one, never the other way round).
 
 Modules: ``client`` (routing, multi-teacher, re-reading the rendezvous), ``teacher`` (one
 teacher's calls, restart following), ``replicas`` (which of a teacher's replicas a call goes to),
 ``transport`` (keep-alive HTTP), ``errors``; the wire itself is ``podium.protocol``.
-Importing this package pulls numpy but not torch; torch is imported when results are returned.
+Importing this package pulls numpy but not torch: podium's base install (no extras: a trainer's
+light install) has neither torch nor transformers. Results are torch tensors where torch is
+importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).
 """
 
 from podium.client.client import PodiumClient, connect
@@ -26,25 +30,16 @@ from podium.client.errors import (
     TokenizerMismatchError,
     TransportError,
 )
-from podium.client.teacher import ClientOptions, TeacherClient
+from podium.client.options import ClientOptions
+from podium.client.teacher import TeacherClient
 from podium.protocol.batch import BatchError
 from podium.protocol.tokenizer import tokenizer_fingerprint
-
-
-def __getattr__(name: str):  # the facade lives in podium.nemo_rl, which imports this package
-    if name == "RemoteTeacherWorkerGroup":
-        from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
-
-        return RemoteTeacherWorkerGroup
-    raise AttributeError(f"module 'podium.client' has no attribute {name!r}")
-
 
 __all__ = [
     "BatchError",
     "ClientOptions",
     "PodiumClient",
     "PodiumClientError",
-    "RemoteTeacherWorkerGroup",
     "TeacherClient",
     "TeacherFailedError",
     "TeacherRequestError",

@@ -3,10 +3,10 @@
 Owns :class:`PodiumClient`: it reads ``rendezvous.json`` and the run's token once, routes an alias
 or agent name to its teacher (default alias, strict flag), keeps one :class:`TeacherClient` per
 teacher, calls several teachers concurrently for a batch whose samples belong to different agents
-(MOPD) and reassembles the rows in their original order, checks tokenizers, and hands out the
-NeMo RL-shaped facade (:mod:`podium.nemo_rl`). It re-reads ``rendezvous.json`` when the file is
-replaced (``podium scale`` changing a teacher's replicas), looking no more often than
-``ClientOptions.refresh_s``.
+(MOPD) and reassembles the rows in their original order, and checks tokenizers. It re-reads
+``rendezvous.json`` when the file is replaced (``podium scale`` changing a teacher's replicas),
+looking no more often than ``ClientOptions.refresh_s``. The NeMo RL-shaped facades are built on a
+client by :mod:`podium.nemo_rl`, which imports this package (never the other way round).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from podium.client.errors import TokenizerMismatchError
-from podium.client.teacher import ClientOptions, TeacherClient, check_tokenizer_against, convert_outputs
+from podium.client.options import ClientOptions, convert_outputs
+from podium.client.teacher import TeacherClient, check_tokenizer_against
 from podium.protocol.batch import batch_inputs
 from podium.protocol.tokenizer import tokenizer_fingerprint, tokenizer_size
 from podium.rendezvous.atomic import FileReadError
@@ -230,15 +231,7 @@ class PodiumClient:
             )
         return info
 
-    # ------------------------------------------------------------------ facade and lifetime
-
-    def teacher_group(self, alias_or_agent_name: str, *, top_k: Optional[int] = None) -> Any:
-        """NeMo RL's ``TeacherWorkerGroup`` for one teacher, on this client's connections
-        (:class:`podium.nemo_rl.RemoteTeacherWorkerGroup`)."""
-        from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
-
-        self.teacher(alias_or_agent_name)  # an unknown alias fails here
-        return RemoteTeacherWorkerGroup(self.layout.rendezvous_path, alias_or_agent_name, top_k=top_k, client=self)
+    # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Close connections and threads (the teachers keep running)."""

@@ -29,16 +29,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from podium.client.errors import TeacherFailedError, TeacherUnavailableError, TransportError
+from podium.client.options import ClientOptions
 from podium.client.transport import HTTPTransport
 from podium.protocol.names import HEALTH_READY
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import EndpointRecord, Status, read_record
-
-if TYPE_CHECKING:  # pragma: no cover
-    from podium.client.teacher import ClientOptions
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +114,7 @@ class Endpoint:
 class ReplicaSet:
     """The replicas of one teacher for one client (thread-safe; see the module doc)."""
 
-    def __init__(self, label: str, paths: Sequence[str | Path], *, token: Optional[str], options: "ClientOptions",
+    def __init__(self, label: str, paths: Sequence[str | Path], *, token: Optional[str], options: ClientOptions,
                  check_tokenizer: Callable[[str, EndpointRecord], None]) -> None:
         if not paths:
             raise ValueError(f"teacher {label}: no replica to call")

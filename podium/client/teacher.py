@@ -18,7 +18,7 @@ longer than what is left). Within it (:meth:`TeacherClient._call`):
   (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
 - a 4xx is never retried (:class:`TeacherRequestError`);
 - a ``failed`` record ends the call only when that failure is final
-  (:func:`~podium.client.replicas.failure_is_final`, :class:`TeacherFailedError`) for every
+  (:meth:`~podium.rendezvous.records.EndpointRecord.failure_is_final`, :class:`TeacherFailedError`) for every
   replica; otherwise the call waits for the next generation;
 - when the deadline passes: :class:`TeacherUnavailableError` naming the teacher, the last
   generation seen, how long it waited and what it saw.
@@ -33,13 +33,13 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from podium.client.errors import TeacherRequestError, TeacherServerError, TokenizerMismatchError, TransportError
+from podium.client.options import ClientOptions, convert_outputs
 from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
 from podium.client.transport import HTTPResponse
 from podium.protocol import oip
@@ -77,35 +77,6 @@ def _caller() -> str:
     """Who calls, for the endpoint's turns between callers: this process (read per call: a
     forked worker is another caller)."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    """How patient and how fast the client is (all times in seconds)."""
-
-    call_timeout_s: float = 1800.0  # one call, all retries and waits included (per-call override: timeout_s)
-    ready_timeout_s: float = 3600.0  # one wait for a (re)started teacher to be ready (within the call's)
-    connect_timeout_s: float = 10.0
-    request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included (within the call's)
-    keepalive_idle_s: float = 30.0  # TCP keepalive: first probe after this much silence on a connection,
-    keepalive_interval_s: float = 10.0  # then one every this often,
-    keepalive_count: int = 3  # and the connection is dropped after this many unanswered
-    poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
-    max_poll_interval_s: float = 2.0
-    stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
-    # How often the client looks again at what may change under it: rendezvous.json (replicas added
-    # or removed by `podium scale`) and the records of replicas it does not use (one come back).
-    refresh_s: float = 2.0
-    binary: bool = True  # binary tensor extension (False: JSON tensors)
-    return_type: str = "torch"  # "torch" or "numpy"
-
-
-def convert_outputs(outputs: Mapping[str, np.ndarray], return_type: str) -> dict[str, Any]:
-    if return_type == "numpy":
-        return dict(outputs)
-    import torch
-
-    return {name: torch.from_numpy(array) for name, array in outputs.items()}
 
 
 class TeacherClient:

@@ -5,10 +5,12 @@
 - :func:`distillation_teacher` ``(rendezvous_path, alias=None)``: what NeMo RL's distillation loop
   holds as ``teacher_policy``; :func:`distillation_policy` makes NeMo RL's ``setup`` build it.
 - The facades: :class:`RemoteTeacherWorkerGroup` (``worker_group``), :class:`RemoteDistillationTeacher`
-  (``distillation``), on one lazy, picklable connection each (``remote``).
+  (``distillation``), on one lazy, picklable connection each (``remote``), or on a client the
+  trainer holds: ``RemoteTeacherWorkerGroup.from_client(client, alias, top_k=None)``.
 
-Importing this package does not import NeMo RL; results are ``BatchedDataDict`` where NeMo RL is
-importable, else dicts of torch tensors.
+Importing this package imports neither NeMo RL nor torch (it works on podium's light install);
+the facades' calls need torch: results are ``BatchedDataDict`` where NeMo RL is importable, else
+dicts of torch tensors.
 """
 
 from podium.nemo_rl.distillation import RemoteDistillationTeacher

@@ -5,18 +5,24 @@ in its own virtualenv: the dict of teachers is pickled into it), and garbage-col
 So a facade holds only what names its teacher (the rendezvous path, the alias, the client
 options, the teacher's model info) and connects on first use in each process; pickling drops the
 connection, and no facade ever stops its teacher (``podium down`` does; a teacher serves many
-trainers). :class:`Sharding` is the piece of NeMo RL's ``NamedSharding`` that its call sites read.
+trainers). A facade is made from a rendezvous path, or on a client a trainer already holds
+(:meth:`RemoteTeacher.from_client`). :class:`Sharding` is the piece of NeMo RL's ``NamedSharding``
+that its call sites read. Importing this module needs no torch; :func:`as_batched_data_dict`
+(every facade's answer) does.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from podium.client.client import PodiumClient
-from podium.client.teacher import ClientOptions, TeacherClient
+from podium.client.options import ClientOptions
+from podium.client.teacher import TeacherClient
 from podium.rendezvous.records import ModelInfo
+
+T = TypeVar("T", bound="RemoteTeacher")
 
 # NeMo RL's axis names (TeacherWorkerGroup.sharding_annotations), by podium's Megatron size names.
 AXES = {
@@ -97,6 +103,13 @@ class RemoteTeacher:
         self._owns_client = client is None
         self._lock = threading.Lock()
         self._closed = False
+
+    @classmethod
+    def from_client(cls: type[T], client: PodiumClient, alias: str, **kwargs: Any) -> T:
+        """The facade of ``client``'s teacher for ``alias``, on that client's connections (which
+        stay its owner's to close); ``kwargs``: the facade's own (``top_k=...``)."""
+        client.teacher(alias)  # an unknown alias fails here
+        return cls(client.layout.rendezvous_path, alias, client=client, **kwargs)
 
     # -- pickling: names travel, connections do not ---------------------------------------------------
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from podium.client.client import PodiumClient
-from podium.client.teacher import ClientOptions
+from podium.client.options import ClientOptions
 from podium.config.checkpoints import normalise_checkpoint
 from podium.nemo_rl.distillation import RemoteDistillationTeacher
 from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup

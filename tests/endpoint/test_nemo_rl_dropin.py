@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 import podium.nemo_rl as pnr
 from fixtures.checkpoints import hf_oracle_logits, hf_oracle_logprobs, random_batch
-from podium.client.teacher import ClientOptions
+from podium.client.options import ClientOptions
 from podium.rendezvous import Generation
 
 from .helpers import LLAMA, QWEN, Teacher, TeacherDef, make_run

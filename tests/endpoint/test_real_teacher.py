@@ -26,6 +26,7 @@ import podium
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
 from podium.client import BatchError
 from podium.client.errors import TeacherRequestError
+from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.rendezvous import Generation
 
 from .helpers import LLAMA, QWEN, Teacher, make_run
@@ -74,7 +75,7 @@ def test_podium_client_matches_the_oracle(run: tuple[Path, Teacher], tiny_llama_
         np.testing.assert_allclose(top["logprobs"].numpy(), expected, atol=ATOL)
         check_topk(tiny_llama_checkpoint, batch["input_ids"], batch["input_lengths"],
                    top["topk_logprobs"].numpy(), top["topk_indices"].numpy())
-        facade = client.teacher_group("some_unlisted_agent")  # default alias -> llama
+        facade = RemoteTeacherWorkerGroup.from_client(client, "some_unlisted_agent")  # default alias -> llama
         ref = facade.get_logprobs(batch, micro_batch_size=1)["reference_logprobs"]
         np.testing.assert_allclose(ref.numpy(), expected, atol=ATOL)
         facade.shutdown()

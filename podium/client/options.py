@@ -1,0 +1,57 @@
+"""How a trainer's client behaves: how patient it is, and what its answers are.
+
+Owns :class:`ClientOptions` (timeouts, polling, keepalive, the wire's encoding, the type of the
+results) and :func:`convert_outputs`, which turns an answer's numpy arrays into torch tensors where
+torch is importable (a trainer's install) and leaves them numpy arrays where it is not (podium's
+light install), unless ``return_type`` says which.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How patient and how fast the client is (all times in seconds)."""
+
+    call_timeout_s: float = 1800.0  # one call, all retries and waits included (per-call override: timeout_s)
+    ready_timeout_s: float = 3600.0  # one wait for a (re)started teacher to be ready (within the call's)
+    connect_timeout_s: float = 10.0
+    request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included (within the call's)
+    keepalive_idle_s: float = 30.0  # TCP keepalive: first probe after this much silence on a connection,
+    keepalive_interval_s: float = 10.0  # then one every this often,
+    keepalive_count: int = 3  # and the connection is dropped after this many unanswered
+    poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
+    max_poll_interval_s: float = 2.0
+    stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
+    # How often the client looks again at what may change under it: rendezvous.json (replicas added
+    # or removed by `podium scale`) and the records of replicas it does not use (one come back).
+    refresh_s: float = 2.0
+    binary: bool = True  # binary tensor extension (False: JSON tensors)
+    # "auto": torch tensors where torch is importable (a trainer's), else numpy arrays (the light
+    # install's); "torch" or "numpy": always that.
+    return_type: str = "auto"
+
+
+@functools.lru_cache(maxsize=None)
+def _torch() -> Any:
+    """The torch module, or None where it is not installed (looked for once)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def convert_outputs(outputs: Mapping[str, np.ndarray], return_type: str) -> dict[str, Any]:
+    """The arrays of an answer as ``return_type`` says (see :class:`ClientOptions`)."""
+    if return_type == "numpy" or (return_type == "auto" and _torch() is None):
+        return dict(outputs)
+    import torch
+
+    return {name: torch.from_numpy(array) for name, array in outputs.items()}
