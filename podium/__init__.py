@@ -3,7 +3,7 @@
 Importing ``podium`` is cheap: it must not pull torch, ray or megatron, so that login-node
 commands (``podium --help``, ``plan``, ``status``, ``down``) answer at once. Heavy parts are
 imported lazily by the modules that need them. A trainer needs only the base install
-(``pip install podium``: client, protocol, rendezvous, ``podium.nemo_rl``); teachers and the
+(podium without extras: client, protocol, rendezvous, ``podium.nemo_rl``); teachers and the
 launcher need the ``teacher`` and ``launcher`` extras (pyproject.toml).
 """
 
