@@ -56,7 +56,8 @@ class TeacherStatus:
     submitted_at: Optional[float] = None
     timings: dict[str, float] = field(default_factory=dict)
     restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
-    final: Optional[bool] = None  # a failed record: True when the teacher gave up, False when it retries
+    # a failed record: True when the teacher gave up, False when it retries (EndpointRecord.failure_is_final)
+    final: Optional[bool] = None
     in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
     # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
     # queue depth, padding share, requests, errors; None when not probed or not answering.
@@ -175,7 +176,7 @@ def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
             row.heartbeat_age_s = round(endpoint.age(), 1)
             row.timings = dict(endpoint.timings)
             row.restart = endpoint.restart.model_dump(mode="json") if endpoint.restart is not None else {}
-            row.final = endpoint.final
+            row.final = endpoint.failure_is_final() if endpoint.status is Status.FAILED else None
             if endpoint.model is not None:
                 row.temperature = endpoint.model.temperature
             if probe and endpoint.url and endpoint.status is Status.READY:

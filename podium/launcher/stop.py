@@ -21,9 +21,8 @@ from podium.launcher.jobs import JobRecord
 from podium.launcher.selection import resolve
 from podium.launcher.stop_request import request_stop
 from podium.poll import PollTimeout, poll_until
-from podium.rendezvous.atomic import FileReadError, atomic_write_json
-from podium.rendezvous.layout import ENDPOINT_MODE
-from podium.rendezvous.records import StaleGenerationError, Status, read_record
+from podium.rendezvous.atomic import FileReadError
+from podium.rendezvous.records import RecordWriter, StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +111,9 @@ def _mark_stopped(files: TeacherFiles, job_ids: Optional[set[str]] = None) -> No
     """Record ``stopped`` where the job could not (cancelled before serving, or killed); with
     ``job_ids``, only a record of one of those jobs.
 
-    ``down`` is then a second writer of the record, so it is fenced like the head process: the
-    record is replaced only if it still belongs to the generation read here, checked again just
-    before the rename; a newer generation's record is left as it is."""
+    ``down`` is then a second writer of the record: it writes through :class:`RecordWriter`, resumed
+    from the record read here, so it is fenced as the head process is (a record of a newer
+    generation, there or appearing before the rename, is left as it is)."""
     try:
         record = read_record(files.endpoint)
     except FileReadError:
@@ -123,15 +122,7 @@ def _mark_stopped(files: TeacherFiles, job_ids: Optional[set[str]] = None) -> No
         return
     if job_ids is not None and str(record.generation.job_id) not in job_ids:
         return
-    data = record.to_json()
-    data.update(status="stopped", reason="podium down", heartbeat_at=time.time())
-
-    def same_generation() -> None:
-        current = read_record(files.endpoint)
-        if current.generation != record.generation:
-            raise StaleGenerationError(files.endpoint, record.generation, current.generation)
-
     try:
-        atomic_write_json(files.endpoint, data, mode=ENDPOINT_MODE, before_replace=same_generation)
-    except (StaleGenerationError, FileReadError) as exc:
+        RecordWriter.resume(files.endpoint, record).publish(Status.STOPPED, reason="podium down")
+    except (StaleGenerationError, ValueError) as exc:
         logger.info("left %s alone: %s", files.endpoint, exc)
