@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 # glibc never returns memory to the OS between calls (no mmap'd chunks, no trim): timings measure
 # compute, not page faults. One place: every benchmark that times a model re-executes under it.
@@ -30,7 +30,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the result to PATH")
 
 
-def emit(result: dict[str, Any], json_path: Optional[Path]) -> None:
+def emit(result: dict[str, Any], json_path: Path | None) -> None:
     """Print the result as JSON on stdout and, with ``--json PATH``, write it there too."""
     text = json.dumps(result, indent=2) + "\n"
     sys.stdout.write(text)
@@ -40,7 +40,7 @@ def emit(result: dict[str, Any], json_path: Optional[Path]) -> None:
         json_path.write_text(text)
 
 
-def reexec_with_allocator(extra: Optional[dict[str, str]] = None) -> None:
+def reexec_with_allocator(extra: dict[str, str] | None = None) -> None:
     """Run this script again under :data:`ALLOCATOR_ENV` (and ``extra``) unless it already is."""
     wanted = {**ALLOCATOR_ENV, **(extra or {})}
     if any(os.environ.get(k) != v for k, v in wanted.items()):

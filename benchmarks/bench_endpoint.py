@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -146,7 +146,7 @@ class InstantGroup:
         self.delay_s = delay_s
         self._zeros: dict[tuple[int, ...], Any] = {}
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         import torch
 
         if self.delay_s:
@@ -176,7 +176,7 @@ class HFInProcessGroup:
         self.checkpoint_path = str(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         import torch
 
         ids, lengths, width = _arrays(data)
@@ -198,8 +198,8 @@ class HFInProcessGroup:
 def build_megatron_group(ckpt: Path, log_dir: Path) -> tuple[Any, Any]:
     """A 2-node Ray test cluster (ports by bind test, stopped by PID) and the real group on it."""
     import ray
-
     from fixtures.ray_cluster import start_test_cluster, stop_test_cluster  # the test suite's cluster
+
     from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
 

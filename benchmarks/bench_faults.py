@@ -58,6 +58,7 @@ def _first_node(job: str) -> str:
 
 def _cause(fault: str, files, job: str, gen: str, scratch: Path) -> float:
     from fault_helpers import preempt
+
     from podium.launcher.procs import ProcRef, session_alive
 
     if fault == "lost_node":
@@ -141,6 +142,7 @@ def main() -> None:
 
     from fault_helpers import ClientLoop, RecordWatcher
     from launcher_helpers import job_ids, podium, write_recipe
+
     from podium.launcher.run_dir import known_teachers
     from podium.tiny import hf_oracle_logprobs, make_tiny_checkpoint
 

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
@@ -153,7 +153,7 @@ def slurm_reachable() -> bool:
         return False
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", choices=("slurm", "local", "none"),
                         help="where podium's part runs (default: slurm; with --quick: none, the floor only)")

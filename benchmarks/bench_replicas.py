@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -61,10 +61,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import podium  # noqa: E402
 from bench_common import add_common_args, emit  # noqa: E402
 from bench_shared import percentile, rollout_requests  # noqa: E402
 from endpoint.helpers import Teacher, TeacherDef, fake_logprobs, make_run  # noqa: E402
+
+import podium  # noqa: E402
 from podium.rendezvous import Generation  # noqa: E402
 from podium.teacher.microbatch import bucket_length  # noqa: E402
 from podium.teacher.scheduler import CALL_MICROBATCHES  # noqa: E402
@@ -107,8 +108,8 @@ class SleepingGroup:
         self.token_s = token_s
         self.spans: list[Span] = []
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
-                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
+                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
         start = time.monotonic()
         lengths = data.input_lengths.tolist()
         computed = sum(bucket_length(n, self.sequence_length_multiple) for n in lengths)
@@ -182,7 +183,7 @@ class Deployment:
         return podium.connect(self.layout.rendezvous_path, return_type="numpy", refresh_s=self.settings.refresh_s,
                               call_timeout_s=self.settings.call_timeout_s, ready_timeout_s=60.0)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -245,7 +246,7 @@ class Callers:
             end = time.monotonic()
             mine.append(Done(end, end - t0, int(lengths.sum()), ok))
 
-    def start(self) -> "Callers":
+    def start(self) -> Callers:
         for thread in self._threads:
             thread.start()
         return self
@@ -368,7 +369,7 @@ def measure_failover(callers_per_replica: int, settings: Settings, warmup_s: flo
         replica1 = run.teachers[1].group.spans
     bins = int((t_end - t_start) / bin_s) + 1
 
-    def rel(t: Optional[float]) -> Optional[float]:
+    def rel(t: float | None) -> float | None:
         return None if t is None else round(t - t_start, 3)
 
     return {

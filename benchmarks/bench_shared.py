@@ -140,7 +140,6 @@ def main() -> None:
     reexec_with_allocator()
 
     import torch
-
     from fixtures.checkpoints import make_tiny_checkpoint
 
     torch.set_num_threads(args.threads)

@@ -104,9 +104,9 @@ def main() -> None:
     args = _args()
     import torch
     import transformers
-
     from fixtures.checkpoints import make_tiny_checkpoint, random_batch
     from fixtures.ray_cluster import start_test_cluster, stop_test_cluster
+
     from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
 

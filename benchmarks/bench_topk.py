@@ -30,15 +30,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 from bench_common import add_common_args, emit  # noqa: E402
+from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64"}
 DATATYPES = (("FP32", "INT64"), ("BF16", "INT32"))
@@ -79,8 +79,8 @@ class InstantTopkGroup:
         self.sequence_length_multiple = 1
         self._cache: dict[tuple, dict[str, Any]] = {}
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
-                     temperature: Optional[float] = None, outputs: Any = None, **_: Any) -> dict[str, Any]:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
+                     temperature: float | None = None, outputs: Any = None, **_: Any) -> dict[str, Any]:
         import torch
 
         shape = (data.rows, data.width, int(top_k or 1))

@@ -32,9 +32,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -63,7 +64,7 @@ class Bench:
     name: str
     script: str
     # (args) -> the arguments for this run, or a string: why it is skipped here
-    plan: Callable[[argparse.Namespace], "list[str] | str"]
+    plan: Callable[[argparse.Namespace], list[str] | str]
 
 
 def _launcher(args: argparse.Namespace) -> list[str]:
@@ -91,7 +92,7 @@ def _gpu_check(args: argparse.Namespace) -> list[str]:
     return ["--quick"] if args.quick else []
 
 
-def _faults(args: argparse.Namespace) -> "list[str] | str":
+def _faults(args: argparse.Namespace) -> list[str] | str:
     if args.faults_json:
         return f"charted from {args.faults_json}"
     if not slurm_reachable():
@@ -99,7 +100,7 @@ def _faults(args: argparse.Namespace) -> "list[str] | str":
     return ["--quick"] if args.quick else []
 
 
-def _shared(args: argparse.Namespace) -> "list[str] | str":
+def _shared(args: argparse.Namespace) -> list[str] | str:
     if not (HERE / "bench_shared.py").exists():
         return "benchmarks/bench_shared.py is not in this checkout"
     return ["--quick"] if args.quick else []
@@ -134,7 +135,7 @@ def run_one(bench: Bench, argv: list[str], out: Path, mark: str, timeout_s: floa
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                   env={**os.environ, MARK_ENV: own_mark}, timeout=timeout_s)
-            rc: Optional[int] = proc.returncode
+            rc: int | None = proc.returncode
         except subprocess.TimeoutExpired:
             rc = None  # subprocess.run killed the benchmark itself; what it started is swept below
     seconds = round(time.monotonic() - t0, 1)
@@ -206,7 +207,7 @@ def chart_launcher(result: dict[str, Any], path: Path, plt: Any) -> bool:
     return True
 
 
-def chart_ratio(endpoint: Optional[dict[str, Any]], topk: Optional[dict[str, Any]], path: Path, plt: Any) -> bool:
+def chart_ratio(endpoint: dict[str, Any] | None, topk: dict[str, Any] | None, path: Path, plt: Any) -> bool:
     series = []
     if endpoint and "throughput" in endpoint:
         series.append(("get_logprobs (bench_endpoint)", endpoint["throughput"]["rows"], endpoint["throughput"]["goal_ratio"]))
@@ -348,7 +349,7 @@ def make_charts(report: dict[str, Any], charts: Path) -> list[str]:
     return made
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="every benchmark in its quick mode (seconds each)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON, per-benchmark JSON and logs")

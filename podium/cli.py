@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -45,11 +44,11 @@ def _fail(message: str) -> None:
 
 @app.command()
 def plan(
-    recipe: Optional[Path] = typer.Argument(
+    recipe: Path | None = typer.Argument(
         None, help="NeMo RL recipe (YAML); without one, podium's embedded example recipe."
     ),
-    overrides: Optional[List[str]] = OverridesArg,
-    launcher: Optional[Path] = LauncherOpt,
+    overrides: list[str] | None = OverridesArg,
+    launcher: Path | None = LauncherOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Show the unique teachers a recipe needs, their layout and the nodes they reserve."""
@@ -79,7 +78,7 @@ def convert(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size of the writing layout."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel size of the writing layout (MoE: no process holds every expert)."),
     etp: int = typer.Option(1, "--etp", help="Expert-tensor-parallel size of the writing layout (MoE)."),
-    precision: Optional[str] = typer.Option(
+    precision: str | None = typer.Option(
         None, "--precision", help="bf16, fp16 or fp32 (default: the HF config's dtype, else bf16)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
@@ -106,9 +105,9 @@ def _run_dir(path: Path) -> Path:
 @app.command()
 def up(
     recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    launcher: Optional[Path] = LauncherOpt,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else <$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of the recipe's path>)."),
+    overrides: list[str] | None = OverridesArg,
+    launcher: Path | None = LauncherOpt,
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else <$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of the recipe's path>)."),
     wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
     replace: bool = typer.Option(False, "--replace", help="Resubmit live teachers whose podium.* settings (slurm, ray, server) the recipe changed, cancelling their jobs; stop teachers of this run dir that the recipe no longer has."),
@@ -154,7 +153,7 @@ def up(
         _wait(result.run_dir, timeout)
 
 
-def _notices(lines: List[str]) -> None:
+def _notices(lines: list[str]) -> None:
     for line in lines:
         typer.echo(f"podium: note: {line}", err=True)
 
@@ -186,7 +185,7 @@ def wait(
 def status(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    watch: Optional[float] = typer.Option(None, "--watch", min=0.5,
+    watch: float | None = typer.Option(None, "--watch", min=0.5,
                                           help="Refresh the table every SECONDS until Ctrl-C."),
 ) -> None:
     """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s over the last
@@ -220,7 +219,7 @@ def status(
 def logs(
     run_dir: Path = RunDirArg,
     teacher: str = typer.Argument(..., help="Teacher name, key, folder name, or NAME#i for its replica i."),
-    node: Optional[int] = typer.Option(None, "--node", help="Node rank (default: all)."),
+    node: int | None = typer.Option(None, "--node", help="Node rank (default: all)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing as the log grows."),
 ) -> None:
     """Print a teacher's job logs."""
@@ -248,7 +247,7 @@ def logs(
 @app.command()
 def down(
     run_dir: Path = RunDirArg,
-    teachers: Optional[List[str]] = typer.Argument(
+    teachers: list[str] | None = typer.Argument(
         None, help="Teachers to stop, each by name, key, folder name, or NAME#i for its replica i (default: all)."),
 ) -> None:
     """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
@@ -298,10 +297,10 @@ def scale(
 @app.command()
 def render(
     recipe: Path = RecipeArg,
-    overrides: Optional[List[str]] = OverridesArg,
-    launcher: Optional[Path] = LauncherOpt,
+    overrides: list[str] | None = OverridesArg,
+    launcher: Path | None = LauncherOpt,
     teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key; NAME#i for its replica i."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
 ) -> None:
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""
@@ -325,10 +324,10 @@ def render(
 
 @app.command()
 def doctor(
-    recipe: Optional[Path] = typer.Argument(None, help="NeMo RL recipe (YAML); without one, podium's default settings."),
-    overrides: Optional[List[str]] = OverridesArg,
-    launcher: Optional[Path] = LauncherOpt,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory to check (default: as `up`)."),
+    recipe: Path | None = typer.Argument(None, help="NeMo RL recipe (YAML); without one, podium's default settings."),
+    overrides: list[str] | None = OverridesArg,
+    launcher: Path | None = LauncherOpt,
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory to check (default: as `up`)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds the one-node test job may take, queue wait included."),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
@@ -365,7 +364,7 @@ def doctor(
 
 @app.command()
 def demo(
-    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the demo's files in this folder."),
+    keep: Path | None = typer.Option(None, "--keep", help="Keep the demo's files in this folder."),
     timeout: float = typer.Option(240.0, "--timeout", help="Seconds to wait for the teachers."),
 ) -> None:
     """Two tiny teachers, three aliases, served locally (no Slurm) and checked against transformers."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -134,7 +135,7 @@ class WaitView:
         self._last: dict[str, str] = {}
         self._since: dict[str, float] = {}
 
-    def __enter__(self) -> "WaitView":
+    def __enter__(self) -> WaitView:
         if self.console.is_terminal:
             from rich.live import Live
 

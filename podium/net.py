@@ -17,7 +17,6 @@ import ipaddress
 import logging
 import random
 import socket
-from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ def port_free(port: int, host: str = "") -> bool:
     return True
 
 
-def find_free_port(port_range: Optional[PortRange] = None, host: str = "", *, shuffle: bool = False) -> int:
+def find_free_port(port_range: PortRange | None = None, host: str = "", *, shuffle: bool = False) -> int:
     """A port of ``port_range`` that binds on ``host`` (in order, or shuffled so that concurrent
     callers spread); without a range, one the kernel picks. ``OSError`` when none is free."""
     if port_range is None:

@@ -8,7 +8,8 @@ Standard library only: the trainer's client, the login-side launcher and the nod
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, TypeVar, Union
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -23,12 +24,12 @@ class PollTimeout(TimeoutError):
 
 
 def poll_until(
-    condition: Callable[[], Union[T, None, bool]],
+    condition: Callable[[], T | bool | None],
     *,
     timeout_s: float,
     interval_s: float,
     what: str,
-    max_interval_s: Optional[float] = None,
+    max_interval_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:

@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
             for kind in ("llama", "qwen2")}
 
 
-def run_demo(keep: Optional[Path] = None, timeout_s: float = 240.0) -> int:
+def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     import numpy as np
     import torch
     from rich.console import Console

@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +42,8 @@ class PodiumClient:
         self,
         path: str | Path,
         *,
-        token: Optional[str] = None,
-        options: Optional[ClientOptions] = None,
+        token: str | None = None,
+        options: ClientOptions | None = None,
         tokenizer: Any = None,
         **option_overrides: Any,
     ) -> None:
@@ -57,7 +58,7 @@ class PodiumClient:
         self._tokenizer_size = tokenizer_size(tokenizer) if tokenizer is not None else None
         self._teachers: dict[str, TeacherClient] = {}
         self._lock = threading.Lock()
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"PodiumClient(run={self.rendezvous.run_name!r}, teachers={sorted(self.rendezvous.teachers)})"
@@ -118,7 +119,7 @@ class PodiumClient:
                 self._teachers[key] = client
             return client
 
-    def wait_ready(self, timeout_s: Optional[float] = None) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Block until every teacher of the run is ready; return their records by key."""
         return {key: self.teacher(key).wait_ready(timeout_s) for key in self.rendezvous.teachers}
 
@@ -129,10 +130,10 @@ class PodiumClient:
         alias_or_agent_name: str,
         data: Mapping[str, Any],
         *,
-        top_k: Optional[int] = None,
-        micro_batch_size: Optional[int] = None,
-        temperature: Optional[float] = None,
-        timeout_s: Optional[float] = None,
+        top_k: int | None = None,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Logprobs of ``data`` from the teacher of ``alias_or_agent_name``, like the in-process group;
         ``timeout_s``: this call's deadline (default ``ClientOptions.call_timeout_s``)."""
@@ -162,9 +163,9 @@ class PodiumClient:
         data: Mapping[str, Any],
         agent_names: Sequence[str],
         *,
-        top_k: Optional[int] = None,
-        micro_batch_size: Optional[int] = None,
-        timeout_s: Optional[float] = None,
+        top_k: int | None = None,
+        micro_batch_size: int | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Logprobs of a batch whose row ``b`` belongs to ``agent_names[b]``.
 
@@ -207,8 +208,8 @@ class PodiumClient:
         alias_or_agent_name: str,
         tokenizer: Any = None,
         *,
-        fingerprint: Optional[str] = None,
-        vocab_size: Optional[int] = None,
+        fingerprint: str | None = None,
+        vocab_size: int | None = None,
     ) -> dict[str, Any]:
         """Raise :class:`TokenizerMismatchError` unless ``tokenizer`` (or ``fingerprint``) is the teacher's.
 
@@ -243,7 +244,7 @@ class PodiumClient:
         if pool is not None:
             pool.shutdown(wait=False)
 
-    def __enter__(self) -> "PodiumClient":
+    def __enter__(self) -> PodiumClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

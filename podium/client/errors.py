@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 class PodiumClientError(RuntimeError):
@@ -12,7 +12,7 @@ class PodiumClientError(RuntimeError):
 class TeacherRequestError(PodiumClientError):
     """The teacher refused the request (4xx): retrying the same request cannot help."""
 
-    def __init__(self, teacher: str, generation: Optional[str], status: int, message: str) -> None:
+    def __init__(self, teacher: str, generation: str | None, status: int, message: str) -> None:
         self.teacher = teacher
         self.generation = generation
         self.status = status
@@ -23,7 +23,7 @@ class TeacherRequestError(PodiumClientError):
 class TeacherServerError(PodiumClientError):
     """The teacher failed while computing (5xx other than 503)."""
 
-    def __init__(self, teacher: str, generation: Optional[str], status: int, message: str) -> None:
+    def __init__(self, teacher: str, generation: str | None, status: int, message: str) -> None:
         self.teacher = teacher
         self.generation = generation
         self.status = status
@@ -37,7 +37,7 @@ class TeacherUnavailableError(PodiumClientError, TimeoutError):
     not answering. ``generation``: the last one seen (None when no record was read); ``seen``: what
     was seen, oldest first; ``waited_s``: how long the call waited; ``limit``: which limit ended it."""
 
-    def __init__(self, teacher: str, generation: Optional[str], waited_s: float, seen: Sequence[str],
+    def __init__(self, teacher: str, generation: str | None, waited_s: float, seen: Sequence[str],
                  limit: str = "") -> None:
         self.teacher = teacher
         self.generation = generation
@@ -55,7 +55,7 @@ class TeacherFailedError(PodiumClientError):
     """The teacher's record says ``failed`` for good (``EndpointRecord.failure_is_final``):
     no generation will come back to serve."""
 
-    def __init__(self, teacher: str, generation: str, reason: Optional[str]) -> None:
+    def __init__(self, teacher: str, generation: str, reason: str | None) -> None:
         self.teacher = teacher
         self.generation = generation
         self.reason = reason

@@ -9,8 +9,9 @@ light install), unless ``return_type`` says which.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -22,13 +23,13 @@ class ClientOptions:
     call_timeout_s: float = 1800.0  # one call, all retries and waits included (per-call override: timeout_s)
     ready_timeout_s: float = 3600.0  # one wait for a (re)started teacher to be ready (within the call's)
     connect_timeout_s: float = 10.0
-    request_timeout_s: Optional[float] = 3600.0  # one exchange, queueing + compute included (within the call's)
+    request_timeout_s: float | None = 3600.0  # one exchange, queueing + compute included (within the call's)
     keepalive_idle_s: float = 30.0  # TCP keepalive: first probe after this much silence on a connection,
     keepalive_interval_s: float = 10.0  # then one every this often,
     keepalive_count: int = 3  # and the connection is dropped after this many unanswered
     poll_interval_s: float = 0.2  # first record re-read interval, doubling up to max_poll_interval_s
     max_poll_interval_s: float = 2.0
-    stale_after_s: Optional[float] = None  # default: what the teacher's record says (server.stale_after_s)
+    stale_after_s: float | None = None  # default: what the teacher's record says (server.stale_after_s)
     # How often the client looks again at what may change under it: rendezvous.json (replicas added
     # or removed by `podium scale`) and the records of replicas it does not use (one come back).
     refresh_s: float = 2.0
@@ -38,7 +39,7 @@ class ClientOptions:
     return_type: str = "auto"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch() -> Any:
     """The torch module, or None where it is not installed (looked for once)."""
     try:

@@ -27,9 +27,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from podium.client.errors import TeacherFailedError, TeacherUnavailableError, TransportError
 from podium.client.options import ClientOptions
@@ -52,8 +52,8 @@ class Call:
     ready_timeout_s: float
     started: float = field(default_factory=time.monotonic)
     seen: list[str] = field(default_factory=list)
-    generation: Optional[str] = None
-    waiting_since: Optional[float] = None  # when the teacher was found unusable (the ready timeout runs)
+    generation: str | None = None
+    waiting_since: float | None = None  # when the teacher was found unusable (the ready timeout runs)
 
     @property
     def deadline(self) -> float:
@@ -94,10 +94,10 @@ class Replica:
     """One replica's record, and the endpoint this client uses there (None: not known to answer)."""
 
     path: Path
-    endpoint: Optional["Endpoint"] = None
-    transport: Optional[HTTPTransport] = None  # kept across generations at the same URL
+    endpoint: Endpoint | None = None
+    transport: HTTPTransport | None = None  # kept across generations at the same URL
     outstanding: int = 0  # calls of this client in flight there
-    final: Optional[EndpointRecord] = None  # its record says failed for good
+    final: EndpointRecord | None = None  # its record says failed for good
     probe_after: float = 0.0  # monotonic: a background look probes it again no sooner
     probe_backoff_s: float = 0.0
 
@@ -114,7 +114,7 @@ class Endpoint:
 class ReplicaSet:
     """The replicas of one teacher for one client (thread-safe; see the module doc)."""
 
-    def __init__(self, label: str, paths: Sequence[str | Path], *, token: Optional[str], options: ClientOptions,
+    def __init__(self, label: str, paths: Sequence[str | Path], *, token: str | None, options: ClientOptions,
                  check_tokenizer: Callable[[str, EndpointRecord], None]) -> None:
         if not paths:
             raise ValueError(f"teacher {label}: no replica to call")
@@ -128,9 +128,9 @@ class ReplicaSet:
         self._retired: list[Replica] = []  # no longer listed: their transports close with the client
         self._turn = 0
         self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
-        self._looking: Optional[threading.Thread] = None  # the look in a thread of its own, if one runs
+        self._looking: threading.Thread | None = None  # the look in a thread of its own, if one runs
         self._closed = False
-        self.last: Optional[Endpoint] = None  # the endpoint of the last call
+        self.last: Endpoint | None = None  # the endpoint of the last call
 
     # ------------------------------------------------------------------ what it holds
 
@@ -220,7 +220,7 @@ class ReplicaSet:
         with self._lock:
             return any(r.endpoint is not None for r in self._replicas)
 
-    def _pick(self) -> Optional[Endpoint]:
+    def _pick(self) -> Endpoint | None:
         with self._lock:
             usable = [(i, r) for i, r in enumerate(self._replicas) if r.endpoint is not None]
             if not usable:
@@ -290,7 +290,7 @@ class ReplicaSet:
                 logger.info("teacher %s: using generation %s at %s", self.where(endpoint.record),
                             endpoint.record.generation, endpoint.record.url)
 
-    def _examine(self, replica: Replica, call: Call, background: bool) -> Optional[Endpoint]:
+    def _examine(self, replica: Replica, call: Call, background: bool) -> Endpoint | None:
         """The replica's endpoint when its record says ready and it answers so; else None (what was
         seen is noted)."""
         now = time.time()
@@ -342,7 +342,7 @@ class ReplicaSet:
                              keepalive=(o.keepalive_idle_s, o.keepalive_interval_s, o.keepalive_count))
 
     @staticmethod
-    def _probe(record: EndpointRecord, transport: HTTPTransport, timeout_s: float) -> Optional[str]:
+    def _probe(record: EndpointRecord, transport: HTTPTransport, timeout_s: float) -> str | None:
         """None when the endpoint answers ready for the record's generation, else what was seen."""
         try:
             resp = transport.request("GET", HEALTH_READY, timeout_s=timeout_s)

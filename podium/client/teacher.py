@@ -33,8 +33,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,10 +90,10 @@ class TeacherClient:
         key: str,
         name: str,
         record_paths: Sequence[str | Path],
-        token: Optional[str],
+        token: str | None,
         options: ClientOptions = ClientOptions(),
-        expected_fingerprint: Optional[str] = None,
-        expected_tokenizer_size: Optional[int] = None,
+        expected_fingerprint: str | None = None,
+        expected_tokenizer_size: int | None = None,
     ) -> None:
         self.key = key
         self.name = name
@@ -118,7 +119,7 @@ class TeacherClient:
         return self.replicas.paths[0]
 
     @property
-    def record(self) -> Optional[EndpointRecord]:
+    def record(self) -> EndpointRecord | None:
         """The record of the endpoint the last call went to (None before the first call)."""
         last = self.replicas.last
         return last.record if last is not None else None
@@ -127,11 +128,11 @@ class TeacherClient:
         """Call the replicas whose endpoint records are ``record_paths`` from now on."""
         self.replicas.set_paths(record_paths)
 
-    def _new_call(self, timeout_s: Optional[float]) -> Call:
+    def _new_call(self, timeout_s: float | None) -> Call:
         limit = self.options.call_timeout_s if timeout_s is None else float(timeout_s)
         return Call(self.label, limit, self.options.ready_timeout_s)
 
-    def wait_ready(self, timeout_s: Optional[float] = None) -> EndpointRecord:
+    def wait_ready(self, timeout_s: float | None = None) -> EndpointRecord:
         """Block until a replica of the teacher is ready (at most ``timeout_s``, default
         ``ready_timeout_s``); return its record."""
         limit = self.options.ready_timeout_s if timeout_s is None else float(timeout_s)
@@ -153,7 +154,7 @@ class TeacherClient:
 
     # ------------------------------------------------------------------ calls
 
-    def _answerer_gone(self, answered: Endpoint, resp: HTTPResponse) -> Optional[str]:
+    def _answerer_gone(self, answered: Endpoint, resp: HTTPResponse) -> str | None:
         """After a 5xx: what says the generation that answered it is gone since (None: nothing).
 
         The replica's record is re-read: it names another generation, or that generation is not
@@ -175,8 +176,8 @@ class TeacherClient:
         with self._lock:
             self.retries += 1
 
-    def _call(self, method: str, path: str, body: Optional[list] = None, headers: Optional[dict] = None,
-              timeout_s: Optional[float] = None) -> tuple[HTTPResponse, EndpointRecord]:
+    def _call(self, method: str, path: str, body: list | None = None, headers: dict | None = None,
+              timeout_s: float | None = None) -> tuple[HTTPResponse, EndpointRecord]:
         """One request, to a replica that can answer, within one deadline (see the module doc);
         returns a 2xx response and the record of the generation that gave it."""
         call = self._new_call(timeout_s)
@@ -231,7 +232,7 @@ class TeacherClient:
         call.unusable()
         self._retried()
 
-    def metadata(self, *, timeout_s: Optional[float] = None) -> dict[str, Any]:
+    def metadata(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
         resp, _ = self._call("GET", model_path(self.name), timeout_s=timeout_s)
         return json.loads(bytes(resp.body))
@@ -240,11 +241,11 @@ class TeacherClient:
         self,
         data: Mapping[str, Any],
         *,
-        top_k: Optional[int] = None,
-        micro_batch_size: Optional[int] = None,
-        temperature: Optional[float] = None,
-        request_id: Optional[str] = None,
-        timeout_s: Optional[float] = None,
+        top_k: int | None = None,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """``{"logprobs": float32 [B, S]}`` (+ ``topk_logprobs``, ``topk_indices`` with ``top_k``);
         ``temperature``: this call's (default: the teacher's); ``timeout_s``: this call's deadline
@@ -260,11 +261,11 @@ class TeacherClient:
         data: Mapping[str, Any],
         k: int,
         *,
-        micro_batch_size: Optional[int] = None,
-        temperature: Optional[float] = None,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
         values_datatype: str = "FP32",
         indices_datatype: str = "INT64",
-        timeout_s: Optional[float] = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """NeMo RL's ``get_topk_logits``: ``{"topk_logits": float32 [B, S, k], "topk_indices": int64
         [B, S, k]}``, the temperature-scaled logits of the ``k`` likeliest next tokens at each
@@ -284,10 +285,10 @@ class TeacherClient:
         data: Mapping[str, Any],
         candidate_ids: Any = None,
         *,
-        micro_batch_size: Optional[int] = None,
-        temperature: Optional[float] = None,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
         values_datatype: str = "FP32",
-        timeout_s: Optional[float] = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """The teacher's logprobs of the caller's ids: ``{"candidate_logprobs": float32 [B, S, C]}``
         for ``candidate_ids [B, S, C]`` (or ``data["candidate_ids"]``), in the next-token alignment
@@ -307,15 +308,15 @@ class TeacherClient:
         ids: np.ndarray,
         lengths: np.ndarray,
         *,
-        top_k: Optional[int] = None,
-        micro_batch_size: Optional[int] = None,
-        temperature: Optional[float] = None,
-        outputs: Optional[Sequence[str]] = None,
-        candidate_ids: Optional[np.ndarray] = None,
-        values_datatype: Optional[str] = None,
-        indices_datatype: Optional[str] = None,
-        request_id: Optional[str] = None,
-        timeout_s: Optional[float] = None,
+        top_k: int | None = None,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
+        outputs: Sequence[str] | None = None,
+        candidate_ids: np.ndarray | None = None,
+        values_datatype: str | None = None,
+        indices_datatype: str | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """One infer request on numpy arrays: the ``outputs`` named in :mod:`podium.protocol.names`
         (default: ``logprobs``, + top-k logprobs/indices with ``top_k``), as numpy arrays (values
@@ -375,9 +376,9 @@ def check_tokenizer_against(
     teacher: str,
     generation: str,
     model: Mapping[str, Any],
-    fingerprint: Optional[str],
-    tokenizer_size: Optional[int],
-    vocab_size: Optional[int] = None,
+    fingerprint: str | None,
+    tokenizer_size: int | None,
+    vocab_size: int | None = None,
 ) -> None:
     """Raise :class:`TokenizerMismatchError` when the trainer's tokenizer cannot be the teacher's.
 

@@ -17,8 +17,9 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Union
 from urllib.parse import urlsplit
 
 from podium.client.errors import TransportError
@@ -47,7 +48,7 @@ class HTTPResponse:
     headers: http.client.HTTPMessage
     body: bytearray
 
-    def header(self, name: str, default: Optional[str] = None) -> Optional[str]:
+    def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
 
 
@@ -57,10 +58,10 @@ class HTTPTransport:
     def __init__(
         self,
         url: str,
-        token: Optional[str],
+        token: str | None,
         *,
         connect_timeout_s: float = 10.0,
-        read_timeout_s: Optional[float] = 3600.0,
+        read_timeout_s: float | None = 3600.0,
         keepalive: tuple[float, float, int] = (30.0, 10.0, 3),  # idle_s, interval_s, count
     ) -> None:
         parts = urlsplit(url)
@@ -78,7 +79,7 @@ class HTTPTransport:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _bounded(timeout_s: Optional[float], deadline: Optional[float]) -> Optional[float]:
+    def _bounded(timeout_s: float | None, deadline: float | None) -> float | None:
         """``timeout_s``, never past ``deadline`` (monotonic); TimeoutError once it has passed."""
         if deadline is None:
             return timeout_s
@@ -87,7 +88,7 @@ class HTTPTransport:
             raise TimeoutError("timed out (the call's deadline passed)")
         return left if timeout_s is None else min(timeout_s, left)
 
-    def _connection(self, deadline: Optional[float]) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self, deadline: float | None) -> tuple[http.client.HTTPConnection, bool]:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn, True
@@ -116,10 +117,10 @@ class HTTPTransport:
         self,
         method: str,
         path: str,
-        body: Optional[Sequence[Buffer]] = None,
-        headers: Optional[Mapping[str, str]] = None,
+        body: Sequence[Buffer] | None = None,
+        headers: Mapping[str, str] | None = None,
         *,
-        timeout_s: Optional[float] = None,
+        timeout_s: float | None = None,
     ) -> HTTPResponse:
         """One exchange, within ``timeout_s`` in all when given; :class:`TransportError` when the
         connection fails or times out."""
@@ -144,9 +145,9 @@ class HTTPTransport:
         conn: http.client.HTTPConnection,
         method: str,
         path: str,
-        body: Optional[Sequence[Buffer]],
-        headers: Optional[Mapping[str, str]],
-        deadline: Optional[float],
+        body: Sequence[Buffer] | None,
+        headers: Mapping[str, str] | None,
+        deadline: float | None,
     ) -> HTTPResponse:
         def bound() -> None:  # each socket operation waits at most what is left
             timeout = self._bounded(self.read_timeout_s, deadline)
@@ -157,7 +158,7 @@ class HTTPTransport:
         all_headers = dict(headers or {})
         if self._auth:
             all_headers["Authorization"] = self._auth
-        payload: Optional[object] = None
+        payload: object | None = None
         if body is not None:
             total = sum(memoryview(c).nbytes for c in body)
             all_headers["Content-Length"] = str(total)

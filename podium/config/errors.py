@@ -8,7 +8,7 @@ written or submitted.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class ConfigError(ValueError):

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -133,7 +134,7 @@ class ServerSettings(_Strict):
         return _port_range(value)
 
     @model_validator(mode="after")
-    def _stale_after_heartbeat(self) -> "ServerSettings":
+    def _stale_after_heartbeat(self) -> ServerSettings:
         if self.stale_after_s <= self.heartbeat_s:
             raise ValueError(
                 f"stale_after_s ({self.stale_after_s}) must exceed heartbeat_s ({self.heartbeat_s})"

@@ -23,7 +23,7 @@ ETP = TP, would reject the Ultra recipe's EP16 on 16 GPUs).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
 

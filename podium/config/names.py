@@ -11,10 +11,9 @@ validator, so a spec built any other way is refused too).
 from __future__ import annotations
 
 import unicodedata
-from typing import Optional
 
 
-def name_problem(name: str) -> Optional[str]:
+def name_problem(name: str) -> str | None:
     """What keeps ``name`` from being be an alias or teacher name (control characters: any character whose
     Unicode category starts with ``C``, newline and tab included), or None when it can."""
     bad = sorted({ch for ch in name if unicodedata.category(ch).startswith("C")})

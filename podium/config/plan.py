@@ -22,23 +22,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig
 
 from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint
 from podium.config.errors import ConfigError, did_you_mean
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
-from podium.config.names import name_problem
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
+from podium.config.names import name_problem
 from podium.config.needs import teacher_needs
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
-from podium.rendezvous.routing import route_agent
 from podium.config.sources import DEFAULT_CFG, MAPPING, OPD, OVERRIDES, TeacherSource, teacher_source
 from podium.config.spec import TeacherSpec
+from podium.rendezvous.routing import route_agent
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ class _AliasSettings:
     def comparable(self) -> dict[str, Any]:
         return {**self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
 
-    def differing_keys(self, other: "_AliasSettings") -> list[str]:
+    def differing_keys(self, other: _AliasSettings) -> list[str]:
         mine, theirs = self.comparable(), other.comparable()
         out = []
         for key in sorted(set(mine) | set(theirs)):

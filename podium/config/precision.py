@@ -8,7 +8,8 @@ inside :func:`torch_dtype`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, get_args
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -41,7 +42,7 @@ def normalise_precision(value: Any) -> Precision:
 
 def from_hf_config(config: Mapping[str, Any], default: Precision = DEFAULT_PRECISION) -> Precision:
     """The precision an HF ``config.json`` stores its weights in (``torch_dtype``/``dtype``)."""
-    raw: Optional[Any] = config.get("torch_dtype") or config.get("dtype")
+    raw: Any | None = config.get("torch_dtype") or config.get("dtype")
     if raw is None:
         return default
     try:
@@ -50,7 +51,7 @@ def from_hf_config(config: Mapping[str, Any], default: Precision = DEFAULT_PRECI
         return default
 
 
-def torch_dtype(precision: str) -> "torch.dtype":
+def torch_dtype(precision: str) -> torch.dtype:
     import torch
 
     return getattr(torch, _TORCH_NAMES[normalise_precision(precision)])

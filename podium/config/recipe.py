@@ -20,8 +20,9 @@ subtree and names the full key of anything that cannot resolve.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf

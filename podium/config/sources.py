@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -53,7 +53,7 @@ class TeacherSource:
     origins: dict[str, str]  # setting -> recipe key it came from
     overrides: dict[str, Any] = field(default_factory=dict)
     overrides_key: str = OVERRIDES
-    default_alias: Optional[str] = None
+    default_alias: str | None = None
     strict: bool = False
     dedup: bool = True
     temperature: float = 1.0

@@ -80,7 +80,7 @@ class TeacherSpec(ParallelLayout):
         return normalise_precision(value)
 
     @model_validator(mode="after")
-    def _layout(self) -> "TeacherSpec":
+    def _layout(self) -> TeacherSpec:
         self.check(f"teacher {self.name!r}")
         return self
 
@@ -118,13 +118,13 @@ class TeacherSpec(ParallelLayout):
         teacher's name or key (which select all its replicas), its folder name and its display name."""
         return frozenset((self.name, self.key, self.label, self.display))
 
-    def replica_spec(self, replica: int) -> "TeacherSpec":
+    def replica_spec(self, replica: int) -> TeacherSpec:
         """This teacher's spec for replica ``replica``."""
         if replica < 0:
             raise ValueError(f"teacher {self.name!r}: replica {replica} < 0")
         return self if replica == self.replica else self.model_copy(update={"replica": replica})
 
-    def replica_specs(self) -> tuple["TeacherSpec", ...]:
+    def replica_specs(self) -> tuple[TeacherSpec, ...]:
         """The specs of the ``launcher.replicas`` replicas the launcher settings ask for."""
         return tuple(self.replica_spec(i) for i in range(self.launcher.replicas))
 
@@ -132,6 +132,6 @@ class TeacherSpec(ParallelLayout):
         return self.model_dump(mode="json")
 
     @classmethod
-    def read(cls, path: str | Path) -> "TeacherSpec":
+    def read(cls, path: str | Path) -> TeacherSpec:
         """The spec in ``path`` (``spec.json``); a bad file is a ``FileReadError`` naming it."""
         return parse_model(cls, read_json(path), path, "a teacher spec")

@@ -31,7 +31,6 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
 from podium.launcher.procs import ProcRef
@@ -73,7 +72,7 @@ def _payload() -> str:
     return json.dumps({"pid": me.pid, "start": me.start, "host": socket.gethostname(), "time": time.time()})
 
 
-def claim_state(files: TeacherFiles, number: int, now: Optional[float] = None) -> str:
+def claim_state(files: TeacherFiles, number: int, now: float | None = None) -> str:
     """``held``, ``released``, ``stale`` or ``gone`` (superseded and removed meanwhile)."""
     path = files.claim(number)
     found = try_read_json(path)
@@ -92,7 +91,7 @@ def claim_state(files: TeacherFiles, number: int, now: Optional[float] = None) -
     return "stale" if age > CLAIM_STALE_S else "held"
 
 
-def try_claim(files: TeacherFiles) -> Optional[Claim]:
+def try_claim(files: TeacherFiles) -> Claim | None:
     """Take the teacher's submit claim, or None when another live ``up`` holds it (or won it now)."""
     numbers = files.claim_numbers()
     top = max(numbers, default=-1)

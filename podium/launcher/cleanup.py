@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 from podium.launcher.files import NODES_DIR, TeacherFiles
 from podium.launcher.node_files import NodeState, read_node_state
@@ -53,7 +53,7 @@ class NodeRecord:
         return self.job_id, self.restart
 
     @property
-    def temp(self) -> Optional[Path]:
+    def temp(self) -> Path | None:
         return self.node.temp_dir
 
     def live_pids(self) -> list[int]:
@@ -94,7 +94,7 @@ def is_podium_temp_dir(path: Path, job_id: str, restart: int, rank: int) -> bool
     return path.name == f"podium-{job_id}-{restart}-{rank}"
 
 
-def sweep_temp_dirs(files: TeacherFiles, keep: Optional[tuple[str, int]] = None) -> list[Path]:
+def sweep_temp_dirs(files: TeacherFiles, keep: tuple[str, int] | None = None) -> list[Path]:
     """Remove the Ray temp dirs of ended generations of this teacher that exist here.
 
     ``keep`` is the generation ``(job_id, restart)`` of the caller (never swept). Returns what

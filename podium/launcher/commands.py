@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.plan import Plan, require_checkpoints
@@ -45,7 +45,7 @@ class UpResult:
     notices: list[str] = field(default_factory=list)  # runs otherwise than asked (CPU for GPUs): stderr
 
 
-def recorded_changes(spec: TeacherSpec, record: JobRecord) -> Optional[list[SettingChange]]:
+def recorded_changes(spec: TeacherSpec, record: JobRecord) -> list[SettingChange] | None:
     """The launcher settings the plan changes from those ``record``'s job was submitted with
     (None: not recorded)."""
     recorded = record.launcher_settings()
@@ -244,7 +244,7 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
     return result
 
 
-def log_paths(run_dir: Path, teacher: str, node: Optional[int] = None) -> list[Path]:
+def log_paths(run_dir: Path, teacher: str, node: int | None = None) -> list[Path]:
     """The logs of a teacher's current job's node tasks (one node, or all): the first replica
     ``teacher`` names (:mod:`podium.launcher.selection`; a teacher's name: its replica 0)."""
     spec, files = resolve(run_dir, [teacher])[0]

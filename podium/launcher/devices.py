@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
@@ -35,7 +35,7 @@ def driver_device_count() -> int:
         return 0
 
 
-def visible_limit(environ: Mapping[str, str]) -> Optional[int]:
+def visible_limit(environ: Mapping[str, str]) -> int | None:
     """How many devices ``CUDA_VISIBLE_DEVICES`` admits (None when unset: no limit). CUDA reads the
     list up to its first invalid entry (``-1``, a word): ``""`` and ``"-1"`` admit none."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
@@ -50,7 +50,7 @@ def visible_limit(environ: Mapping[str, str]) -> Optional[int]:
     return admitted
 
 
-def cuda_device_count(environ: Optional[Mapping[str, str]] = None) -> int:
+def cuda_device_count(environ: Mapping[str, str] | None = None) -> int:
     """CUDA devices a process started with ``environ`` (default: this one's) can use."""
     found = driver_device_count()
     limit = visible_limit(os.environ if environ is None else environ)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
-from typing import Optional
 
 MAX_CAUSE_CHARS = 300
 TAIL_BYTES = 64 * 1024  # the cause is near the end of a dying process's log; read this much of it
@@ -43,11 +42,11 @@ def _is_error(line: str) -> bool:
     return bool(_ERROR_PREFIX.match(stripped) or _ERROR_LEVEL.search(stripped[:LEVEL_WITHIN]))
 
 
-def first_cause(text: str) -> Optional[str]:
+def first_cause(text: str) -> str | None:
     """The first line of ``text`` that says why (see the module docstring); None for an empty log."""
     lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
     in_traceback = False
-    error_line: Optional[str] = None
+    error_line: str | None = None
     for line in lines:
         if line.strip() == _TRACEBACK:
             in_traceback = True
@@ -72,7 +71,7 @@ def read_tail(path: Path) -> str:
         return ""
 
 
-def exit_status(returncode: Optional[int]) -> str:
+def exit_status(returncode: int | None) -> str:
     """``exited with 1`` / ``was killed by SIGKILL`` (a ``Popen.returncode``)."""
     if returncode is None:
         return "is still running"
@@ -84,7 +83,7 @@ def exit_status(returncode: Optional[int]) -> str:
     return f"exited with {returncode}"
 
 
-def describe_death(what: str, pid: int, returncode: Optional[int], log: Path) -> str:
+def describe_death(what: str, pid: int, returncode: int | None, log: Path) -> str:
     """One line: ``<what> (pid N) exited with 1: <the first line that says why>; log <path>``."""
     cause = first_cause(read_tail(log))
     return f"{what} (pid {pid}) {exit_status(returncode)}: {cause or 'its log is empty'}; log {log}"

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,7 +40,7 @@ class Faults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     exit_after_submit: bool = False
-    fail_node_rank: Optional[int] = Field(default=None, ge=0)
+    fail_node_rank: int | None = Field(default=None, ge=0)
     delay_start_s: float = Field(default=0.0, ge=0)
     ray_start_args: str = ""
 
@@ -75,7 +76,7 @@ def parse_faults(text: str) -> Faults:
         raise ValueError(f"{FAULTS_ENV}={text!r}: {problems} (keys: {', '.join(Faults.model_fields)})") from None
 
 
-def faults(environ: Optional[Mapping[str, str]] = None) -> Faults:
+def faults(environ: Mapping[str, str] | None = None) -> Faults:
     """The faults this process's environment asks for (``PODIUM_FAULTS``; unset: none)."""
     text = (os.environ if environ is None else environ).get(FAULTS_ENV, "")
     return parse_faults(text) if text.strip() else Faults()

@@ -78,11 +78,11 @@ class TeacherFiles:
     folder: Path
 
     @classmethod
-    def of(cls, run_dir: str | Path, name: str, key: str, replica: int = 0) -> "TeacherFiles":
+    def of(cls, run_dir: str | Path, name: str, key: str, replica: int = 0) -> TeacherFiles:
         return cls(RunLayout(Path(run_dir)).teacher_dir(name, key, replica))
 
     @classmethod
-    def of_spec(cls, run_dir: str | Path, spec: "TeacherSpec") -> "TeacherFiles":
+    def of_spec(cls, run_dir: str | Path, spec: TeacherSpec) -> TeacherFiles:
         """The folder of the replica ``spec`` describes."""
         return cls.of(run_dir, spec.name, spec.key, spec.replica)
 

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from podium.launcher import procs
 from podium.launcher import ray_bootstrap as rb
@@ -29,7 +29,7 @@ from podium.launcher.lifecycle import TeacherLifecycle
 from podium.launcher.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
 from podium.launcher.node_run import NodeRun, NodeStartError, RayLaunch
 from podium.launcher.restarts import Decision, RestartLedger, decide, excluded_after
-from podium.launcher.watchdog import WatchedNode, Watchdog, watched_nodes
+from podium.launcher.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
 
@@ -52,8 +52,8 @@ class Ending:
 def run_head(node: NodeRun) -> Ending:
     """Rank 0's task: prepare the node, run the head, publish how it ended, tear down."""
     lifecycle = TeacherLifecycle(node.spec, node.files, node.ctx.generation, node.signals)
-    error: Optional[BaseException] = None
-    ending: Optional[Ending] = None
+    error: BaseException | None = None
+    ending: Ending | None = None
     try:
         ending = HeadRun(node, node.prepare(), lifecycle).run()
     except BaseException as exc:
@@ -65,10 +65,10 @@ def run_head(node: NodeRun) -> Ending:
     return ending
 
 
-def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: Optional[BaseException]) -> Ending:
+def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: BaseException | None) -> Ending:
     """How this generation ended, per the restart policy, published; the decision."""
     intent = node.signals.intent()
-    host: Optional[str] = None
+    host: str | None = None
     if lifecycle.fault is not None:
         outcome, (reason, host) = "failed", lifecycle.fault
     elif intent is not None and (intent.requeue or error is None or isinstance(error, (KeyboardInterrupt, SystemExit))):
@@ -126,15 +126,15 @@ class HeadRun:
         self.node, self.launch, self.lifecycle = node, launch, lifecycle
         self.spec, self.files, self.ctx, self.signals = node.spec, node.files, node.ctx, node.signals
         self.nodes_timeout_s = self.spec.launcher.ray.nodes_timeout_s
-        self.ray_proc: Optional[rb.RayNodeProcess] = None
-        self.token_path: Optional[Path] = None
+        self.ray_proc: rb.RayNodeProcess | None = None
+        self.token_path: Path | None = None
         self.group: Any = None
         self.joined: list[WatchedNode] = []
 
     def run(self) -> Ending:
         """Start and serve until a stop or a failure; publish how it ended (before the group and
         the driver go down, so trainers learn of a fault at once)."""
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         try:
             if not self.signals.stop.is_set():
                 self.lifecycle.publish(Status.STARTING)
@@ -198,7 +198,7 @@ class HeadRun:
         files, ctx = self.files, self.ctx
         alive: list[dict] = []
 
-        def joined() -> Optional[bool]:
+        def joined() -> bool | None:
             nonlocal alive
             if self.signals.stop.is_set():
                 return True

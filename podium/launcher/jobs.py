@@ -7,7 +7,7 @@ A teacher started with plain sbatch has no ``job.json``; its endpoint record nam
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, ValidationError
 
@@ -37,9 +37,9 @@ class JobRecord(VersionedFile):
     previous_job_ids: list[str] = Field(default_factory=list)
     # The launcher settings the job was submitted with (``TeacherLauncherSettings`` as JSON); None
     # when not known (a job.json of an older podium, a plain-sbatch teacher).
-    launcher: Optional[dict[str, Any]] = None
+    launcher: dict[str, Any] | None = None
 
-    def launcher_settings(self) -> Optional[TeacherLauncherSettings]:
+    def launcher_settings(self) -> TeacherLauncherSettings | None:
         """:attr:`launcher`, validated; None when absent or no longer valid."""
         if self.launcher is None:
             return None
@@ -50,7 +50,7 @@ class JobRecord(VersionedFile):
             return None
 
     @classmethod
-    def read(cls, files: TeacherFiles) -> Optional["JobRecord"]:
+    def read(cls, files: TeacherFiles) -> JobRecord | None:
         """``job.json``; None when there is none (a corrupt or newer one is logged)."""
         try:
             return parse_model(cls, read_json(files.job), files.job, "a job record")
@@ -60,7 +60,7 @@ class JobRecord(VersionedFile):
             return None
 
     @classmethod
-    def from_endpoint(cls, files: TeacherFiles, cluster: str) -> Optional["JobRecord"]:
+    def from_endpoint(cls, files: TeacherFiles, cluster: str) -> JobRecord | None:
         """The job a teacher without ``job.json`` (plain sbatch) runs as, from its endpoint record."""
         try:
             endpoint = read_record(files.endpoint)
@@ -71,7 +71,7 @@ class JobRecord(VersionedFile):
                    folder=str(files.submitit), submitted_by="sbatch")
 
     @classmethod
-    def of(cls, files: TeacherFiles, cluster: str) -> Optional["JobRecord"]:
+    def of(cls, files: TeacherFiles, cluster: str) -> JobRecord | None:
         """``job.json``, else what the endpoint record says."""
         return cls.read(files) or cls.from_endpoint(files, cluster)
 

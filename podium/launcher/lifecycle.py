@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
@@ -45,7 +46,7 @@ class TeacherLifecycle:
     def __init__(self, spec: TeacherSpec, files: TeacherFiles, generation: Generation, signals: Signals) -> None:
         self.spec, self.files, self.generation, self.signals = spec, files, generation, signals
         self.timings: dict[str, float] = {"task_start": time.time()}
-        self.fault: Optional[tuple[str, Optional[str]]] = None  # (reason, node) the watchdog found
+        self.fault: tuple[str, str | None] | None = None  # (reason, node) the watchdog found
         self._server: Any = None
         self.writer = RecordWriter(files.endpoint, teacher_key=spec.key, teacher_name=spec.name,
                                    generation=generation, aliases=spec.aliases, replica=spec.replica,
@@ -59,7 +60,7 @@ class TeacherLifecycle:
         """Record the first time of ``event`` (published with the next status)."""
         self.timings.setdefault(event, time.time())
 
-    def publish(self, status: Status, *, reason: Optional[str] = None, best_effort: bool = False,
+    def publish(self, status: Status, *, reason: str | None = None, best_effort: bool = False,
                 **fields: Any) -> bool:
         """Write ``status``; False when this generation is fenced (it then stops) or, with
         ``best_effort``, when the write failed (logged)."""
@@ -83,7 +84,7 @@ class TeacherLifecycle:
             return False
         return True
 
-    def fault_found(self, reason: str, node: Optional[str]) -> None:
+    def fault_found(self, reason: str, node: str | None) -> None:
         """The watchdog found the generation broken: readiness off at once (new requests get 503
         and retry elsewhere), then a stop with no drain; :meth:`end` publishes ``failed``."""
         if self.fault is not None:
@@ -94,7 +95,7 @@ class TeacherLifecycle:
             self._server.set_ready(False, reason)
         self.signals.request_stop(reason, kind="fault", requeue=True)
 
-    def end(self, outcome: str, reason: str, decision: "Decision", ledger: "RestartLedger") -> None:
+    def end(self, outcome: str, reason: str, decision: Decision, ledger: RestartLedger) -> None:
         """Publish how the generation ended: ``failed`` (with the restart decision, so a reader
         knows whether it comes back) or ``stopped`` (with why, and whether it requeues)."""
         restart = RestartInfo(**decision.to_json(), consecutive_failures=ledger.consecutive_failures,
@@ -108,7 +109,7 @@ class TeacherLifecycle:
             text = reason if not decision.requeue or "requeu" in reason else f"{reason}; requeueing"
             self.publish(Status.STOPPED, reason=text, best_effort=True, **fields)
 
-    def serve(self, group: Any, *, host: str, token: str, on_ready: Optional[Callable[[str], None]] = None) -> None:
+    def serve(self, group: Any, *, host: str, token: str, on_ready: Callable[[str], None] | None = None) -> None:
         """Serve ``group`` until a stop: endpoint up, ``ready``, heartbeat; then ``draining`` and the
         drain the stop allows (none for a fault or a cancel). :meth:`end` says how it ended."""
         from podium.protocol.tokenizer import fingerprint_from_pretrained
@@ -122,7 +123,7 @@ class TeacherLifecycle:
                                 tokenizer_vocab_size=tokenizer_size)
         server = ServerThread(group, config)
         self._server = server
-        heartbeat: Optional[Heartbeat] = None
+        heartbeat: Heartbeat | None = None
         try:
             url = server.start()
             server.set_ready(True)
@@ -158,7 +159,7 @@ class TeacherLifecycle:
             self.signals.request_stop(f"stop requested by {self.files.stop_request.name} (podium down)")
 
 
-def _fingerprint(compute: Callable[[str], tuple], path: Optional[str]) -> tuple[Optional[str], Optional[int]]:
+def _fingerprint(compute: Callable[[str], tuple], path: str | None) -> tuple[str | None, int | None]:
     if not path:
         return None, None
     try:

@@ -52,20 +52,20 @@ import signal
 if __name__ == "__main__":  # before any other import: a stop signal now must wait for our handlers
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
 
-import logging  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import logging
+import os
+import sys
+import time
+from pathlib import Path
 
-from podium.config.spec import TeacherSpec  # noqa: E402
-from podium.launcher import procs  # noqa: E402
-from podium.launcher.backends import environment_for  # noqa: E402
-from podium.launcher.faults import faults  # noqa: E402
-from podium.launcher.files import TeacherFiles  # noqa: E402
-from podium.launcher.head_run import request_next, run_head  # noqa: E402
-from podium.launcher.node_run import NodeRun  # noqa: E402
-from podium.launcher.signals import Signals  # noqa: E402
+from podium.config.spec import TeacherSpec
+from podium.launcher import procs
+from podium.launcher.backends import environment_for
+from podium.launcher.faults import faults
+from podium.launcher.files import TeacherFiles
+from podium.launcher.head_run import request_next, run_head
+from podium.launcher.node_run import NodeRun
+from podium.launcher.signals import Signals
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import enum
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Optional, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,7 +66,7 @@ class RecordedProc(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     pid: int
-    start: Optional[int] = None
+    start: int | None = None
 
     @property
     def ref(self) -> ProcRef:
@@ -83,21 +83,21 @@ class NodeState(VersionedFile):
     state: NodeStatus
     rank: int
     host: str
-    pid: Optional[int] = None  # the node task's own process (with pid_start: its start time)
-    pid_start: Optional[int] = None
-    generation: Optional[str] = None  # "job:restart"
-    started_at: Optional[float] = None
-    time: Optional[float] = None  # of this write
-    ip: Optional[str] = None  # the address this node's Ray uses
-    ports: Optional[dict[str, int]] = None  # its block of Ray ports (ray_bootstrap.RayPorts.to_dict)
-    temp: Optional[str] = None  # its Ray temp dir
-    log: Optional[str] = None  # the task's log
-    ray: Optional[RecordedProc] = None  # its `ray start` session's leader
-    url: Optional[str] = None  # rank 0, serving: the endpoint
-    error: Optional[str] = None  # failed: what failed, naming the node
-    stop: Optional[str] = None  # torn down after a stop: why it stopped
-    ended_at: Optional[float] = None
-    teardown_s: Optional[float] = None
+    pid: int | None = None  # the node task's own process (with pid_start: its start time)
+    pid_start: int | None = None
+    generation: str | None = None  # "job:restart"
+    started_at: float | None = None
+    time: float | None = None  # of this write
+    ip: str | None = None  # the address this node's Ray uses
+    ports: dict[str, int] | None = None  # its block of Ray ports (ray_bootstrap.RayPorts.to_dict)
+    temp: str | None = None  # its Ray temp dir
+    log: str | None = None  # the task's log
+    ray: RecordedProc | None = None  # its `ray start` session's leader
+    url: str | None = None  # rank 0, serving: the endpoint
+    error: str | None = None  # failed: what failed, naming the node
+    stop: str | None = None  # torn down after a stop: why it stopped
+    ended_at: float | None = None
+    teardown_s: float | None = None
     survivors: list[int] = Field(default_factory=list)  # processes of its Ray that outlived SIGKILL
 
     @property
@@ -105,11 +105,11 @@ class NodeState(VersionedFile):
         return self.state in DONE_STATES
 
     @property
-    def task(self) -> Optional[ProcRef]:
+    def task(self) -> ProcRef | None:
         return ProcRef(self.pid, self.pid_start) if self.pid else None
 
     @property
-    def temp_dir(self) -> Optional[Path]:
+    def temp_dir(self) -> Path | None:
         return Path(self.temp) if self.temp else None
 
 
@@ -136,10 +136,10 @@ class NodeStateWriter:
         me = ProcRef.of(os.getpid())
         self._fields: dict[str, Any] = {"rank": rank, "host": host, "pid": me.pid, "pid_start": me.start,
                                         "generation": generation, "started_at": time.time()}
-        self.last: Optional[NodeState] = None
+        self.last: NodeState | None = None
 
     @property
-    def error(self) -> Optional[str]:
+    def error(self) -> str | None:
         return self._fields.get("error")
 
     def write(self, state: NodeStatus, **fields: Any) -> NodeState:
@@ -159,7 +159,7 @@ def write_head(path: Path, head: HeadFile) -> None:
 ModelT = TypeVar("ModelT", bound=VersionedFile)
 
 
-def _try_read(model: type[ModelT], path: Path) -> Optional[ModelT]:
+def _try_read(model: type[ModelT], path: Path) -> ModelT | None:
     """The file as ``model``; None while it is missing or damaged (written again soon, or never);
     :class:`FileReadError` (kind ``newer``) when a newer podium wrote it."""
     try:
@@ -175,9 +175,9 @@ def read_node_state(path: Path) -> NodeState:
     return parse_model(NodeState, read_json(path), path, NodeState.DESCRIPTION)
 
 
-def try_read_node_state(path: Path) -> Optional[NodeState]:
+def try_read_node_state(path: Path) -> NodeState | None:
     return _try_read(NodeState, path)
 
 
-def try_read_head(path: Path) -> Optional[HeadFile]:
+def try_read_head(path: Path) -> HeadFile | None:
     return _try_read(HeadFile, path)

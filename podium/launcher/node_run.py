@@ -16,7 +16,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import procs
@@ -40,7 +39,7 @@ URGENT_HEAD_WAIT_S = 3.0  # worker ranks on SIGTERM: how long they leave their R
 class NodeStartError(RuntimeError):
     """A node of the job could not start or join; the message names the node and its log."""
 
-    def __init__(self, message: str, node: Optional[str] = None) -> None:
+    def __init__(self, message: str, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node  # the host at fault, when it is another node
 
@@ -54,10 +53,10 @@ class RayLaunch:
     temp: Path
     num_cpus: int
     num_gpus: int
-    object_store_memory_mb: Optional[int]
+    object_store_memory_mb: int | None
     extra_args: tuple[str, ...] = ()  # fault injection (tests): appended as they are
 
-    def command(self, head_address: Optional[str] = None) -> list[str]:
+    def command(self, head_address: str | None = None) -> list[str]:
         """The head's command without ``head_address``, a worker's joining it with one."""
         cmd = rb.start_command(head=head_address is None, head_address=head_address, ip=self.ip, ports=self.ports,
                                temp=self.temp, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
@@ -75,8 +74,8 @@ class NodeRun:
         self.state = NodeStateWriter(files.node(ctx.job_id, ctx.restart, ctx.rank), rank=ctx.rank, host=ctx.host,
                                      generation=str(ctx.generation))
         self.log_path = files.task_log(ctx.job_id, ctx.rank)
-        self.ray_proc: Optional[rb.RayNodeProcess] = None
-        self._temp: Optional[Path] = None
+        self.ray_proc: rb.RayNodeProcess | None = None
+        self._temp: Path | None = None
 
     def prepare(self) -> RayLaunch:
         """Sweep what ended generations left here, choose this node's Ray address, ports and temp
@@ -104,8 +103,8 @@ class NodeRun:
                          log=str(self.log_path))
         return launch
 
-    def start_ray(self, launch: RayLaunch, *, head_address: Optional[str] = None,
-                  token_path: Optional[Path] = None) -> rb.RayNodeProcess:
+    def start_ray(self, launch: RayLaunch, *, head_address: str | None = None,
+                  token_path: Path | None = None) -> rb.RayNodeProcess:
         """Start this node's ``ray start`` (the head's without ``head_address``); it is ended by
         :meth:`teardown`."""
         ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
@@ -144,7 +143,7 @@ class NodeRun:
     def run_worker(self) -> None:
         """A worker rank's whole run: join the head's Ray, keep it until a stop, tear down; raises
         what made it fail (after recording it)."""
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         try:
             launch = self.prepare()
             self._join(launch)
@@ -170,13 +169,13 @@ class NodeRun:
                        self.ctx.generation, self.ctx.rank, self.signals.describe())
         self._wait_head_done()
 
-    def _wait_head_file(self) -> Optional[HeadFile]:
+    def _wait_head_file(self) -> HeadFile | None:
         """This generation's head file, or None on a stop; NodeStartError when the head failed or
         wrote none within ``ray.nodes_timeout_s``."""
         files, ctx = self.files, self.ctx
         path = files.head(ctx.job_id, ctx.restart)
 
-        def found() -> Optional[tuple[Optional[HeadFile]]]:
+        def found() -> tuple[HeadFile | None] | None:
             if self.signals.stop.is_set():
                 return (None,)
             head = try_read_head(path)

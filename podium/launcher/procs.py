@@ -33,8 +33,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def set_child_subreaper() -> bool:
         return False
 
 
-def _stat_fields(pid: int) -> Optional[list[str]]:
+def _stat_fields(pid: int) -> list[str] | None:
     """Fields of ``/proc/<pid>/stat`` after the command name (state is index 0), or None."""
     try:
         text = open(f"/proc/{pid}/stat", "rb").read().decode("ascii", "replace")
@@ -87,7 +87,7 @@ def _stat_fields(pid: int) -> Optional[list[str]]:
     return text.rsplit(")", 1)[1].split()
 
 
-def start_time(pid: int) -> Optional[int]:
+def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (None when it does not exist)."""
     fields = _stat_fields(pid)
     return int(fields[19]) if fields else None
@@ -98,17 +98,17 @@ class ProcRef:
     """A process as recorded: PID and start time (a reused PID is not the same process)."""
 
     pid: int
-    start: Optional[int]
+    start: int | None
 
     @classmethod
-    def of(cls, pid: int) -> "ProcRef":
+    def of(cls, pid: int) -> ProcRef:
         return cls(pid, start_time(pid))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ProcRef":
+    def from_dict(cls, data: dict) -> ProcRef:
         return cls(int(data["pid"]), data.get("start"))
 
-    def to_dict(self) -> dict[str, Optional[int]]:
+    def to_dict(self) -> dict[str, int | None]:
         return {"pid": self.pid, "start": self.start}
 
     def alive(self) -> bool:

@@ -50,9 +50,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
 
 from podium.launcher.exits import describe_death
 from podium.launcher.procs import ProcRef, kill_session, stop_signals_blocked
@@ -123,7 +123,7 @@ class RayPorts:
         return out
 
 
-def node_ip(interface: Optional[str] = None, hostname: Optional[str] = None) -> str:
+def node_ip(interface: str | None = None, hostname: str | None = None) -> str:
     """This node's address: the configured interface's IPv4, else ``getent hosts $(hostname)``."""
     if interface:
         out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", interface],
@@ -178,8 +178,8 @@ def ray_executable() -> list[str]:
 
 
 def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus: int,
-                  num_gpus: int = 0, head_address: Optional[str] = None,
-                  object_store_memory_mb: Optional[int] = None) -> list[str]:
+                  num_gpus: int = 0, head_address: str | None = None,
+                  object_store_memory_mb: int | None = None) -> list[str]:
     cmd = [*ray_executable(), "start", "--block", "--disable-usage-stats",
            f"--node-ip-address={ip}", f"--temp-dir={temp}",
            f"--node-manager-port={ports.node_manager}", f"--object-manager-port={ports.object_manager}",
@@ -201,7 +201,7 @@ def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus:
     return cmd
 
 
-def ray_env(base: Optional[Mapping[str, str]] = None, token_path: Optional[Path] = None) -> dict[str, str]:
+def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(RAY_ENV)
     if token_path is not None:
@@ -212,7 +212,7 @@ def ray_env(base: Optional[Mapping[str, str]] = None, token_path: Optional[Path]
 class RayNodeProcess:
     """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
 
-    def __init__(self, cmd: list[str], log_path: Path, token_path: Optional[Path] = None) -> None:
+    def __init__(self, cmd: list[str], log_path: Path, token_path: Path | None = None) -> None:
         self.cmd = cmd
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +273,7 @@ class RayNodeProcess:
         return survivors
 
 
-def wait_port(host: str, port: int, timeout_s: float, alive: Optional[RayNodeProcess] = None) -> float:
+def wait_port(host: str, port: int, timeout_s: float, alive: RayNodeProcess | None = None) -> float:
     """Seconds until ``host:port`` accepts a TCP connection; RayStartError on timeout or death."""
     t0 = time.monotonic()
     while True:

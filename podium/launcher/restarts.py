@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -47,7 +47,7 @@ class GenerationOutcome(BaseModel):
     generation: str
     outcome: Outcome
     reason: str
-    node: Optional[str] = None  # the node at fault, when one is
+    node: str | None = None  # the node at fault, when one is
     time: float
 
 
@@ -64,7 +64,7 @@ class RestartLedger(VersionedFile):
     excluded_nodes: tuple[str, ...] = ()
 
     @classmethod
-    def read(cls, files: TeacherFiles) -> "RestartLedger":
+    def read(cls, files: TeacherFiles) -> RestartLedger:
         """The ledger (an empty one when there is none; a corrupt one is logged and restarted)."""
         try:
             return parse_model(cls, read_json(files.restarts), files.restarts, "a restart ledger")
@@ -76,11 +76,11 @@ class RestartLedger(VersionedFile):
     def write(self, files: TeacherFiles) -> None:
         atomic_write_json(files.restarts, self.model_dump(mode="json"))
 
-    def ready(self) -> "RestartLedger":
+    def ready(self) -> RestartLedger:
         """A generation served: failures before it no longer count."""
         return self.model_copy(update={"consecutive_failures": 0})
 
-    def ended(self, generation: str, outcome: Outcome, reason: str, node: Optional[str] = None) -> "RestartLedger":
+    def ended(self, generation: str, outcome: Outcome, reason: str, node: str | None = None) -> RestartLedger:
         entry = GenerationOutcome(generation=generation, outcome=outcome, reason=reason[:2000], node=node,
                                   time=time.time())
         update: dict = {"outcomes": (*self.outcomes, entry)[-KEEP_OUTCOMES:]}
@@ -123,7 +123,7 @@ def decide(ledger: RestartLedger, outcome: Outcome, settings: RestartSettings, *
     return Decision(True, False, 0.0, f"{outcome.replace('_', ' ')}: requeued (requeue {ledger.requeues})")
 
 
-def excluded_after(ledger: RestartLedger, node: Optional[str], settings: RestartSettings) -> RestartLedger:
+def excluded_after(ledger: RestartLedger, node: str | None, settings: RestartSettings) -> RestartLedger:
     """The ledger with ``node`` added to the nodes the next generations avoid (when configured)."""
     if node is None or not settings.exclude_lost_nodes or node in ledger.excluded_nodes:
         return ledger

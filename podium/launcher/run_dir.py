@@ -11,8 +11,8 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
@@ -47,8 +47,8 @@ def default_run_dir(plan: Plan) -> Path:
     return root / f"{recipe.stem}-{digest}"
 
 
-def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: Optional[str] = None,
-                    replicas: Optional[Mapping[str, Sequence[int]]] = None) -> RunLayout:
+def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: str | None = None,
+                    replicas: Mapping[str, Sequence[int]] | None = None) -> RunLayout:
     """Write the run directory for ``plan`` and return its layout: the spec of every replica the
     plan asks for, and a rendezvous that lists, per teacher key, the replicas ``replicas`` names
     (default: those the plan asks for)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from podium.config.spec import TeacherSpec
 
@@ -75,7 +75,7 @@ REFUSALS: tuple[Refusal, ...] = (
 )
 
 
-def find_refusal(message: str) -> Optional[Refusal]:
+def find_refusal(message: str) -> Refusal | None:
     """The first row of :data:`REFUSALS` that matches sbatch's message."""
     return next((row for row in REFUSALS if row.matches(message)), None)
 

@@ -9,8 +9,8 @@ passes silently as "nothing to do".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles

@@ -27,8 +27,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
 
@@ -47,7 +48,7 @@ class StopIntent:
     def urgent(self) -> bool:
         return self.kind in URGENT_KINDS
 
-    def drain_s(self, now: Optional[float] = None) -> float:
+    def drain_s(self, now: float | None = None) -> float:
         return max(0.0, self.drain_until - (time.time() if now is None else now))
 
 
@@ -59,13 +60,13 @@ class Signals:
 
     HANDLED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self, classify: Optional[Classifier] = None, drain_s: float = 10.0) -> None:
+    def __init__(self, classify: Classifier | None = None, drain_s: float = 10.0) -> None:
         self.stop = threading.Event()
         self.urgent = threading.Event()
         self.received: list[tuple[str, float]] = []
         self._classify = classify
         self._drain_s = drain_s
-        self._intent: Optional[StopIntent] = None
+        self._intent: StopIntent | None = None
         self._lock = threading.Lock()
 
     def set_classifier(self, classify: Classifier, drain_s: float) -> None:
@@ -93,7 +94,7 @@ class Signals:
                 if intent.urgent:
                     self.urgent.set()
 
-    def intent(self) -> Optional[StopIntent]:
+    def intent(self) -> StopIntent | None:
         """What the stop means (None while no stop was asked for); classified once."""
         if not self.stop.is_set():
             return None
@@ -119,7 +120,7 @@ class Signals:
         return intent is not None and intent.requeue
 
     @property
-    def first(self) -> Optional[tuple[str, float]]:
+    def first(self) -> tuple[str, float] | None:
         return self.received[0] if self.received else None
 
     def describe(self) -> str:

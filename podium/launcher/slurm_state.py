@@ -25,8 +25,8 @@ import logging
 import re
 import subprocess
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class JobState:
     name: str = ""
     start: str = ""
     end: str = ""
-    restarts: Optional[int] = None  # Slurm's restart count (squeue only; None when not known)
+    restarts: int | None = None  # Slurm's restart count (squeue only; None when not known)
     comment: str = ""  # sbatch --comment (squeue with SQUEUE_COMMENT_FORMAT only)
 
     @property
@@ -247,7 +247,7 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
     return {key: value for key, value in _SCONTROL_FIELD.findall(line)}
 
 
-def slurm_time(value: Optional[str]) -> Optional[float]:
+def slurm_time(value: str | None) -> float | None:
     """``2026-12-01T20:05:42`` (Slurm's local time) as a Unix time; None for ``None``/``Unknown``."""
     if value is None or value in NO_TIME:
         return None

@@ -12,9 +12,10 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from podium.config.spec import display_name
 from podium.launcher.backends import job_states
@@ -42,26 +43,26 @@ class TeacherStatus:
     aliases: tuple[str, ...]
     replica: int = 0  # which of the teacher's independent allocations this row is
     temperature: float = 1.0  # what the teacher divides its logits by (its record's, else its spec's)
-    job_id: Optional[str] = None
+    job_id: str | None = None
     cluster: str = ""
     slurm_state: str = "NOT SUBMITTED"
     job_kind: str = "none"  # pending | running | done | none
-    generation: Optional[str] = None  # of the endpoint record: "<job id>:<restart>"
-    restarts: Optional[int] = None  # Slurm's restart count of the job (while Slurm lists it)
+    generation: str | None = None  # of the endpoint record: "<job id>:<restart>"
+    restarts: int | None = None  # Slurm's restart count of the job (while Slurm lists it)
     status: str = "pending"  # endpoint record status, or pending when there is none yet
-    reason: Optional[str] = None
-    url: Optional[str] = None
-    health: Optional[bool] = None  # probed /v2/health/live
-    heartbeat_age_s: Optional[float] = None
-    submitted_at: Optional[float] = None
+    reason: str | None = None
+    url: str | None = None
+    health: bool | None = None  # probed /v2/health/live
+    heartbeat_age_s: float | None = None
+    submitted_at: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     restart: dict[str, Any] = field(default_factory=dict)  # the restart decision the record carries
     # a failed record: True when the teacher gave up, False when it retries (EndpointRecord.failure_is_final)
-    final: Optional[bool] = None
+    final: bool | None = None
     in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
     # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
     # queue depth, padding share, requests, errors; None when not probed or not answering.
-    load: Optional[dict[str, float]] = None
+    load: dict[str, float] | None = None
 
     @property
     def display(self) -> str:
@@ -74,7 +75,7 @@ class TeacherStatus:
                 and not self.superseded)
 
     @property
-    def record_restart(self) -> Optional[int]:
+    def record_restart(self) -> int | None:
         """The restart count of the generation the endpoint record belongs to."""
         if self.generation is None:
             return None
@@ -130,7 +131,7 @@ def _probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _load(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> Optional[dict[str, float]]:
+def _load(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, float] | None:
     """The key figures of the endpoint's ``/metrics`` (None when it does not answer them)."""
     from podium.teacher.metrics import summary  # prometheus_client only: no torch
 
@@ -193,13 +194,13 @@ class WaitFailed(RuntimeError):
 
 
 def wait(run_dir: Path, timeout_s: float = 600.0,
-         on_update: Optional[Callable[[list[TeacherStatus], float], None]] = None,
+         on_update: Callable[[list[TeacherStatus], float], None] | None = None,
          poll_s: float = WAIT_POLL_S) -> list[TeacherStatus]:
     """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise."""
     t0 = time.monotonic()
     rows: list[TeacherStatus] = []
 
-    def all_ready() -> Optional[list[TeacherStatus]]:
+    def all_ready() -> list[TeacherStatus] | None:
         nonlocal rows
         rows = [r for r in status(run_dir) if r.in_plan]
         if on_update is not None:

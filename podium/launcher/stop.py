@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import job_states, scheduler_for
@@ -107,7 +107,7 @@ def _wait_ended(records: Sequence[JobRecord], wait_s: float) -> None:
         logger.info("%s: going on", exc)
 
 
-def _mark_stopped(files: TeacherFiles, job_ids: Optional[set[str]] = None) -> None:
+def _mark_stopped(files: TeacherFiles, job_ids: set[str] | None = None) -> None:
     """Record ``stopped`` where the job could not (cancelled before serving, or killed); with
     ``job_ids``, only a record of one of those jobs.
 

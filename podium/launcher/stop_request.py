@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pydantic import ConfigDict
 
@@ -37,7 +37,7 @@ def request_stop(files: TeacherFiles, job_id: str) -> StopRequest:
     return request
 
 
-def stop_requested(files: TeacherFiles, job_id: int | str) -> Optional[StopRequest]:
+def stop_requested(files: TeacherFiles, job_id: int | str) -> StopRequest | None:
     """The request for job ``job_id``, if there is one (a missing, unreadable or other job's
     request is none: the head asks again at its next look)."""
     try:

@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from typing import Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
@@ -86,7 +86,7 @@ def _fault(name: str, detail: str) -> None:
         os._exit(FAULT_EXIT_CODE)
 
 
-def _alive(record: Optional[JobRecord]) -> bool:
+def _alive(record: JobRecord | None) -> bool:
     if record is None:
         return False
     state = job_states([record]).get(record.job_id)
@@ -94,7 +94,7 @@ def _alive(record: Optional[JobRecord]) -> bool:
 
 
 def _adopt(spec: TeacherSpec, files: TeacherFiles, found: list[str],
-           record: Optional[JobRecord]) -> JobRecord:
+           record: JobRecord | None) -> JobRecord:
     """Record a live job of this teacher that ``job.json`` does not name (its ``up`` died between
     the submission and ``job.json``): no second job is submitted."""
     job_id = max(found, key=lambda j: (len(j), j))  # the newest (Slurm ids grow)

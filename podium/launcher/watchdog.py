@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.node_files import NodeState, try_read_node_state
@@ -47,7 +48,7 @@ class WatchedNode:
 
     node_id: str
     ip: str
-    rank: Optional[int]
+    rank: int | None
     host: str
 
     def describe(self) -> str:
@@ -55,15 +56,15 @@ class WatchedNode:
         return f"node {self.host} ({rank}{self.ip})"
 
 
-Fault = tuple[str, Optional[str]]  # (reason, host at fault)
+Fault = tuple[str, str | None]  # (reason, host at fault)
 
 
 class Watchdog:
     """Checks the job's nodes and group every ``interval_s`` until stopped or a fault is found."""
 
     def __init__(self, *, files: TeacherFiles, job_id: str, restart: int, nodes: list[WatchedNode],
-                 group: Any, head_alive: Callable[[], Optional[str]],
-                 on_fault: Callable[[str, Optional[str]], None], interval_s: float = WATCH_INTERVAL_S) -> None:
+                 group: Any, head_alive: Callable[[], str | None],
+                 on_fault: Callable[[str, str | None], None], interval_s: float = WATCH_INTERVAL_S) -> None:
         self.files, self.job_id, self.restart = files, job_id, restart
         self.nodes = nodes
         self.group = group
@@ -71,10 +72,10 @@ class Watchdog:
         self.on_fault = on_fault
         self.interval_s = interval_s
         self._stop = threading.Event()
-        self._broken_since: Optional[float] = None
+        self._broken_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="podium-watchdog", daemon=True)
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread.start()
         return self
 
@@ -95,7 +96,7 @@ class Watchdog:
                 self.on_fault(*fault)
                 return
 
-    def check(self) -> Optional[Fault]:
+    def check(self) -> Fault | None:
         """The first fault found now, or None."""
         head = self.head_alive()
         if head is not None:
@@ -120,7 +121,7 @@ class Watchdog:
                 return f"teacher group broken: {broken}", None
         return None
 
-    def _ray_nodes(self) -> Optional[Fault]:
+    def _ray_nodes(self) -> Fault | None:
         import ray
 
         by_id = {info.get("NodeID"): info for info in ray.nodes()}

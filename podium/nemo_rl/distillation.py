@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from podium.nemo_rl.remote import RemoteTeacher, as_batched_data_dict
 
@@ -27,7 +27,7 @@ class RemoteDistillationTeacher(RemoteTeacher):
         self.values_datatype = values_datatype
         self.indices_datatype = indices_datatype
 
-    def get_topk_logits(self, data: Any, k: int, micro_batch_size: Optional[int] = None, timer: Any = None) -> Any:
+    def get_topk_logits(self, data: Any, k: int, micro_batch_size: int | None = None, timer: Any = None) -> Any:
         """``{"topk_logits": float32 [B, S, k], "topk_indices": int64 [B, S, k]}`` on CPU: the
         temperature-scaled logits of the ``k`` likeliest next tokens, position ``t`` holding the
         distribution of the token after ``t`` (NeMo RL's loss slices ``[:, :-1]``); zeros at and

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 from podium.client.client import PodiumClient
 from podium.client.options import ClientOptions
@@ -93,8 +93,8 @@ def as_batched_data_dict(values: dict[str, Any]) -> Any:
 class RemoteTeacher:
     """One podium teacher for a NeMo RL facade (see the module doc)."""
 
-    def __init__(self, rendezvous_path: str | Path, alias: str, *, options: Optional[ClientOptions] = None,
-                 model: Optional[ModelInfo] = None, client: Optional[PodiumClient] = None) -> None:
+    def __init__(self, rendezvous_path: str | Path, alias: str, *, options: ClientOptions | None = None,
+                 model: ModelInfo | None = None, client: PodiumClient | None = None) -> None:
         self.rendezvous_path = str(rendezvous_path)
         self.alias = alias
         self._options = options if options is not None else (client.options if client is not None else None)

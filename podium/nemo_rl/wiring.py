@@ -21,8 +21,9 @@ README shows the lines.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 from podium.client.client import PodiumClient
 from podium.client.options import ClientOptions
@@ -55,7 +56,7 @@ def _plain(cfg: Any) -> dict[str, Any]:
     return dict(cfg)
 
 
-def _same_checkpoint(recipe_value: str, served: Optional[str]) -> bool:
+def _same_checkpoint(recipe_value: str, served: str | None) -> bool:
     """Whether the run's checkpoint can be the one the trainer's recipe names (a relative path is
     resolved from the trainer's working directory, which may not be the recipe's: then the last
     path component decides)."""
@@ -69,8 +70,8 @@ def teacher_worker_groups(
     rendezvous_path: str | Path,
     opd_cfg: Any,
     *,
-    ready_timeout_s: Optional[float] = None,
-    options: Optional[ClientOptions] = None,
+    ready_timeout_s: float | None = None,
+    options: ClientOptions | None = None,
 ) -> tuple[dict[str, RemoteTeacherWorkerGroup], dict[str, str]]:
     """``(groups, alias_to_group_alias)`` for NeMo RL's MOPD trainer (see the module doc);
     ``ready_timeout_s``: how long to wait for the teachers (default: the client's)."""
@@ -121,10 +122,10 @@ def _only_alias(client: PodiumClient) -> str:
 
 def distillation_teacher(
     rendezvous_path: str | Path,
-    alias: Optional[str] = None,
+    alias: str | None = None,
     *,
-    ready_timeout_s: Optional[float] = None,
-    options: Optional[ClientOptions] = None,
+    ready_timeout_s: float | None = None,
+    options: ClientOptions | None = None,
     values_datatype: str = "FP32",
     indices_datatype: str = "INT64",
 ) -> RemoteDistillationTeacher:
@@ -141,7 +142,7 @@ def distillation_teacher(
 
 
 @contextlib.contextmanager
-def distillation_policy(rendezvous_path: str | Path, alias: Optional[str] = None, **kwargs: Any) -> Iterator[RemoteDistillationTeacher]:
+def distillation_policy(rendezvous_path: str | Path, alias: str | None = None, **kwargs: Any) -> Iterator[RemoteDistillationTeacher]:
     """Within the block, NeMo RL's distillation ``setup`` gets the podium teacher where it builds
     ``Policy(name_prefix="teacher", ...)`` (the student's ``Policy`` is built as before)::
 

@@ -26,7 +26,7 @@ NeMo RL reads (where)                              a podium teacher answers
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from podium.nemo_rl.remote import NoWorkers, RemoteTeacher, Sharding, as_batched_data_dict
 
@@ -39,7 +39,7 @@ class RemoteTeacherWorkerGroup(RemoteTeacher):
     sequence_length_pad_multiple = 1
     worker_group = NoWorkers()
 
-    def __init__(self, rendezvous_path: str | Path, alias: str, *, top_k: Optional[int] = None, **kwargs: Any) -> None:
+    def __init__(self, rendezvous_path: str | Path, alias: str, *, top_k: int | None = None, **kwargs: Any) -> None:
         super().__init__(rendezvous_path, alias, **kwargs)
         self.top_k = top_k
 
@@ -47,7 +47,7 @@ class RemoteTeacherWorkerGroup(RemoteTeacher):
     def sharding_annotations(self) -> Sharding:
         return Sharding(self.model)
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None) -> Any:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None) -> Any:
         """``{"reference_logprobs": float32 [B, S]}`` (a ``BatchedDataDict`` where NeMo RL is
         importable; + ``reference_topk_logprobs/indices`` when made with ``top_k``)."""
         result = self.teacher().get_logprobs(data, top_k=self.top_k, micro_batch_size=micro_batch_size)

@@ -18,8 +18,9 @@ Only numpy is imported; torch tensors and lists are accepted through :func:`as_i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,6 @@ from podium.protocol.names import (
     VALUES_DATATYPE,
 )
 from podium.protocol.oip import brief
-
 
 MAX_CANDIDATES = 1024  # candidate ids per position a request may ask about
 
@@ -71,7 +71,7 @@ class Batch:
     input_ids: np.ndarray  # int64 [B, longest], padding zeroed
     input_lengths: np.ndarray  # int64 [B]
     width: int  # S as sent: outputs are [B, width]
-    candidate_ids: Optional[np.ndarray] = None  # int64 [B, longest, C], 0 where not looked at
+    candidate_ids: np.ndarray | None = None  # int64 [B, longest, C], 0 where not looked at
 
     @property
     def rows(self) -> int:
@@ -107,7 +107,7 @@ def as_int_array(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def refused_key(key: str) -> Optional[str]:
+def refused_key(key: str) -> str | None:
     """Why a batch key is refused (None: it is an input, or cannot change a logit)."""
     if key in (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS) or key in IGNORED_KEYS:
         return None
@@ -137,7 +137,7 @@ def batch_inputs(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def validate_batch(ids: Any, lengths: Any, *, vocab_size: int,
-                   max_sequence_length: Optional[int] = None, candidate_ids: Any = None) -> Batch:
+                   max_sequence_length: int | None = None, candidate_ids: Any = None) -> Batch:
     """Check ``ids``/``lengths`` (and ``candidate_ids [B, S, C]``: ids whose logprobs are wanted at
     each position, next-token alignment) against the teacher; the :class:`Batch`."""
     ids = as_int_array(ids, INPUT_IDS)
@@ -201,7 +201,7 @@ def _candidates(raw: Any, batch: int, seq: int, lengths: np.ndarray, vocab_size:
     return np.where(used, cut, 0).astype(np.int64)
 
 
-def _int_option(value: Any, name: str, lo: int, hi: Optional[int]) -> Optional[int]:
+def _int_option(value: Any, name: str, lo: int, hi: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -217,16 +217,16 @@ def _int_option(value: Any, name: str, lo: int, hi: Optional[int]) -> Optional[i
 class Options:
     """How a batch is to be computed, checked (see :func:`validate_options`)."""
 
-    top_k: Optional[int] = None  # None: no top-k output
-    micro_batch_size: Optional[int] = None  # None: the teacher's
-    temperature: Optional[float] = None  # None: the teacher's (its recipe's generation.temperature)
+    top_k: int | None = None  # None: no top-k output
+    micro_batch_size: int | None = None  # None: the teacher's
+    temperature: float | None = None  # None: the teacher's (its recipe's generation.temperature)
     values_datatype: str = "FP32"  # of topk_logits / candidate_logprobs on the wire
     indices_datatype: str = "INT64"  # of topk_logit_indices on the wire
 
 
 def validate_options(*, top_k: Any = None, micro_batch_size: Any = None, temperature: Any = None,
                      values_datatype: Any = None, indices_datatype: Any = None,
-                     vocab_size: int, max_top_k: Optional[int] = None) -> Options:
+                     vocab_size: int, max_top_k: int | None = None) -> Options:
     """The request's options checked: ``top_k`` in ``1..min(max_top_k, vocab)`` (larger or ``≤ 0``
     is refused, never clamped), ``micro_batch_size ≥ 1``, ``temperature`` a finite number > 0,
     the wire datatypes among the supported ones; ``None`` means not asked for."""

@@ -23,8 +23,9 @@ import json
 import logging
 import math
 import reprlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -113,15 +114,15 @@ class Tensor:
 @dataclass
 class RequestedOutput:
     name: str
-    binary: Optional[bool] = None  # None: not said; the request-level default applies
+    binary: bool | None = None  # None: not said; the request-level default applies
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class InferRequest:
-    id: Optional[str]
+    id: str | None
     inputs: dict[str, Tensor]
-    outputs: Optional[list[RequestedOutput]]
+    outputs: list[RequestedOutput] | None
     parameters: dict[str, Any]
 
     def wants_binary(self, name: str) -> bool:
@@ -135,9 +136,9 @@ class InferRequest:
 
 @dataclass
 class InferResponse:
-    id: Optional[str]
-    model_name: Optional[str]
-    model_version: Optional[str]
+    id: str | None
+    model_name: str | None
+    model_version: str | None
     outputs: dict[str, np.ndarray]
     parameters: dict[str, Any]
     datatypes: dict[str, str] = field(default_factory=dict)  # output name -> OIP datatype
@@ -151,7 +152,7 @@ class InferResponse:
 # --------------------------------------------------------------------------- decoding
 
 
-def parse_header_length(value: Optional[str], body_length: int) -> Optional[int]:
+def parse_header_length(value: str | None, body_length: int) -> int | None:
     """The ``Inference-Header-Content-Length`` value checked against the body, or None."""
     if value is None:
         return None
@@ -245,7 +246,7 @@ class TensorEntry:
     datatype: str
     shape: tuple[int, ...]
     parameters: dict[str, Any]
-    binary_size: Optional[int]  # bytes in the binary part; None: the values are in ``data``
+    binary_size: int | None  # bytes in the binary part; None: the values are in ``data``
     data: Any = None
 
 
@@ -342,7 +343,7 @@ class RequestHead:
                 raise OIPError(f"input {t.name!r} given twice")
             inputs[t.name] = t
         header = self.header
-        outputs: Optional[list[RequestedOutput]] = None
+        outputs: list[RequestedOutput] | None = None
         if header.get("outputs") is not None:
             if not isinstance(header["outputs"], list):
                 raise OIPError("'outputs' must be a list")
@@ -377,7 +378,7 @@ def parse_request_head(raw: Buffer, *, body_length: int, binary_follows: bool) -
     return RequestHead(header, tuple(_entries(header["inputs"], "inputs", body_length)))
 
 
-def decode_request(body: Buffer, header_length: Optional[int] = None) -> InferRequest:
+def decode_request(body: Buffer, header_length: int | None = None) -> InferRequest:
     """Parse an infer request body (JSON, or JSON header + binary tensors)."""
     view = memoryview(body)
     split = view.nbytes if header_length is None else header_length
@@ -385,7 +386,7 @@ def decode_request(body: Buffer, header_length: Optional[int] = None) -> InferRe
     return head.decode(view[split:])
 
 
-def decode_response(body: Buffer, header_length: Optional[int] = None) -> InferResponse:
+def decode_response(body: Buffer, header_length: int | None = None) -> InferResponse:
     """Parse an infer response body; binary outputs are numpy views into ``body``."""
     view = memoryview(body)
     split = view.nbytes if header_length is None else header_length
@@ -413,7 +414,7 @@ def decode_response(body: Buffer, header_length: Optional[int] = None) -> InferR
 
 
 def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffer],
-                  datatype: Optional[str] = None) -> dict[str, Any]:
+                  datatype: str | None = None) -> dict[str, Any]:
     datatype = datatype or datatype_of(array)
     if datatype in BINARY_ONLY and not binary:
         raise OIPError(f"tensor {name!r}: datatype {datatype} travels only as binary data")
@@ -428,7 +429,7 @@ def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffe
     return entry
 
 
-def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer], Optional[int]]:
+def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer], int | None]:
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     if not chunks:
         return [head], None
@@ -438,12 +439,12 @@ def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer
 def encode_request(
     inputs: Sequence[tuple[str, np.ndarray]],
     *,
-    outputs: Optional[Iterable[str]] = None,
+    outputs: Iterable[str] | None = None,
     binary_inputs: bool = True,
     binary_outputs: bool = True,
-    parameters: Optional[Mapping[str, Any]] = None,
-    request_id: Optional[str] = None,
-) -> tuple[list[Buffer], Optional[int]]:
+    parameters: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> tuple[list[Buffer], int | None]:
     """Body chunks and header length (None for pure JSON) of an infer request."""
     chunks: list[Buffer] = []
     header: dict[str, Any] = {"inputs": [_tensor_entry(n, a, binary_inputs, chunks) for n, a in inputs]}
@@ -463,11 +464,11 @@ def encode_response(
     model_name: str,
     outputs: Sequence[tuple[str, np.ndarray, bool]],
     *,
-    model_version: Optional[str] = None,
-    request_id: Optional[str] = None,
-    parameters: Optional[Mapping[str, Any]] = None,
-    datatypes: Optional[Mapping[str, str]] = None,
-) -> tuple[list[Buffer], Optional[int]]:
+    model_version: str | None = None,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    datatypes: Mapping[str, str] | None = None,
+) -> tuple[list[Buffer], int | None]:
     """Body chunks and header length of an infer response; ``outputs`` are (name, array, binary);
     ``datatypes`` names the datatype of outputs whose numpy dtype does not say it (``BF16``)."""
     chunks: list[Buffer] = []

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def tokenizer_size(tokenizer: Any) -> int:
         return len(tokenizer.get_vocab())
 
 
-def fingerprint_from_pretrained(path: str | Path) -> tuple[Optional[str], Optional[int]]:
+def fingerprint_from_pretrained(path: str | Path) -> tuple[str | None, int | None]:
     """(fingerprint, size) of the tokenizer saved in ``path``; (None, None) when there is none.
 
     Loads with ``local_files_only``: never reaches a model hub.

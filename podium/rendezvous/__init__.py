@@ -10,9 +10,23 @@
 Everything here is light (stdlib + pydantic): login-node commands may import it.
 """
 
-from podium.rendezvous.atomic import FileReadError, ReadResult, atomic_write_bytes, atomic_write_json, read_json, try_read_json
+from podium.rendezvous.atomic import (
+    FileReadError,
+    ReadResult,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_json,
+    try_read_json,
+)
 from podium.rendezvous.layout import RunLayout
-from podium.rendezvous.manifest import Rendezvous, RoutingError, TeacherEntry, build_rendezvous, read_rendezvous, write_rendezvous
+from podium.rendezvous.manifest import (
+    Rendezvous,
+    RoutingError,
+    TeacherEntry,
+    build_rendezvous,
+    read_rendezvous,
+    write_rendezvous,
+)
 from podium.rendezvous.records import (
     EndpointRecord,
     Generation,

@@ -18,9 +18,10 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,7 +51,7 @@ class ReadResult:
 
     path: Path
     data: Any = None
-    error: Optional[FileReadError] = None
+    error: FileReadError | None = None
 
     @property
     def ok(self) -> bool:
@@ -86,7 +87,7 @@ def atomic_write_bytes(
     data: bytes,
     *,
     mode: int = 0o644,
-    before_replace: Optional[Callable[[], None]] = None,
+    before_replace: Callable[[], None] | None = None,
 ) -> None:
     """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename, fsync dir.
 
@@ -131,7 +132,7 @@ def atomic_write_json(
     obj: Any,
     *,
     mode: int = 0o644,
-    before_replace: Optional[Callable[[], None]] = None,
+    before_replace: Callable[[], None] | None = None,
 ) -> None:
     """:func:`atomic_write_bytes` of ``obj`` as JSON."""
     atomic_write_bytes(path, dumps_json(obj), mode=mode, before_replace=before_replace)

@@ -84,7 +84,7 @@ class RunLayout:
         object.__setattr__(self, "run_dir", Path(run_dir))
 
     @classmethod
-    def from_rendezvous_path(cls, path: str | Path) -> "RunLayout":
+    def from_rendezvous_path(cls, path: str | Path) -> RunLayout:
         """The layout whose ``rendezvous.json`` is ``path`` (what trainers are given), or whose run
         dir it is: a path that is not a file (a run dir not made yet, a typo) is a run dir, so an
         error names ``<path>/rendezvous.json``, not a file beside it."""

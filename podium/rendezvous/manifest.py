@@ -16,14 +16,15 @@ list, and clients re-read the file when it changes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from podium.rendezvous.routing import RoutingError, route_agent
 from podium.rendezvous.atomic import atomic_write_json, ensure_dir, parse_model, read_json
 from podium.rendezvous.layout import RENDEZVOUS_MODE, RunLayout
+from podium.rendezvous.routing import RoutingError, route_agent
 from podium.rendezvous.schema import VersionedFile
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,10 @@ class TeacherEntry(BaseModel):
     endpoint: str  # path of the (first replica's) endpoint record, relative to the run dir
     # every replica's endpoint record, the first being ``endpoint``; absent (an older writer): just it
     replicas: tuple[str, ...] = ()
-    model_name: Optional[str] = None
+    model_name: str | None = None
 
     @model_validator(mode="after")
-    def _listed(self) -> "TeacherEntry":
+    def _listed(self) -> TeacherEntry:
         if not self.replicas:
             object.__setattr__(self, "replicas", (self.endpoint,))
         elif self.replicas[0] != self.endpoint:
@@ -64,12 +65,12 @@ class Rendezvous(VersionedFile):
 
     run_name: str
     routing: dict[str, str]  # agent alias -> teacher key
-    default_alias: Optional[str] = None
+    default_alias: str | None = None
     strict: bool = False
     teachers: dict[str, TeacherEntry]  # teacher key -> entry
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Rendezvous":
+    def _consistent(self) -> Rendezvous:
         unknown = sorted({k for k in self.routing.values() if k not in self.teachers})
         if unknown:
             raise ValueError(f"routing names teacher keys {unknown} that are not in 'teachers'")
@@ -93,7 +94,7 @@ class Rendezvous(VersionedFile):
         except KeyError:
             raise RoutingError(f"run {self.run_name!r}: no teacher with key {key!r}") from None
 
-    def with_replicas(self, key: str, endpoints: Sequence[str]) -> "Rendezvous":
+    def with_replicas(self, key: str, endpoints: Sequence[str]) -> Rendezvous:
         """This rendezvous with teacher ``key`` served by the replicas whose records are ``endpoints``."""
         if not endpoints:
             raise ValueError(f"run {self.run_name!r}: teacher {key!r} needs at least one replica")
@@ -106,9 +107,9 @@ def build_rendezvous(
     teachers: Iterable[Any],
     *,
     layout: RunLayout,
-    default_alias: Optional[str] = None,
+    default_alias: str | None = None,
     strict: bool = False,
-    replicas: Optional[Mapping[str, Sequence[int]]] = None,
+    replicas: Mapping[str, Sequence[int]] | None = None,
 ) -> Rendezvous:
     """The rendezvous of a plan: ``teachers`` are ``TeacherSpec``s (or mappings with key, name,
     aliases and optionally ``replicas``, a count). ``replicas``: the replica indices to list per

@@ -20,9 +20,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -67,7 +68,7 @@ class Generation:
         return f"{self.job_id}:{self.restart}"
 
     @classmethod
-    def parse(cls, text: str) -> "Generation":
+    def parse(cls, text: str) -> Generation:
         """Inverse of ``str()``: ``"12345:2"`` (``"12345"`` means restart 0)."""
         job, _, restart = str(text).strip().partition(":")
         try:
@@ -82,16 +83,16 @@ class ModelInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     served_name: str
-    model_name: Optional[str] = None
-    checkpoint_path: Optional[str] = None
+    model_name: str | None = None
+    checkpoint_path: str | None = None
     vocab_size: int
-    max_sequence_length: Optional[int] = None
+    max_sequence_length: int | None = None
     sequence_length_multiple: int = 1
     data_parallel_size: int = 1  # replicas of the model inside the teacher (NeMo RL pads rows to it)
     temperature: float = 1.0  # what the teacher divides its logits by, unless a request says otherwise
     parallel_sizes: dict[str, int] = Field(default_factory=dict)  # Megatron names: tensor_model_parallel_size, ...
-    tokenizer_fingerprint: Optional[str] = None
-    tokenizer_vocab_size: Optional[int] = None
+    tokenizer_fingerprint: str | None = None
+    tokenizer_vocab_size: int | None = None
 
 
 class RestartInfo(BaseModel):
@@ -106,7 +107,7 @@ class RestartInfo(BaseModel):
     why: str = ""
     consecutive_failures: int = 0
     requeues: int = 0
-    max_consecutive_failures: Optional[int] = None
+    max_consecutive_failures: int | None = None
 
 
 # Fields schema 1 kept in ``extra``; schema 2 has them as fields of their own.
@@ -128,20 +129,20 @@ class EndpointRecord(VersionedFile):
     aliases: tuple[str, ...] = ()
     replica: int = Field(default=0, ge=0)  # which of the teacher's independent allocations this is
     status: Status
-    reason: Optional[str] = None
-    url: Optional[str] = None
+    reason: str | None = None
+    url: str | None = None
     generation: Generation
     host: str
     pid: int
     started_at: float
     heartbeat_at: float
-    model: Optional[ModelInfo] = None
+    model: ModelInfo | None = None
     # The writer's promise: a record whose heartbeat is older than this is stale (server.stale_after_s).
-    stale_after_s: Optional[float] = None
+    stale_after_s: float | None = None
     # How a generation that ended (failed or stopped) goes on: the launcher's verdict.
-    final: Optional[bool] = None  # True: no generation of this replica comes back
-    will_retry: Optional[bool] = None  # True: the job requeues (after restart.delay_s)
-    restart: Optional[RestartInfo] = None
+    final: bool | None = None  # True: no generation of this replica comes back
+    will_retry: bool | None = None  # True: the job requeues (after restart.delay_s)
+    restart: RestartInfo | None = None
     timings: dict[str, float] = Field(default_factory=dict)  # first time of each status/event (epoch s)
     extra: dict[str, Any] = Field(default_factory=dict)  # anything else a writer adds (not read by podium)
 
@@ -166,11 +167,11 @@ class EndpointRecord(VersionedFile):
             return self.final
         return not self.will_retry
 
-    def age(self, now: Optional[float] = None) -> float:
+    def age(self, now: float | None = None) -> float:
         """Seconds since the last heartbeat."""
         return (time.time() if now is None else now) - self.heartbeat_at
 
-    def is_stale(self, stale_after_s: Optional[float] = None, now: Optional[float] = None) -> bool:
+    def is_stale(self, stale_after_s: float | None = None, now: float | None = None) -> bool:
         """No heartbeat for ``stale_after_s`` (default: the record's own): the writer may be gone;
         confirm with a health probe. A record that promises nothing is never judged stale."""
         limit = stale_after_s if stale_after_s is not None else self.stale_after_s
@@ -245,16 +246,16 @@ class RecordWriter:
         generation: Generation,
         aliases: tuple[str, ...] | list[str] = (),
         replica: int = 0,
-        stale_after_s: Optional[float] = None,
-        host: Optional[str] = None,
-        pid: Optional[int] = None,
+        stale_after_s: float | None = None,
+        host: str | None = None,
+        pid: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = Path(path)
         self.generation = generation
         self._clock = clock
         self._lock = threading.Lock()
-        self._fenced: Optional[StaleGenerationError] = None
+        self._fenced: StaleGenerationError | None = None
         now = clock()
         self._record = EndpointRecord(
             teacher_key=teacher_key,
@@ -272,7 +273,7 @@ class RecordWriter:
 
     @classmethod
     def resume(cls, path: str | Path, record: EndpointRecord, *,
-               clock: Callable[[], float] = time.time) -> "RecordWriter":
+               clock: Callable[[], float] = time.time) -> RecordWriter:
         """A writer for ``record``'s generation that continues from it (host, pid, start kept): how
         a second process (``podium down``) writes a record it did not start, fenced like the first."""
         writer = cls(path, teacher_key=record.teacher_key, teacher_name=record.teacher_name,
@@ -326,13 +327,13 @@ class RecordWriter:
         self,
         status: Status | str,
         *,
-        reason: Optional[str] = None,
-        url: Optional[str] = None,
-        model: Optional[ModelInfo | Mapping[str, Any]] = None,
-        final: Optional[bool] = None,
-        will_retry: Optional[bool] = None,
-        restart: Optional[RestartInfo] = None,
-        timings: Optional[Mapping[str, float]] = None,
+        reason: str | None = None,
+        url: str | None = None,
+        model: ModelInfo | Mapping[str, Any] | None = None,
+        final: bool | None = None,
+        will_retry: bool | None = None,
+        restart: RestartInfo | None = None,
+        timings: Mapping[str, float] | None = None,
         **extra: Any,
     ) -> EndpointRecord:
         """Write a new status (and URL, model, timings when given; earlier ones are kept otherwise).
@@ -375,7 +376,7 @@ class Heartbeat:
         writer: RecordWriter,
         interval_s: float,
         *,
-        on_fenced: Optional[Callable[[StaleGenerationError], None]] = None,
+        on_fenced: Callable[[StaleGenerationError], None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
@@ -383,20 +384,20 @@ class Heartbeat:
         self.interval_s = interval_s
         self.on_fenced = on_fenced
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="podium-heartbeat", daemon=True)
             self._thread.start()
         return self
 
-    def stop(self, timeout: Optional[float] = None) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

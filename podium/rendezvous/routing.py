@@ -7,7 +7,7 @@ client imports it on a trainer node.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 
 class RoutingError(LookupError):
@@ -16,7 +16,7 @@ class RoutingError(LookupError):
 
 def route_agent(
     routes: Mapping[str, str],
-    default_alias: Optional[str],
+    default_alias: str | None,
     strict: bool,
     agent_name: str,
     *,

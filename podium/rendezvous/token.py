@@ -12,7 +12,7 @@ import logging
 import secrets
 from pathlib import Path
 
-from podium.rendezvous.atomic import FileReadError, UNREADABLE, CORRUPT, atomic_write_bytes, file_mode, read_bytes
+from podium.rendezvous.atomic import CORRUPT, UNREADABLE, FileReadError, atomic_write_bytes, file_mode, read_bytes
 from podium.rendezvous.layout import AUTH_TOKEN_MODE
 
 logger = logging.getLogger(__name__)

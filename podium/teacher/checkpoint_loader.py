@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from podium.config.checkpoints import HF_CONFIG, CheckpointError, find_checkpoint
 from podium.teacher.hf import ModelDescription, describe_hf_config

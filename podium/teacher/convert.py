@@ -28,8 +28,9 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from podium.config.layout import SHORT_NAMES
 from podium.rendezvous.atomic import fsync_dir

@@ -41,7 +41,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

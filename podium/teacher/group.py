@@ -28,8 +28,9 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from podium.config.spec import TeacherSpec
 from podium.protocol.batch import Batch, batch_inputs, validate_batch, validate_options
@@ -323,7 +324,7 @@ class TeacherWorkerGroup:
             logger.info("teacher %r shut down", getattr(getattr(self, "spec", None), "name", "?"))
         return True
 
-    def __enter__(self) -> "TeacherWorkerGroup":
+    def __enter__(self) -> TeacherWorkerGroup:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -25,8 +25,9 @@ This module owns the numerics of ``get_logprobs`` inside one worker:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from podium.teacher.microbatch import GEMM_ROWS, round_up
 
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 CHUNK_ELEMENTS = 1 << 25
 
 
-def next_token_labels(input_ids: "torch.Tensor") -> "torch.Tensor":
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
     """``labels[:, t] = input_ids[:, t+1]`` (the last column is a dummy 0)."""
     import torch
 
@@ -52,11 +53,11 @@ def next_token_labels(input_ids: "torch.Tensor") -> "torch.Tensor":
 
 
 def to_nemo_rl(
-    token_logprobs: "torch.Tensor",
-    lengths: "torch.Tensor",
-    topk_values: "torch.Tensor | None" = None,
-    topk_indices: "torch.Tensor | None" = None,
-) -> dict[str, "torch.Tensor"]:
+    token_logprobs: torch.Tensor,
+    lengths: torch.Tensor,
+    topk_values: torch.Tensor | None = None,
+    topk_indices: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Shift per-position outputs (position t predicts t+1) into NeMo RL's alignment and mask.
 
     ``token_logprobs [B, S]`` holds log p(input_ids[t+1] | ≤ t) at ``t``; the result holds it at
@@ -82,13 +83,13 @@ def to_nemo_rl(
 
 
 def next_token_outputs(
-    lengths: "torch.Tensor",
+    lengths: torch.Tensor,
     *,
-    topk_values: "torch.Tensor | None" = None,
-    topk_indices: "torch.Tensor | None" = None,
-    lse: "torch.Tensor | None" = None,
-    candidate_logprobs: "torch.Tensor | None" = None,
-) -> dict[str, "torch.Tensor"]:
+    topk_values: torch.Tensor | None = None,
+    topk_indices: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    candidate_logprobs: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Per-position outputs in the *next-token* alignment (NeMo RL's ``get_topk_logits``: position
     ``t`` describes the distribution of the token after ``t``), zero where ``t ≥ length - 1``.
 
@@ -121,7 +122,7 @@ def cp_chunk_ids(cp_size: int, cp_rank: int) -> tuple[int, int]:
     return cp_rank, 2 * cp_size - 1 - cp_rank
 
 
-def cp_split(tensor: "torch.Tensor", cp_size: int, cp_rank: int, seq_dim: int = 1) -> "torch.Tensor":
+def cp_split(tensor: torch.Tensor, cp_size: int, cp_rank: int, seq_dim: int = 1) -> torch.Tensor:
     """This CP rank's two chunks of ``tensor`` along ``seq_dim`` (length divisible by 2·CP)."""
     import torch
 
@@ -132,7 +133,7 @@ def cp_split(tensor: "torch.Tensor", cp_size: int, cp_rank: int, seq_dim: int = 
     return torch.cat([chunks[a], chunks[b]], dim=seq_dim)
 
 
-def cp_unsplit(pieces: Sequence["torch.Tensor"], cp_size: int, seq_dim: int = 1) -> "torch.Tensor":
+def cp_unsplit(pieces: Sequence[torch.Tensor], cp_size: int, seq_dim: int = 1) -> torch.Tensor:
     """Inverse of :func:`cp_split` given every CP rank's piece, in CP rank order."""
     import torch
 
@@ -194,7 +195,7 @@ class LogprobHead:
         model.output_layer.forward = capture
         model.compute_language_model_loss = self.compute
 
-    def compute(self, labels: "torch.Tensor", hidden: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+    def compute(self, labels: torch.Tensor, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
         import torch
         import torch.distributed as dist
 
@@ -306,7 +307,7 @@ class LogprobHead:
         return out
 
 
-def ties_by_id(values: "torch.Tensor", indices: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+def ties_by_id(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k rows (descending values) reordered so exact ties come by ascending id: a deterministic
     order (``torch.topk`` leaves the order of equal values unspecified; with TP it would depend on
     which rank held which id)."""
@@ -318,7 +319,7 @@ def ties_by_id(values: "torch.Tensor", indices: "torch.Tensor") -> tuple["torch.
     return values.gather(-1, order), indices.gather(-1, order)
 
 
-def _unkeep(rows: "torch.Tensor", keep: "torch.Tensor | None", seq: int, batch: int) -> "torch.Tensor":
+def _unkeep(rows: torch.Tensor, keep: torch.Tensor | None, seq: int, batch: int) -> torch.Tensor:
     """Per-row results of the kept rows back into ``[b, s, ...]`` (rows not kept are 0)."""
     import torch
 
@@ -349,7 +350,7 @@ class StageInfo:
 
 def forward_only_stage_loop(
     model: Any,
-    microbatches: Sequence[dict[str, "torch.Tensor"]],
+    microbatches: Sequence[dict[str, torch.Tensor]],
     stage: StageInfo,
 ) -> list[Any]:
     """Run ``microbatches`` (``input_ids``, ``position_ids``, ``labels`` ``[b, s]``) through this stage.

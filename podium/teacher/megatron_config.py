@@ -21,7 +21,8 @@ import functools
 import importlib.util
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from podium.config.layout import PARALLEL_SIZES
 from podium.config.precision import torch_dtype
@@ -155,7 +156,7 @@ def build_transformer_config(
     *,
     use_cpu_initialization: bool | None = None,
     where: str = "megatron_cfg_overrides",
-) -> "TransformerConfig":
+) -> TransformerConfig:
     """The inference ``TransformerConfig`` of a teacher (parallel sizes included, see module doc)."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -104,7 +104,7 @@ def _sdpa_core_attention_cls() -> type:
     return SDPACoreAttention
 
 
-def layer_spec(desc: ModelDescription, use_te: bool, config: "TransformerConfig | None" = None) -> Any:
+def layer_spec(desc: ModelDescription, use_te: bool, config: TransformerConfig | None = None) -> Any:
     """TE spec (GPU with TransformerEngine) or the local spec with SDPA core attention; for an
     MoE model the decoder block's per-layer specs (dense and MoE layers as ``moe_layer_freq``
     says; local experts as ``SequentialMLP``)."""
@@ -128,7 +128,7 @@ def layer_spec(desc: ModelDescription, use_te: bool, config: "TransformerConfig 
 
 def build_gpt_model(
     desc: ModelDescription,
-    config: "TransformerConfig",
+    config: TransformerConfig,
     padded_vocab: int,
     *,
     use_te: bool | None = None,

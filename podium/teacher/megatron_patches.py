@@ -37,8 +37,8 @@ def install_fast_rotary() -> None:
     goes to Megatron's function. Installed once per process by ``megatron_model.build_gpt_model``
     when the local spec is used; the TE path keeps TE's fused RoPE.
     """
-    import torch
     import megatron.core.transformer.attention as attention_module
+    import torch
 
     original = attention_module.apply_rotary_pos_emb
     if getattr(original, _ROTARY_PATCH_ATTR, False):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -86,7 +86,7 @@ class EndpointMetrics:
     def failed(self, kind: str) -> None:
         self.errors.labels(teacher=self._teacher, kind=kind).inc()
 
-    def call(self, *, seconds: float, tokens: int, computed_tokens: Optional[int], microbatches: Optional[int],
+    def call(self, *, seconds: float, tokens: int, computed_tokens: int | None, microbatches: int | None,
              waits: list[float]) -> None:
         t = self._teacher
         self.calls.labels(teacher=t).inc()

@@ -21,8 +21,8 @@ micro-batches:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 # This BLAS computes a row of a GEMM with fewer than 12 rows, except 4 and 8, by another kernel
 # (another summation order): GEMMs whose row count is a multiple of this never take it.
@@ -55,7 +55,7 @@ class MicroBatch:
         return len(self.rows) * self.seq_len
 
 
-def plan_microbatches(lengths: Sequence[int], max_tokens: int, *, max_rows: Optional[int] = None,
+def plan_microbatches(lengths: Sequence[int], max_tokens: int, *, max_rows: int | None = None,
                       seq_multiple: int = 1) -> list[MicroBatch]:
     """Rows grouped by bucket (longest first, then by row index) into budget-sized micro-batches."""
     if max_tokens < 1:

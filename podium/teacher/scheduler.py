@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,12 +54,12 @@ class Job:
     batch: Batch
     opts: Options
     outputs: tuple[str, ...]
-    future: "asyncio.Future[dict[str, np.ndarray]]"
+    future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float = field(default_factory=time.monotonic)
     seq_multiple: int = 1
     next_row: int = 0  # rows [0, next_row) were sent to the group
     done_rows: int = 0
-    started: Optional[float] = None  # when its first rows went to the group
+    started: float | None = None  # when its first rows went to the group
     results: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,7 +91,7 @@ class Segment:
     offset: int
 
 
-def form_call(queue: Sequence[Job], call_tokens: int, after_caller: Optional[str] = None) -> list[Segment]:
+def form_call(queue: Sequence[Job], call_tokens: int, after_caller: str | None = None) -> list[Segment]:
     """The rows of the next group call (see the module doc); marks them sent (``next_row``).
 
     ``after_caller``: the caller served first in the previous call; the turn starts after it."""
@@ -184,8 +185,8 @@ class Scheduler:
     arrival order."""
 
     def __init__(self, compute: Compute, *, call_tokens: int, max_delay_s: float, batch_requests: bool = True,
-                 on_call: Optional[Callable[[Sequence[Segment], float], None]] = None,
-                 on_change: Optional[Callable[[], None]] = None) -> None:
+                 on_call: Callable[[Sequence[Segment], float], None] | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.compute = compute
         self.call_tokens = max(1, int(call_tokens))
         self.max_delay_s = max(0.0, float(max_delay_s))
@@ -195,8 +196,8 @@ class Scheduler:
         self.in_flight: list[Job] = []
         self.queue: list[Job] = []
         self._arrived = asyncio.Event()
-        self._task: Optional[asyncio.Task[None]] = None
-        self._after: Optional[str] = None
+        self._task: asyncio.Task[None] | None = None
+        self._after: str | None = None
         self.calls = 0
 
     def start(self) -> None:

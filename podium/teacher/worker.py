@@ -24,7 +24,8 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from podium.net import find_free_port, is_loopback
 from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from endpoint.helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
 
 try:

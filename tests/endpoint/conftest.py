@@ -3,8 +3,9 @@ one group per checkpoint for the whole package, each module putting its own serv
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

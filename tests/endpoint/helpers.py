@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from podium.config.launcher import ServerSettings
+from podium.protocol.batch import Batch
 from podium.rendezvous import (
     Generation,
     Heartbeat,
@@ -36,8 +39,6 @@ from podium.rendezvous import (
     create_token,
     write_rendezvous,
 )
-from podium.config.launcher import ServerSettings
-from podium.protocol.batch import Batch
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
 PORT_RANGE = (23000, 23999)
@@ -76,7 +77,7 @@ class Gate:
 class FakeGroup:
     """Numpy stand-in for ``TeacherWorkerGroup`` (records the order of calls and what they got)."""
 
-    def __init__(self, vocab_size: int = 128, max_sequence_length: Optional[int] = 4096, delay_s: float = 0.0,
+    def __init__(self, vocab_size: int = 128, max_sequence_length: int | None = 4096, delay_s: float = 0.0,
                  sequence_length_multiple: int = 1) -> None:
         self.vocab_size = vocab_size
         self.max_sequence_length = max_sequence_length
@@ -85,7 +86,7 @@ class FakeGroup:
         self.delay_s = delay_s
         self.calls: list[Any] = []  # ids[0, 0] of each call, in the order the calls arrived
         self.received: list[dict[str, np.ndarray]] = []  # copies of each call's input_ids and input_lengths
-        self.hold: Optional[Callable[[], None]] = None  # called in each call once it is recorded
+        self.hold: Callable[[], None] | None = None  # called in each call once it is recorded
         self._busy = threading.Lock()
         self._arrived = threading.Condition()
 
@@ -106,8 +107,8 @@ class FakeGroup:
         rows of several requests)."""
         return [int(t) for got in self.received for t in got["input_ids"][:, 0]]
 
-    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
-                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+    def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
+                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
         """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row);
         logprobs and the top-k logprobs only (the other outputs need a real model)."""
         assert isinstance(data, Batch), f"the endpoint hands the group a validated Batch, got {type(data).__name__}"
@@ -141,7 +142,7 @@ class TeacherDef:
     key: str
     name: str
     aliases: tuple[str, ...]
-    model_name: Optional[str] = None  # the checkpoint the rendezvous names (None: not named)
+    model_name: str | None = None  # the checkpoint the rendezvous names (None: not named)
     replicas: int = 1  # replicas the rendezvous lists (their records: layout.endpoint_path(name, key, i))
 
 
@@ -159,7 +160,7 @@ def make_group(checkpoint: Path, definition: TeacherDef, **fields: Any) -> Any:
     return TeacherWorkerGroup(spec)
 
 
-def make_run(tmp_path: Path, teachers: Sequence[TeacherDef], *, default_alias: Optional[str] = None,
+def make_run(tmp_path: Path, teachers: Sequence[TeacherDef], *, default_alias: str | None = None,
              strict: bool = False, run_name: str = "test-run") -> tuple[RunLayout, str]:
     """A run dir with rendezvous.json and auth_token; returns (layout, token)."""
     layout = RunLayout(tmp_path / "run")
@@ -184,16 +185,16 @@ class Teacher:
     config_overrides: dict[str, Any] = field(default_factory=dict)  # more EndpointConfig fields
     replica: int = 0  # which replica of the teacher this is (its record: the replica's)
     server_settings: dict[str, Any] = field(default_factory=dict)  # podium.server settings besides port_range
-    server: Optional[ServerThread] = None
-    writer: Optional[RecordWriter] = None
-    heartbeat: Optional[Heartbeat] = None
+    server: ServerThread | None = None
+    writer: RecordWriter | None = None
+    heartbeat: Heartbeat | None = None
 
     @property
     def url(self) -> str:
         assert self.server is not None
         return self.server.url
 
-    def start(self) -> "Teacher":
+    def start(self) -> Teacher:
         d = self.definition
         self.writer = RecordWriter(self.layout.endpoint_path(d.name, d.key, self.replica), teacher_key=d.key,
                                    teacher_name=d.name, aliases=d.aliases, generation=self.generation,
@@ -225,7 +226,7 @@ class Teacher:
             self.heartbeat.stop()
         self._publish(status)
 
-    def successor(self, group: Any = None) -> "Teacher":
+    def successor(self, group: Any = None) -> Teacher:
         """The next generation (``group``, default this one's) started on another port while this
         one still serves; its record replaces this one's."""
         g = self.generation
@@ -235,7 +236,7 @@ class Teacher:
                       self.config_overrides, self.replica, self.server_settings)
         return nxt.start()
 
-    def restart(self, *, port_range: Optional[tuple[int, int]] = None, gap_s: float = 0.0) -> "Teacher":
+    def restart(self, *, port_range: tuple[int, int] | None = None, gap_s: float = 0.0) -> Teacher:
         """Stop, then come back under the next generation (other port unless ``port_range`` says)."""
         old_port = self.server.port if self.server else None
         self.stop()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -19,12 +19,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from podium.rendezvous import FileReadError, Generation, RecordWriter, Status, read_record  # noqa: E402
+from podium.rendezvous import FileReadError, Generation, RecordWriter, Status, read_record
 
 
 def payload_for(i: int, who: str) -> str:
@@ -40,7 +40,7 @@ def check(record) -> None:  # type: ignore[no-untyped-def]
 MAX_S = 300.0
 
 
-def write(path: str, job_id: int, n: int, keep_going: Optional[Callable[[], bool]] = None,
+def write(path: str, job_id: int, n: int, keep_going: Callable[[], bool] | None = None,
           max_s: float = MAX_S) -> dict:
     """At least ``n`` writes, then more while ``keep_going()`` (at most ``max_s``); the count written."""
     writer = RecordWriter(path, teacher_key=f"key{job_id}", teacher_name=f"t{job_id}", generation=Generation(job_id, 0))
@@ -55,7 +55,7 @@ def write(path: str, job_id: int, n: int, keep_going: Optional[Callable[[], bool
 
 
 def read(paths: list[str], until: Callable[[], bool], min_changes: int = 0,
-         on_enough: Optional[Callable[[], None]] = None, max_s: float = MAX_S) -> dict:
+         on_enough: Callable[[], None] | None = None, max_s: float = MAX_S) -> dict:
     """Read every record until ``until()``; ``changes`` counts reads that found a record rewritten
     since this reader's previous read of it (reads while a writer wrote). ``on_enough()`` is called
     once ``changes`` reaches ``min_changes``."""

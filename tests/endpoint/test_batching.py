@@ -18,15 +18,16 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import requests
+from fixtures.checkpoints import hf_oracle_logprobs
 from prometheus_client.parser import text_string_to_metric_families
 
-from fixtures.checkpoints import hf_oracle_logprobs
 from podium.teacher.metrics import summary
 from podium.teacher.microbatch import bucket_length
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ class ShiftedGroup(FakeGroup):
         super().__init__(**kw)
         self.shift = shift
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         lp = out["logprobs"]
         out["logprobs"] = torch.where(lp != 0, lp - self.shift, lp)
@@ -70,7 +71,7 @@ def batch(seed: int, rows: int = 4, seq: int = 16, vocab: int = 128) -> tuple[np
     return ids, lengths
 
 
-@pytest.fixture()
+@pytest.fixture
 def two_teachers(tmp_path: Path) -> Iterator[tuple[Path, Teacher, Teacher]]:
     layout, token = make_run(tmp_path, [MATH, CHAT], default_alias="chat")
     math = Teacher(ShiftedGroup(0.0), layout, MATH, token).start()
@@ -193,7 +194,7 @@ def test_client_follows_a_restart_mid_loop(tmp_path: Path) -> None:
 
     worker = threading.Thread(target=loop)
     worker.start()
-    second: Optional[Teacher] = None
+    second: Teacher | None = None
     try:
         _wait(lambda: len(done) >= 10 or errors)
         second = first.restart(gap_s=0.5)  # stopped for 0.5 s, then generation 1000:1 on a higher port
@@ -407,14 +408,14 @@ def test_importing_the_client_stays_light() -> None:
 class BreakingGroup(FakeGroup):
     """Fails the call whose ``input_ids[0, 0]`` is 13, after the hold (a worker dies under it)."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         if int(data.input_ids[0, 0]) == 13:
             raise RuntimeError("worker 3 died")
         return out
 
 
-@pytest.fixture()
+@pytest.fixture
 def exchanges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, Any]]:
     """(url, path, status or the exception's name) of every infer exchange the client makes."""
     seen: list[tuple[str, str, Any]] = []
@@ -497,7 +498,7 @@ def test_a_5xx_from_a_generation_that_has_since_changed_is_retried_on_the_next(
     gate = Gate()
     old_group.hold = gate
     old = Teacher(old_group, layout, MATH, token).start()
-    new: Optional[Teacher] = None
+    new: Teacher | None = None
     client = podium.connect(layout.rendezvous_path, **FAST)
     ids, lengths = np.array([[13, 4, 5]]), np.array([3])
     call, outcome = _in_thread(lambda: client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths}))
@@ -542,7 +543,7 @@ def test_a_503_from_a_teacher_broken_under_the_request_is_retried_on_the_next_ge
     gate = Gate()
     old_group.hold = gate
     old = Teacher(old_group, layout, MATH, token).start()
-    new: Optional[Teacher] = None
+    new: Teacher | None = None
     client = podium.connect(layout.rendezvous_path, **FAST)
     ids, lengths = np.array([[13, 7]]), np.array([2])
     call, outcome = _in_thread(lambda: client.get_logprobs("math", {"input_ids": ids, "input_lengths": lengths}))

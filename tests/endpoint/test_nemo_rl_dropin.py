@@ -18,16 +18,17 @@ import pickle
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from fixtures.checkpoints import hf_oracle_logits, hf_oracle_logprobs, random_batch
 from omegaconf import OmegaConf
 
 import podium.nemo_rl as pnr
-from fixtures.checkpoints import hf_oracle_logits, hf_oracle_logprobs, random_batch
 from podium.client.options import ClientOptions
 from podium.rendezvous import Generation
 

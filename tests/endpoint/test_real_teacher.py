@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import requests
 import torch
+from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
 
 import podium
-from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
 from podium.client import BatchError
 from podium.client.errors import TeacherRequestError
 from podium.nemo_rl import RemoteTeacherWorkerGroup

@@ -13,8 +13,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -39,7 +39,7 @@ def until(predicate, timeout_s: float = 60.0, what: str = "a condition") -> None
         time.sleep(0.02)
 
 
-@pytest.fixture()
+@pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[tuple[Path, list[Teacher]]]:
     layout, token = make_run(tmp_path, [MATH])
     started = [Teacher(FakeGroup(), layout, MATH, token, generation=Generation(3000 + i, 0), replica=i).start()
@@ -70,7 +70,7 @@ class Loop:
             except Exception as exc:  # asserted on by the test
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
-    def __enter__(self) -> "Loop":
+    def __enter__(self) -> Loop:
         self._thread.start()
         return self
 

@@ -11,7 +11,8 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def infer_body(ids: Any, lengths: Any, *, id_type: str = "INT64", len_type: str 
     return json.dumps(body).encode()
 
 
-def binary_body(ids: np.ndarray, lengths: np.ndarray, *, sizes: Optional[tuple[int, int]] = None,
+def binary_body(ids: np.ndarray, lengths: np.ndarray, *, sizes: tuple[int, int] | None = None,
                 trailing: bytes = b"") -> tuple[bytes, int]:
     a, b = ids.astype("<i8").tobytes(), lengths.astype("<i8").tobytes()
     sa, sb = sizes or (len(a), len(b))
@@ -51,7 +52,7 @@ GOOD_IDS = np.array([[5, 6, 7, 8], [9, 10, 0, 0]])
 GOOD_LENS = np.array([4, 2])
 
 
-def json_tensors(ids: dict, lengths: Optional[dict] = None, *, more: tuple[dict, ...] = (), **extra: Any) -> bytes:
+def json_tensors(ids: dict, lengths: dict | None = None, *, more: tuple[dict, ...] = (), **extra: Any) -> bytes:
     """A JSON body from raw tensor entries (``lengths`` defaults to one valid row of length 1;
     ``more``: further named inputs)."""
     lengths = lengths or {"datatype": "INT64", "shape": [1], "data": [1]}
@@ -308,7 +309,7 @@ class UnmaskedGroup(FakeGroup):
 class NarrowGroup(FakeGroup):
     """A broken group: answers one column fewer than the batch it was given."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths)[:, :-1].copy())}
 
 
@@ -349,7 +350,7 @@ def test_columns_past_the_teacher_limit_are_cut_and_come_back_as_zeros() -> None
         server.stop()
 
 
-def _server(group: FakeGroup, token: str = "t0ken", settings: Optional[dict[str, Any]] = None, **kw: Any) -> ServerThread:
+def _server(group: FakeGroup, token: str = "t0ken", settings: dict[str, Any] | None = None, **kw: Any) -> ServerThread:
     """A started, ready server (``settings``: ``podium.server`` settings; ``kw``: more EndpointConfig fields)."""
     server_settings = ServerSettings(**{"port_range": (23000, 23999), **(settings or {})})
     server = ServerThread(group, EndpointConfig(served_name="m", token=token, server=server_settings, **kw))
@@ -477,7 +478,7 @@ def test_port_collision_takes_the_next_port() -> None:
 
 def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
     class Flaky(FakeGroup):
-        def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+        def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
             if int(data.input_ids[0, 0]) == 13:
                 raise RuntimeError("worker 3 died")
             if int(data.input_ids[0, 0]) == 14:
@@ -679,9 +680,9 @@ class BreakingGroup(FakeGroup):
     def __init__(self, marks_broken: bool = False, **kw: Any) -> None:
         super().__init__(**kw)
         self.marks_broken = marks_broken
-        self.broken: Optional[str] = None
+        self.broken: str | None = None
 
-    def get_logprobs(self, data: Any, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, **kw: Any) -> dict:
+    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
         out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
         if int(data.input_ids[0, 0]) == 13:
             if self.marks_broken:

@@ -8,14 +8,15 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
-
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from launcher_helpers import TOL, job_ids, podium
+
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
 
@@ -43,7 +44,7 @@ class RecordWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
 
-    def start(self) -> "RecordWatcher":
+    def start(self) -> RecordWatcher:
         self._thread.start()
         return self
 
@@ -52,7 +53,7 @@ class RecordWatcher:
         self._thread.join(5)
 
     def _run(self) -> None:
-        last: Optional[tuple[str, str]] = None
+        last: tuple[str, str] | None = None
         while not self._stop.is_set():
             try:
                 data = json.loads(self.path.read_text())
@@ -66,7 +67,7 @@ class RecordWatcher:
                 self.changes[-1] = (*self.changes[-1][:3], data)  # keep the newest record of a state
             time.sleep(self.poll_s)
 
-    def ready_after(self, generation: str) -> Optional[tuple[float, dict]]:
+    def ready_after(self, generation: str) -> tuple[float, dict] | None:
         """The first ``ready`` of a generation of the same job after ``generation``."""
         job, restart = generation.split(":")
         for t, st, gen, data in self.changes:
@@ -78,7 +79,7 @@ class RecordWatcher:
     def sequence(self, generation: str) -> list[str]:
         return [status for _, status, gen, _ in self.changes if gen == generation]
 
-    def find(self, generation: str, status: str) -> Optional[tuple[float, dict]]:
+    def find(self, generation: str, status: str) -> tuple[float, dict] | None:
         for t, st, gen, data in self.changes:
             if gen == generation and st == status:
                 return t, data
@@ -96,8 +97,8 @@ class RecordWatcher:
 class Call:
     start: float
     end: float
-    error: Optional[float] = None  # max |logprob - oracle|
-    exception: Optional[str] = None
+    error: float | None = None  # max |logprob - oracle|
+    exception: str | None = None
 
 
 class ClientLoop:
@@ -110,7 +111,7 @@ class ClientLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="client-loop", daemon=True)
 
-    def start(self) -> "ClientLoop":
+    def start(self) -> ClientLoop:
         self._thread.start()
         return self
 

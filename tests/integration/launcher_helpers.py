@@ -12,11 +12,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
-
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 
 # Below the kernel's ephemeral range (32768-60999 here): an outgoing connection never takes a port
@@ -30,11 +30,11 @@ def _flow(mapping: Mapping[str, Any]) -> str:
 
 
 def write_recipe(path: Path, aliases: dict[str, tuple[Path, int]],
-                 slurm: Optional[Mapping[str, Any]] = None,
-                 server: Optional[Mapping[str, Any]] = None,
-                 restart: Optional[Mapping[str, Any]] = None,
-                 teachers: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                 teacher_cfg: Optional[Mapping[str, Any]] = None) -> Path:
+                 slurm: Mapping[str, Any] | None = None,
+                 server: Mapping[str, Any] | None = None,
+                 restart: Mapping[str, Any] | None = None,
+                 teachers: Mapping[str, Mapping[str, Any]] | None = None,
+                 teacher_cfg: Mapping[str, Any] | None = None) -> Path:
     """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server``/``restart`` entries override the
     defaults; ``teachers``: per-alias launcher overrides (``{"a": {"slurm": {"signal": "TERM"}}}``);
     ``teacher_cfg``: entries over the default teacher config (``{"expert_model_parallel_size": 2}``)."""

@@ -17,8 +17,8 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -163,6 +163,7 @@ def _local_too_few(tmp: Path) -> str:
 
 def _spec(tmp: Path, slurm: dict, gpus_per_node: int):
     from launcher_helpers import write_recipe
+
     from podium.config.plan import load_plan
 
     recipe = write_recipe(tmp / "recipe.yaml", {"math": (Path("/ckpt/math"), 1)}, slurm=slurm,

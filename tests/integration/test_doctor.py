@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launcher_helpers import podium, write_recipe
+
 from podium.launcher.doctor import probe
 from podium.launcher.doctor.probe_job import PODIUM_FIX, _judge_probe
 from podium.launcher.sbatch_errors import REFUSALS

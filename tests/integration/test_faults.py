@@ -24,13 +24,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from fault_helpers import Served, comes_back, preempt, serve_with_client
 from launcher_helpers import podium, write_recipe
+
 from podium.launcher.procs import ProcRef, session_alive
 from podium.launcher.restarts import RestartLedger
 from podium.rendezvous.atomic import file_mode

@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from fault_helpers import COMEBACK_S, serve_with_client, wait_until
 from launcher_helpers import job_ids, podium, write_recipe
+
 from podium.launcher.files import TeacherFiles
 from podium.launcher.restarts import RestartLedger
 

@@ -16,11 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from launcher_helpers import check_logprobs, job_ids, podium, ray_processes_of, write_recipe
 
 pytestmark = pytest.mark.slurm
@@ -170,8 +169,8 @@ def test_moe_teacher_with_experts_on_two_nodes(slurm_cluster, tiny_qwen3_moe_che
     """A Qwen3-MoE teacher at EP2 over 2 Slurm nodes (one worker each: each node holds half the
     experts and takes its own rows), called by podium's client and by tritonclient."""
     import tritonclient.http as triton
-
     from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+
     from podium.rendezvous.records import read_record
     from podium.rendezvous.token import read_token
 

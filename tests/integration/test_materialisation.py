@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from launcher_helpers import podium, write_recipe
 
 pytestmark = pytest.mark.slurm

@@ -31,13 +31,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-
-from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from fault_helpers import COMEBACK_S, ClientLoop, RecordWatcher, preempt, wait_until
+from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from launcher_helpers import TOL, job_ids, podium, write_recipe
+
 from podium.launcher import status as status_view
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
 from podium.launcher.files import TeacherFiles
@@ -212,7 +212,7 @@ def test_signal_before_handlers_still_comes_back(
 
 
 def _node_record(files: TeacherFiles, job: int, restart: int, rank: int, temp: Path, pid: int,
-                 pid_start: Optional[int]) -> None:
+                 pid_start: int | None) -> None:
     path = files.node(job, restart, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"state": "ended", "rank": rank, "host": "n1", "pid": pid, "pid_start": pid_start,

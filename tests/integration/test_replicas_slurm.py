@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fault_helpers import COMEBACK_S, RecordWatcher, preempt, serve_with_client, wait_until
 from launcher_helpers import podium, write_recipe
+
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
 from podium.rendezvous import read_rendezvous

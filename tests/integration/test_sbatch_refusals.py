@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from launcher_helpers import identity, job_ids, podium, queued_with, write_recipe
+
 from podium.launcher.sbatch_errors import one_line
 
 pytestmark = pytest.mark.slurm

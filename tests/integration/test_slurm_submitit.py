@@ -17,7 +17,6 @@ from typing import Any
 import cloudpickle
 import pytest
 import submitit
-
 from fixtures.slurm_cluster import SlurmCluster, base_state
 
 # pytest imports this file under a name the jobs cannot import; ship its functions by value.

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from launcher_helpers import identity, podium, queued_with, write_recipe
 
 pytestmark = pytest.mark.slurm

@@ -11,10 +11,10 @@ import pytest
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
-from podium.launcher.claims import claim_state
 from podium.launcher.backends import registered
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
+from podium.launcher.claims import claim_state
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState

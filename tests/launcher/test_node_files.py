@@ -11,8 +11,16 @@ import pytest
 from podium.launcher.cleanup import node_records
 from podium.launcher.faults import Faults, faults, parse_faults
 from podium.launcher.files import TeacherFiles
-from podium.launcher.node_files import (DONE_STATES, HeadFile, NodeState, NodeStateWriter, NodeStatus, try_read_head,
-                                        try_read_node_state, write_head)
+from podium.launcher.node_files import (
+    DONE_STATES,
+    HeadFile,
+    NodeState,
+    NodeStateWriter,
+    NodeStatus,
+    try_read_head,
+    try_read_node_state,
+    write_head,
+)
 from podium.rendezvous.atomic import NEWER, FileReadError, file_mode
 
 
@@ -31,7 +39,7 @@ def test_a_node_state_is_written_whole_and_read_back(tmp_path: Path) -> None:
 
 
 def test_one_done_set() -> None:
-    assert DONE_STATES == {NodeStatus.STOPPED, NodeStatus.ENDED, NodeStatus.FAILED}
+    assert {NodeStatus.STOPPED, NodeStatus.ENDED, NodeStatus.FAILED} == DONE_STATES
     assert not any(NodeState(state=s, rank=1, host="n").done for s in ("starting", "ray_starting", "started", "serving"))
 
 

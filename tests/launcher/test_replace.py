@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from podium.config.launcher import SettingChange, TeacherLauncherSettings, launcher_changes
 from podium.config.plan import load_plan
+from podium.config.spec import TeacherSpec
 from podium.launcher import commands, submission
 from podium.launcher.backends import kind_for, registered
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState

@@ -7,13 +7,14 @@ module-scoped fixtures built with :func:`start_group`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
-
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
+
 from podium.config.spec import TeacherSpec
 
 TOL = 1e-4  # fp32, max abs difference against HF transformers

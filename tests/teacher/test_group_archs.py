@@ -8,9 +8,9 @@ import gc
 
 import pytest
 import ray
+from teacher_helpers import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
 
 from podium.teacher.group import TeacherWorkerGroup
-from teacher_helpers import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures.checkpoints import hf_oracle_logprobs
 from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
 

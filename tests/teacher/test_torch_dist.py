@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fixtures.checkpoints import hf_oracle_logprobs
 from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
 

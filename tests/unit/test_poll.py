@@ -40,7 +40,7 @@ def test_returns_the_first_value_that_is_neither_none_nor_false() -> None:
     assert poll_until(condition, timeout_s=10, interval_s=0.5, what="x", clock=clock, sleep=clock.sleep) == 0
     assert clock.sleeps == [0.5, 0.5]
     assert poll_until(lambda: True, timeout_s=0, interval_s=1, what="x", clock=clock, sleep=clock.sleep) is True
-    assert poll_until(lambda: [], timeout_s=0, interval_s=1, what="x", clock=clock, sleep=clock.sleep) == []
+    assert poll_until(list, timeout_s=0, interval_s=1, what="x", clock=clock, sleep=clock.sleep) == []
 
 
 def test_times_out_naming_what_it_waited_for_and_asks_once_more_at_the_deadline() -> None:

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fixtures.recipes import ENV_VAR, find_nemo_rl_configs
 from typer.testing import CliRunner
 
 from podium.cli import app
@@ -18,8 +19,6 @@ from podium.config.errors import ConfigError
 from podium.config.needs import teacher_needs
 from podium.config.plan import load_plan
 from podium.config.recipe import load_recipe, resolve_section
-
-from fixtures.recipes import ENV_VAR, find_nemo_rl_configs
 
 # In shared/nemo-rl-configs (the session fixture ``nemo_rl_configs`` finds it, or fails).
 ULTRA_RECIPE = Path("examples/nemo_gym/nemotron-3-ultra/mopd.yaml")

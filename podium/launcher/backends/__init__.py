@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 from podium.launcher.backends.base import JobEnvironment, NodeContext, Scheduler, Submission, SubmitError
 from podium.launcher.backends.local.environment import LocalEnvironment
@@ -43,7 +44,7 @@ class BackendKind:
 _KINDS: dict[str, BackendKind] = {}
 
 
-def register(name: str, scheduler: type[Scheduler], environment: type[JobEnvironment]) -> Optional[BackendKind]:
+def register(name: str, scheduler: type[Scheduler], environment: type[JobEnvironment]) -> BackendKind | None:
     """Run the cluster kind ``name`` on these classes; returns the registration it replaces, if any.
     Both classes carry the name (what submissions and messages say), so it must be theirs."""
     if scheduler.name != name or environment.name != name:

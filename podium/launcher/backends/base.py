@@ -34,9 +34,10 @@ import abc
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Optional, Sequence
+from typing import ClassVar
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.files import TeacherFiles
@@ -66,7 +67,7 @@ class Submission:
     folder: Path  # the submitit folder: scripts and logs of this teacher's jobs
     text: str
     command: tuple[str, ...]  # the node entry every task runs
-    spec: Optional[TeacherSpec] = None  # what it was materialised from (a refusal is explained by it)
+    spec: TeacherSpec | None = None  # what it was materialised from (a refusal is explained by it)
 
     def render(self) -> str:
         return self.text if self.text.endswith("\n") else self.text + "\n"
@@ -157,12 +158,12 @@ class JobEnvironment(abc.ABC):
         workers are CPU slots. The scheduler allocated what the recipe asked, so the recipe's count."""
         return asked_gpus(spec)
 
-    def node_address(self, interface: Optional[str]) -> str:
+    def node_address(self, interface: str | None) -> str:
         from podium.launcher.ray_bootstrap import node_ip
 
         return node_ip(interface)
 
-    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> Optional[str]:
+    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> str | None:
         """Ask for the next generation of this job (not on the ``exclude`` nodes, not before
         ``delay_s``); None when asked, else why it was not."""
         return f"cluster {self.name!r} does not requeue jobs"

@@ -8,7 +8,8 @@ is the HTTP answer (JSON or the binary extension, as the request asked; codec
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from aiohttp import web

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Optional
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from podium.teacher.scheduler import CALL_MICROBATCHES, Job, Segment
 DEFAULT_CALL_TOKENS = 16384  # for a group that does not say its token budget
 
 
-def call_tokens(group: LogprobGroup, configured: Optional[int]) -> int:
+def call_tokens(group: LogprobGroup, configured: int | None) -> int:
     """Tokens of one group call: ``configured``, else the group's micro-batch budget for each DP
     replica, :data:`~podium.teacher.scheduler.CALL_MICROBATCHES` times."""
     if configured:
@@ -53,7 +52,7 @@ class GroupCalls:
         outputs = tuple(o for o in OUTPUTS if o in job.outputs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, batch, job.opts, outputs)
 
-    def observe(self, segments: "list[Segment]", seconds: float) -> None:
+    def observe(self, segments: list[Segment], seconds: float) -> None:
         stats = getattr(self.group, "last_call", None)
         tokens = sum(int(s.job.batch.input_lengths[s.start:s.end].sum()) for s in segments)
         waits = [s.job.started - s.job.enqueued for s in segments if s.start == 0 and s.job.started is not None]

@@ -8,8 +8,9 @@ the model facts it publishes) and the few knobs no recipe sets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Protocol
 
 from podium.config.launcher import ServerSettings
 from podium.protocol.batch import Batch
@@ -28,11 +29,11 @@ class LogprobGroup(Protocol):
     :meth:`~podium.teacher.endpoint.server.EndpointServer.failure`)."""
 
     vocab_size: int
-    max_sequence_length: Optional[int]
+    max_sequence_length: int | None
     sequence_length_multiple: int
 
-    def get_logprobs(self, data: Batch, micro_batch_size: Optional[int] = None, top_k: Optional[int] = None, *,
-                     temperature: Optional[float] = None, outputs: Optional[tuple[str, ...]] = None) -> Mapping[str, Any]: ...
+    def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
+                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,16 @@ class EndpointConfig:
     server: ServerSettings = field(default_factory=ServerSettings)  # port range, body limit, queue, batching
     teacher_key: str = ""
     aliases: tuple[str, ...] = ()
-    generation: Optional[Generation] = None
+    generation: Generation | None = None
     host: str = "127.0.0.1"
-    advertise_host: Optional[str] = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
+    advertise_host: str | None = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
     retry_after_s: int = 5  # the Retry-After of a 503
-    call_tokens: Optional[int] = None  # tokens of one group call; default: the group's budget × DP × 2
-    max_top_k: Optional[int] = None  # default: the vocabulary size
-    max_body_bytes: Optional[int] = None  # a body limit in bytes (under 1 MiB: tests); default: server.max_body_mb
-    model_name: Optional[str] = None
-    tokenizer_fingerprint: Optional[str] = None
-    tokenizer_vocab_size: Optional[int] = None
+    call_tokens: int | None = None  # tokens of one group call; default: the group's budget × DP × 2
+    max_top_k: int | None = None  # default: the vocabulary size
+    max_body_bytes: int | None = None  # a body limit in bytes (under 1 MiB: tests); default: server.max_body_mb
+    model_name: str | None = None
+    tokenizer_fingerprint: str | None = None
+    tokenizer_vocab_size: int | None = None
     model_version: str = "1"
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@ keeps serving; :mod:`~podium.teacher.endpoint.middleware` turns the exception in
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -17,14 +17,14 @@ from podium.protocol import oip
 class RequestError(Exception):
     """A request the endpoint refuses: HTTP ``status`` and a message for ``{"error": ...}``."""
 
-    def __init__(self, status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
 
 
-def json_error(status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> web.Response:
+def json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
     """The answer ``{"error": message}`` with ``status``."""
     return web.Response(
         status=status,

@@ -9,7 +9,8 @@ the caller passes it).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from podium.protocol.names import (
     CANDIDATE_IDS,
@@ -35,12 +36,13 @@ from podium.protocol.names import (
 from podium.rendezvous.records import ModelInfo
 from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
 
+
 def server_metadata() -> dict[str, Any]:
     """The answer of ``GET /v2``: the server's name, version and protocol extensions."""
     return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
 
 
-def model_info(group: LogprobGroup, config: EndpointConfig, *, vocab_size: int, max_sequence_length: Optional[int],
+def model_info(group: LogprobGroup, config: EndpointConfig, *, vocab_size: int, max_sequence_length: int | None,
                sequence_length_multiple: int) -> ModelInfo:
     """The model's facts: the group's (its spec, checkpoint and layout) and the config's (names, tokenizer)."""
     spec = getattr(group, "spec", None)

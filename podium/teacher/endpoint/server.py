@@ -16,7 +16,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -54,7 +54,7 @@ class EndpointServer:
         self.group = group
         self.config = config
         self.vocab_size = int(group.vocab_size)
-        self.max_sequence_length: Optional[int] = getattr(group, "max_sequence_length", None)
+        self.max_sequence_length: int | None = getattr(group, "max_sequence_length", None)
         self.sequence_length_multiple = int(getattr(group, "sequence_length_multiple", 1) or 1)
         self._names = {config.served_name, *config.aliases} | ({config.teacher_key} if config.teacher_key else set())
         self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
@@ -63,27 +63,27 @@ class EndpointServer:
         self._admitted = 0  # requests holding a queue slot: reading their body, queued or computing
         self._served = 0
         self.abandoned = 0  # requests whose client went away before its answer
-        self._idle: Optional[asyncio.Event] = None
-        self._scheduler: Optional[Scheduler] = None
+        self._idle: asyncio.Event | None = None
+        self._scheduler: Scheduler | None = None
         self.metrics = EndpointMetrics(config.teacher_key or config.served_name, lambda: self.queue_depth,
                                        lambda: self._scheduler.queued_rows if self._scheduler else 0)
         if config.generation is not None:
             self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
         self._calls = GroupCalls(group, self.metrics)
-        self._runner: Optional[web.AppRunner] = None
-        self._sock: Optional[socket.socket] = None
-        self.port: Optional[int] = None
-        self.url: Optional[str] = None
+        self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self.port: int | None = None
+        self.url: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
-    def broken(self) -> Optional[str]:
+    def broken(self) -> str | None:
         """Why the group can serve no more, when it says so (its ``broken``), else None."""
         broken = getattr(self.group, "broken", None)
         return str(broken) if broken else None
 
-    def _why_not_ready(self) -> Optional[str]:
+    def _why_not_ready(self) -> str | None:
         """None when ready; else why not (the one place that decides readiness)."""
         if self._draining:
             return "draining"
@@ -185,7 +185,7 @@ class EndpointServer:
             logger.info("teacher %r draining (%d requests queued)", self.config.served_name, self.queue_depth)
         self._draining = True
 
-    async def wait_idle(self, timeout: Optional[float] = None) -> bool:
+    async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no request is queued or running; False on timeout."""
         assert self._idle is not None
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Optional
 
 from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
 from podium.teacher.endpoint.server import EndpointServer
@@ -20,8 +19,8 @@ class ServerThread:
 
     def __init__(self, group: LogprobGroup, config: EndpointConfig) -> None:
         self.server = EndpointServer(group, config)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -68,7 +67,7 @@ class ServerThread:
             self._thread.join(30.0)
         loop.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self.start()
         return self
 

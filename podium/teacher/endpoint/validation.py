@@ -6,8 +6,6 @@ parameters, the outputs asked for); the batch rule itself is :mod:`podium.protoc
 
 from __future__ import annotations
 
-from typing import Optional
-
 from podium.protocol import oip
 from podium.protocol.batch import Batch, BatchError, Options, validate_batch, validate_options
 from podium.protocol.names import (
@@ -32,8 +30,8 @@ from podium.protocol.names import (
 from podium.teacher.endpoint.errors import RequestError
 
 
-def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_length: Optional[int],
-                     max_top_k: Optional[int]) -> tuple[Batch, Options, list[str]]:
+def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_length: int | None,
+                     max_top_k: int | None) -> tuple[Batch, Options, list[str]]:
     """Check an infer request against the model; return (batch, options, outputs)."""
     unknown = sorted(set(req.inputs) - set(INPUTS))
     if unknown:

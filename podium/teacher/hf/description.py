@@ -15,8 +15,9 @@ Anything else is a ``ValueError`` naming the checkpoint, the architecture and th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
 

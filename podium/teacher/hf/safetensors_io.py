@@ -34,7 +34,7 @@ class SafetensorsCheckpoint:
 
             single = self.path / SAFE_SINGLE
             with safe_open(str(single), framework="pt") as handle:
-                self._files = {name: single for name in handle.keys()}
+                self._files = dict.fromkeys(handle.keys(), single)
         else:
             raise ValueError(f"checkpoint {self.path}: neither {SAFE_SINGLE} nor {SAFE_INDEX} found")
         self._handles: dict[Path, Any] = {}
@@ -69,7 +69,7 @@ class SafetensorsCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._slice(name).get_shape())
 
-    def read(self, name: str, rows: slice | None = None, cols: slice | None = None) -> "torch.Tensor":
+    def read(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """Read ``name[rows, cols]`` (only those bytes are read from disk)."""
         sl = self._slice(name)
         shape = sl.get_shape()

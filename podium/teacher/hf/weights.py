@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from podium.teacher.hf.description import MOE_NAMES, ModelDescription
 from podium.teacher.hf.safetensors_io import SafetensorsCheckpoint
@@ -79,7 +80,7 @@ class _Reader:
         size = total // self.lay.tp_size
         return slice(self.lay.tp_rank * size, (self.lay.tp_rank + 1) * size)
 
-    def vocab_rows(self, name: str, transpose: bool = False) -> "torch.Tensor":
+    def vocab_rows(self, name: str, transpose: bool = False) -> torch.Tensor:
         import torch
 
         per = self.lay.padded_vocab_size // self.lay.tp_size
@@ -96,7 +97,7 @@ class _Reader:
         return self.lay.tp_rank * per, (self.lay.tp_rank + 1) * per
 
 
-def _fuse_qkv(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", groups: int, q_per_group: int, head_dim: int) -> "torch.Tensor":
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, q_per_group: int, head_dim: int) -> torch.Tensor:
     """[q rows of the rank's groups], [k rows], [v rows] -> Megatron's per-group [q…, k, v] rows."""
     import torch
 
@@ -111,7 +112,7 @@ _EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linea
 _SHARED = "mlp.shared_experts."
 
 
-def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
+def _moe_sources(r: _Reader, layer: int, local: str) -> torch.Tensor | None:
     """An MoE layer's router and this rank's experts: local expert ``i`` of EP rank ``e`` is
     global expert ``e · E/EP + i``; each is split over expert-TP like a dense MLP over TP."""
     import torch
@@ -136,7 +137,7 @@ def _moe_sources(r: _Reader, layer: int, local: str) -> "torch.Tensor | None":
     return r.ckpt.read(e + f"{down}.weight", cols=part)
 
 
-def _shared_expert_sources(r: _Reader, p: str, local: str) -> "torch.Tensor | None":
+def _shared_expert_sources(r: _Reader, p: str, local: str) -> torch.Tensor | None:
     """Qwen2-MoE's ``shared_expert`` (split over the attention TP as a dense SwiGLU MLP) and its
     ``shared_expert_gate`` ``[1, h]`` (whole)."""
     import torch
@@ -152,7 +153,7 @@ def _shared_expert_sources(r: _Reader, p: str, local: str) -> "torch.Tensor | No
     return None
 
 
-def _llama_sources(r: _Reader, layer: int | None, local: str) -> "torch.Tensor | None":
+def _llama_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | None:
     import torch
 
     d = r.desc
@@ -213,7 +214,7 @@ def _gpt2_prefix(ckpt: SafetensorsCheckpoint) -> str:
     return "transformer." if "transformer.wte.weight" in ckpt else ""
 
 
-def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> "torch.Tensor | None":
+def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | None:
     d = r.desc
     t = _gpt2_prefix(r.ckpt)
     if layer is None:
@@ -260,7 +261,7 @@ def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> "torch.Tensor | 
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its map: (reader, global layer index or None for
 # the embedding/final norm/head, local-spec parameter name) -> the rank's tensor, an empty tensor
 # for a bias the HF model lacks (zeros), None for a name the map does not know.
-_MAPS: dict[str, Callable[[_Reader, int | None, str], "torch.Tensor | None"]] = {
+_MAPS: dict[str, Callable[[_Reader, int | None, str], torch.Tensor | None]] = {
     "llama": _llama_sources,
     "gpt2": _gpt2_sources,
 }

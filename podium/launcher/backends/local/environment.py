@@ -10,14 +10,12 @@ with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_
 
 from __future__ import annotations
 
-from typing import Optional
-
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import JobEnvironment, NodeContext, SubmitError, asked_gpus, host_name
 from podium.launcher.devices import cuda_device_count
 
 
-def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, Optional[str]]:
+def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, str | None]:
     """GPUs the local Ray node offers a teacher that asks for ``wanted`` on a machine with ``found``
     CUDA devices, and the notice ``up`` prints: all it asks for when there are enough; none (CPU
     worker slots) with a notice when there is no CUDA device; ``SubmitError`` when there are some,
@@ -33,7 +31,7 @@ def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, Optional[
                f"(podium.slurm.gpus: false asks for CPU and silences this)")
 
 
-def gpu_use(spec: TeacherSpec) -> tuple[int, Optional[str]]:
+def gpu_use(spec: TeacherSpec) -> tuple[int, str | None]:
     """:func:`local_gpu_use` of this teacher on this machine."""
     wanted = asked_gpus(spec)
     return local_gpu_use(spec.name, wanted, cuda_device_count() if wanted else 0)
@@ -51,6 +49,6 @@ class LocalEnvironment(JobEnvironment):
         env = LocalJobEnvironment()
         return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name())
 
-    def node_address(self, interface: Optional[str]) -> str:
+    def node_address(self, interface: str | None) -> str:
         # One machine: Ray and the endpoint on loopback unless an interface is named.
         return super().node_address(interface) if interface else "127.0.0.1"

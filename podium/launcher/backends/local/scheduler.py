@@ -21,8 +21,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Scheduler, Submission, SubmitError, node_command

@@ -11,7 +11,7 @@ import logging
 import os
 import subprocess
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import JobEnvironment, NodeContext, host_name
@@ -38,7 +38,7 @@ class SlurmEnvironment(JobEnvironment):
         return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
                            restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
 
-    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> Optional[str]:
+    def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> str | None:
         """``scontrol requeue``, then (best effort: a site may refuse it) the nodes to avoid and the
         earliest start of the next generation, which Slurm accepts once the job is requeued."""
         refused = _scontrol(["requeue", ctx.job_id])
@@ -88,7 +88,7 @@ class SlurmEnvironment(JobEnvironment):
         return StopIntent("cancel", False, now, "stopped by Slurm")
 
 
-def _settled_job(job_id: str, wait_s: Optional[float] = None, poll_s: float = 0.25) -> dict[str, str]:
+def _settled_job(job_id: str, wait_s: float | None = None, poll_s: float = 0.25) -> dict[str, str]:
     """``scontrol show job`` once Slurm has delivered the signal it is sending.
 
     While an outgoing signal is pending, Slurm shows ``JobState=SIGNALING`` in place of the job's
@@ -107,7 +107,7 @@ def _settled_job(job_id: str, wait_s: Optional[float] = None, poll_s: float = 0.
     return info
 
 
-def _scontrol(args: list[str]) -> Optional[str]:
+def _scontrol(args: list[str]) -> str | None:
     """Run ``scontrol ARGS``; None on success, else what it said."""
     try:
         proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S)

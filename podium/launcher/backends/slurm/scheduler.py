@@ -32,9 +32,10 @@ import hashlib
 import io
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
