@@ -269,7 +269,8 @@ def down(
 @app.command()
 def scale(
     run_dir: Path = RunDirArg,
-    teacher: str = typer.Argument(..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
+    teacher: str = typer.Argument(
+        ..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
     replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
 ) -> None:
     """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond (the others are left as they are)."""

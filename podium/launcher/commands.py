@@ -171,7 +171,8 @@ def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
     """What ``up`` would submit (every replica's job), validated as ``up`` validates; nothing is
     written or submitted."""
     validate(plan)
-    return [scheduler_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir.absolute(), replica))
+    run_dir = run_dir.absolute()
+    return [scheduler_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir, replica))
             for spec in plan.teachers for replica in spec.replica_specs()]
 
 

@@ -8,6 +8,7 @@ stragglers) and a sweep of their temporary folders. Every step is safe to repeat
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ def stop_replicas(selected: Sequence[Stoppable], wait_s: float = 60.0,
         # The job has ended; its tasks' processes end with it (stragglers get a few seconds).
         straggle_s = max(0.0, min(deadline, time.monotonic() + DOWN_STRAGGLER_S) - time.monotonic())
         try:
-            poll_until(lambda: not run_processes(files), timeout_s=straggle_s, interval_s=STRAGGLER_POLL_S,
+            poll_until(functools.partial(_all_gone, files), timeout_s=straggle_s, interval_s=STRAGGLER_POLL_S,
                        what=f"the processes of teacher {spec.display!r} to end")
         except PollTimeout as exc:
             logger.info("%s: left running", exc)
@@ -91,6 +92,11 @@ def stop_replicas(selected: Sequence[Stoppable], wait_s: float = 60.0,
             logger.info("teacher %r: removed %s", spec.display, path)
         names.append(spec.display)
     return names
+
+
+def _all_gone(files: TeacherFiles) -> bool:
+    """No process the replica's job recorded runs any more."""
+    return not run_processes(files)
 
 
 def _wait_ended(records: Sequence[JobRecord], wait_s: float) -> None:

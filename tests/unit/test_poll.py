@@ -84,5 +84,5 @@ def test_an_error_of_the_condition_ends_the_wait() -> None:
 def test_bad_intervals_are_refused() -> None:
     with pytest.raises(ValueError, match="interval_s=0"):
         poll_until(lambda: True, timeout_s=1, interval_s=0, what="x")
-    with pytest.raises(ValueError, match="max_interval_s=0.5 < interval_s=1"):
+    with pytest.raises(ValueError, match=r"max_interval_s=0\.5 < interval_s=1"):
         poll_until(lambda: True, timeout_s=1, interval_s=1, max_interval_s=0.5, what="x")
