@@ -60,12 +60,11 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
 
     def teacher(self, key_or_name: str) -> TeacherSpec:
-        """The teacher of that key or name, or the replica of that display name (``math#1``)."""
+        """The teacher of that key or name, or the replica of that display or folder name (``math#1``):
+        the words :attr:`TeacherSpec.names` says select a replica, as every run-dir command takes them."""
         for spec in self.teachers:
-            if key_or_name in (spec.key, spec.name):
-                return spec
-            for replica in spec.replica_specs()[1:]:
-                if key_or_name == replica.display:
+            for replica in spec.replica_specs():  # replica 0 first: a name or key selects the teacher
+                if key_or_name in replica.names:
                     return replica
         names = ", ".join(s.name for s in self.teachers)
         raise ConfigError(f"no teacher {key_or_name!r} in the plan; teachers: {names}")
