@@ -6,7 +6,8 @@ configs are built in code and weights drawn from a fixed seed, then written with
 ``qwen3`` (q/k norm, tied), ``mistral`` (sliding window), ``qwen3_moe`` (4 experts, top-2, one
 dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bias, top-k weights
 not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
-odd vocab 101).
+odd vocab 101), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
+non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
 
 - ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
@@ -22,6 +23,7 @@ Importing this module imports torch; transformers is imported on first use.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +32,8 @@ from typing import Any
 import torch
 
 SEED = 1234
+
+logger = logging.getLogger(__name__)
 
 # kind -> (config class name, model class name, config kwargs)
 # The tiny Qwen3-MoE (Qwen2-MoE's tiny shape too, below).
@@ -180,6 +184,38 @@ _BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
 }
 
+# Nemotron-H: every layer kind (M Mamba-2, E latent MoE, * attention without positions, - MLP).
+# The gated norm's eps is Megatron's fixed 1e-5; chunk 8 makes the oracle's SSD scan cross chunks.
+_BASE_CONFIGS["nemotron_h"] = (
+    "NemotronHConfig",
+    "NemotronHForCausalLM",
+    dict(
+        vocab_size=256,
+        hidden_size=64,
+        hybrid_override_pattern="MEM*-E",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,  # the "-" layer's squared-ReLU MLP
+        mamba_num_heads=8,
+        mamba_head_dim=8,
+        n_groups=2,
+        ssm_state_size=16,
+        conv_kernel=4,
+        chunk_size=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+        moe_latent_size=32,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        layer_norm_epsilon=1e-5,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    ),
+)
+
 KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
 
 
@@ -198,6 +234,21 @@ def _randomise_(model: torch.nn.Module, seed: int, std: float = 0.15, embed_std:
                 name.endswith("weight")
             )
             param.copy_(1.0 + noise if is_norm else noise)
+
+
+def _skew_routing_(model: torch.nn.Module, seed: int, router_scale: float = 2.0, bias_std: float = 0.3) -> None:
+    """Routers far from uniform (weights scaled up) and a non-zero expert bias: a sigmoid router
+    (Nemotron-H's ``gate``) picks experts by ``sigmoid(logits) + e_score_correction_bias`` and weighs
+    them without it, so forgetting the bias changes which experts run."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if bias is None:
+                continue
+            module.weight.mul_(router_scale)
+            bias.copy_(torch.randn(bias.shape, generator=gen) * bias_std)
+            logger.debug("skewed router %s", name)
 
 
 def make_tiny_checkpoint(
@@ -219,6 +270,8 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls_name)(config).to(torch.float32)
     _randomise_(model, seed)
+    if kind == "nemotron_h":
+        _skew_routing_(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()
     path = Path(path)
