@@ -12,6 +12,7 @@ client by :mod:`podium.nemo_rl`, which imports this package (never the other way
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import threading
@@ -36,24 +37,44 @@ logger = logging.getLogger(__name__)
 
 
 class PodiumClient:
-    """All teachers of one run (thread-safe; use as a context manager or call :meth:`close`)."""
+    """All teachers of one run (thread-safe; use as a context manager or call :meth:`close`).
+
+    ``path``: ``<run_dir>/rendezvous.json`` or the run dir. ``token``: the run's bearer token
+    (default: read ``<run_dir>/auth_token``). ``tokenizer``: a HF tokenizer every teacher is checked
+    against when first reached (fingerprint and size). ``options``: a :class:`ClientOptions`
+    (default: its defaults); ``option_overrides``: any of its fields by name, replacing that field of
+    ``options``:
+
+    - ``call_timeout_s`` (1800): one call, its retries and waits included (per call: ``timeout_s``);
+    - ``ready_timeout_s`` (3600): one wait for a (re)started teacher to be ready;
+    - ``connect_timeout_s`` (10), ``request_timeout_s`` (3600; None: no limit): one connection,
+      one exchange;
+    - ``keepalive_idle_s`` (30), ``keepalive_interval_s`` (10), ``keepalive_count`` (3): TCP keepalive;
+    - ``poll_interval_s`` (0.2), ``max_poll_interval_s`` (2): how often a record is read again;
+    - ``stale_after_s`` (None: what the teacher's record says): when a silent record is stale;
+    - ``refresh_s`` (2): how often ``rendezvous.json`` and the unused replicas are looked at again;
+    - ``binary`` (True): the binary tensor extension on the wire (False: JSON tensors);
+    - ``return_type`` ("auto"): "torch", "numpy", or "auto" (torch where it is importable).
+
+    Any other keyword raises :class:`TypeError` before the run is read.
+    """
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | os.PathLike[str],
         *,
         token: str | None = None,
         options: ClientOptions | None = None,
         tokenizer: Any = None,
         **option_overrides: Any,
     ) -> None:
+        # an unknown name raises TypeError here, before the run is read
+        self.options = dataclasses.replace(options or ClientOptions(), **option_overrides)
         self.layout = RunLayout.from_rendezvous_path(path)
         self._stamp = _stamp(self.layout.rendezvous_path) if self.layout.rendezvous_path.exists() else None
         self._checked_at = time.monotonic()
         self.rendezvous: Rendezvous = read_rendezvous(self.layout.rendezvous_path)
         self._token = token if token is not None else read_token(self.layout.auth_token_path)
-        base = options or ClientOptions()
-        self.options = ClientOptions(**{**base.__dict__, **option_overrides}) if option_overrides else base
         self._fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
         self._tokenizer_size = tokenizer_size(tokenizer) if tokenizer is not None else None
         self._teachers: dict[str, TeacherClient] = {}
@@ -140,15 +161,43 @@ class PodiumClient:
         return self.teacher(alias_or_agent_name).get_logprobs(data, top_k=top_k, micro_batch_size=micro_batch_size,
                                                               temperature=temperature, timeout_s=timeout_s)
 
-    def get_topk_logits(self, alias_or_agent_name: str, data: Mapping[str, Any], k: int, **kwargs: Any) -> dict[str, Any]:
-        """NeMo RL's ``get_topk_logits`` from the teacher of ``alias_or_agent_name``
-        (:meth:`TeacherClient.get_topk_logits`)."""
-        return self.teacher(alias_or_agent_name).get_topk_logits(data, k, **kwargs)
+    def get_topk_logits(
+        self,
+        alias_or_agent_name: str,
+        data: Mapping[str, Any],
+        k: int,
+        *,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
+        values_datatype: str = "FP32",
+        indices_datatype: str = "INT64",
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """NeMo RL's ``get_topk_logits`` from the teacher of ``alias_or_agent_name``:
+        ``{"topk_logits": float32 [B, S, k], "topk_indices": int64 [B, S, k]}``, the
+        temperature-scaled logits of the ``k`` likeliest next tokens at each position (see
+        :meth:`TeacherClient.get_topk_logits`). ``values_datatype="BF16"`` and
+        ``indices_datatype="INT32"`` halve the bytes on the wire, not the result's dtypes;
+        ``timeout_s``: this call's deadline (default ``ClientOptions.call_timeout_s``)."""
+        return self.teacher(alias_or_agent_name).get_topk_logits(
+            data, k, micro_batch_size=micro_batch_size, temperature=temperature, values_datatype=values_datatype,
+            indices_datatype=indices_datatype, timeout_s=timeout_s)
 
-    def get_candidate_logprobs(self, alias_or_agent_name: str, data: Mapping[str, Any], candidate_ids: Any = None,
-                               **kwargs: Any) -> dict[str, Any]:
+    def get_candidate_logprobs(
+        self,
+        alias_or_agent_name: str,
+        data: Mapping[str, Any],
+        candidate_ids: Any = None,
+        *,
+        micro_batch_size: int | None = None,
+        temperature: float | None = None,
+        values_datatype: str = "FP32",
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
         """The teacher's logprobs of the caller's ids (:meth:`TeacherClient.get_candidate_logprobs`)."""
-        return self.teacher(alias_or_agent_name).get_candidate_logprobs(data, candidate_ids, **kwargs)
+        return self.teacher(alias_or_agent_name).get_candidate_logprobs(
+            data, candidate_ids, micro_batch_size=micro_batch_size, temperature=temperature,
+            values_datatype=values_datatype, timeout_s=timeout_s)
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -222,7 +271,9 @@ class PodiumClient:
         meta = client.metadata()
         info = meta.get("podium", {})
         gen = info.get("generation") or {}
-        fp = fingerprint if fingerprint is not None else (tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)
+        fp = fingerprint
+        if fp is None and tokenizer is not None:
+            fp = tokenizer_fingerprint(tokenizer)
         size = tokenizer_size(tokenizer) if tokenizer is not None else None
         check_tokenizer_against(client.label, f"{gen.get('job_id')}:{gen.get('restart')}", info, fp, size, vocab_size)
         if fp is not None and info.get("tokenizer_fingerprint") is None:
@@ -257,12 +308,20 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def connect(path: str | Path, **kwargs: Any) -> PodiumClient:
+def connect(
+    path: str | os.PathLike[str],
+    *,
+    token: str | None = None,
+    options: ClientOptions | None = None,
+    tokenizer: Any = None,
+    **option_overrides: Any,
+) -> PodiumClient:
     """Connect to a run: ``path`` is ``<run_dir>/rendezvous.json`` (or the run dir).
 
-    Keyword arguments: ``token`` (default: read ``<run_dir>/auth_token``), ``options`` (a
-    :class:`ClientOptions`) or any of its fields directly (``call_timeout_s=...``), and
-    ``tokenizer`` (a HF tokenizer every teacher is checked against when first reached).
+    ``token`` (default: read ``<run_dir>/auth_token``), ``tokenizer`` (a HF tokenizer every teacher
+    is checked against when first reached), ``options`` (a :class:`ClientOptions`) and any of its
+    fields by name (``call_timeout_s=...``): :class:`PodiumClient` lists them; any other keyword
+    raises :class:`TypeError`.
     """
-    return PodiumClient(path, **kwargs)
+    return PodiumClient(path, token=token, options=options, tokenizer=tokenizer, **option_overrides)
 

@@ -154,7 +154,7 @@ class ReplicaSet:
             raise ValueError(f"teacher {self.label}: no replica to call")
         with self._lock:
             current = {r.path: r for r in self._replicas}
-            self._replicas = [current.pop(Path(p), None) or Replica(Path(p)) for p in paths]
+            self._replicas = [current.pop(Path(p)) if Path(p) in current else Replica(Path(p)) for p in paths]
             self._retired.extend(current.values())
             self._looked_at = 0.0
         if current:
@@ -311,8 +311,9 @@ class ReplicaSet:
                 raise TeacherFailedError(self.label, gen, record.reason)
             return None
         if record.status is not Status.READY or not record.url:
-            call.note(f"{prefix}generation {gen} {record.status.value}" + (f" ({record.reason})" if record.reason else "")
-                      + (f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""))
+            reason = f" ({record.reason})" if record.reason else ""
+            stale_note = f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""
+            call.note(f"{prefix}generation {gen} {record.status.value}{reason}{stale_note}")
             return None
         transport = replica.transport if replica.transport is not None and replica.transport.url == record.url \
             else self._transport(record.url)

@@ -188,7 +188,8 @@ class TeacherClient:
             record = endpoint.record
             gen, where = str(record.generation), self.replicas.where(record)
             call.generation = gen
-            at = f"{'replica %d ' % record.replica if self.replicas.multiple else ''}generation {gen} at {record.url}"
+            replica = f"replica {record.replica} " if self.replicas.multiple else ""
+            at = f"{replica}generation {gen} at {record.url}"
             try:
                 resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
             except TransportError as exc:
@@ -362,10 +363,12 @@ class TeacherClient:
                 resp.body, oip.parse_header_length(resp.header(oip.HEADER_LENGTH), len(resp.body))
             )
         except oip.OIPError as exc:
-            raise TeacherServerError(self.label, str(record.generation), resp.status, f"unreadable response: {exc}") from None
+            raise TeacherServerError(self.label, str(record.generation), resp.status,
+                                     f"unreadable response: {exc}") from None
         missing = [name for name in outputs if name not in decoded.outputs]
         if missing:
-            raise TeacherServerError(self.label, str(record.generation), resp.status, f"response lacks outputs {missing}")
+            raise TeacherServerError(self.label, str(record.generation), resp.status,
+                                     f"response lacks outputs {missing}")
         return {name: decoded.as_float32(name) if name in VALUE_OUTPUTS else decoded.outputs[name] for name in outputs}
 
     def close(self) -> None:
@@ -392,7 +395,8 @@ def check_tokenizer_against(
         raise TokenizerMismatchError(f"{where}: vocab size {teacher_vocab} != trainer's vocab size {vocab_size}")
     if tokenizer_size is not None and teacher_vocab is not None and int(tokenizer_size) > int(teacher_vocab):
         raise TokenizerMismatchError(
-            f"{where}: trainer's tokenizer has {tokenizer_size} tokens but the teacher's vocabulary has only {teacher_vocab}"
+            f"{where}: trainer's tokenizer has {tokenizer_size} tokens "
+            f"but the teacher's vocabulary has only {teacher_vocab}"
         )
     if fingerprint is not None:
         if teacher_fp is None:

@@ -19,14 +19,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 from urllib.parse import urlsplit
 
 from podium.client.errors import TransportError
 
 logger = logging.getLogger(__name__)
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 _JOIN_BELOW = 64 * 1024  # small bodies go out in one send
 _READ_CHUNK = 4 * 1024 * 1024  # the time left is re-applied to the socket between chunks
 
@@ -93,7 +92,8 @@ class HTTPTransport:
         if conn is not None:
             return conn, True
         try:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self._bounded(self.connect_timeout_s, deadline))
+            timeout = self._bounded(self.connect_timeout_s, deadline)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
             conn.connect()
         except OSError as exc:
             raise TransportError(f"cannot connect to {self.url}: {type(exc).__name__}: {exc}") from exc
@@ -158,7 +158,7 @@ class HTTPTransport:
         all_headers = dict(headers or {})
         if self._auth:
             all_headers["Authorization"] = self._auth
-        payload: object | None = None
+        payload: bytes | list[Buffer] | None = None
         if body is not None:
             total = sum(memoryview(c).nbytes for c in body)
             all_headers["Content-Length"] = str(total)

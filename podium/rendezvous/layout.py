@@ -36,6 +36,7 @@ Every file is replaced whole (``podium.rendezvous.atomic``), never edited in pla
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,7 @@ class RunLayout:
         object.__setattr__(self, "run_dir", Path(run_dir))
 
     @classmethod
-    def from_rendezvous_path(cls, path: str | Path) -> RunLayout:
+    def from_rendezvous_path(cls, path: str | os.PathLike[str]) -> RunLayout:
         """The layout whose ``rendezvous.json`` is ``path`` (what trainers are given), or whose run
         dir it is: a path that is not a file (a run dir not made yet, a typo) is a run dir, so an
         error names ``<path>/rendezvous.json``, not a file beside it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class GroupCalls:
         outputs = tuple(o for o in OUTPUTS if o in job.outputs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, batch, job.opts, outputs)
 
-    def observe(self, segments: list[Segment], seconds: float) -> None:
+    def observe(self, segments: Sequence[Segment], seconds: float) -> None:
         stats = getattr(self.group, "last_call", None)
         tokens = sum(int(s.job.batch.input_lengths[s.start:s.end].sum()) for s in segments)
         waits = [s.job.started - s.job.enqueued for s in segments if s.start == 0 and s.job.started is not None]

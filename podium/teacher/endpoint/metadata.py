@@ -45,7 +45,7 @@ def server_metadata() -> dict[str, Any]:
 def model_info(group: LogprobGroup, config: EndpointConfig, *, vocab_size: int, max_sequence_length: int | None,
                sequence_length_multiple: int) -> ModelInfo:
     """The model's facts: the group's (its spec, checkpoint and layout) and the config's (names, tokenizer)."""
-    spec = getattr(group, "spec", None)
+    spec: Any = getattr(group, "spec", None)  # LogprobGroup promises no spec (a stand-in may lack one)
     return ModelInfo(
         served_name=config.served_name,
         model_name=config.model_name,

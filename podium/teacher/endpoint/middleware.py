@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from podium.protocol import oip
 from podium.protocol.names import AUTHORIZATION, GENERATION_HEADER, HEALTH_LIVE, METRICS, REQUEST_ID_HEADER
@@ -25,9 +25,6 @@ from podium.teacher.endpoint.errors import RequestError, json_error
 from podium.teacher.metrics import EndpointMetrics
 
 logger = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 # Per-request storage key for the request id (typed key where aiohttp has them).
 REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
@@ -47,7 +44,8 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
         except oip.OIPError as exc:
             response = json_error(exc.status, exc.message)
         except web.HTTPRequestEntityTooLarge as exc:
-            response = json_error(413, f"request body is larger than the limit of {config.body_limit} bytes ({exc.text})")
+            response = json_error(413, f"request body is larger than the limit of {config.body_limit} bytes "
+                                       f"({exc.text})")
         except web.HTTPException as exc:
             if exc.status >= 400:
                 detail = exc.reason

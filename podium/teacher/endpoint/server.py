@@ -176,7 +176,8 @@ class EndpointServer:
         if host in ("0.0.0.0", "::", ""):
             host = socket.getfqdn()
         self.url = http_url(host, self.port)
-        logger.info("teacher %r serving at %s (generation %s)", self.config.served_name, self.url, self.config.generation)
+        logger.info("teacher %r serving at %s (generation %s)",
+                    self.config.served_name, self.url, self.config.generation)
         return self.url
 
     def drain(self) -> None:
@@ -198,14 +199,16 @@ class EndpointServer:
         """Drain, wait up to ``grace_s`` for queued requests, then close the listener."""
         self.drain()
         if self._idle is not None and not await self.wait_idle(grace_s):
-            logger.warning("teacher %r: %d requests still queued after %.0fs; closing", self.config.served_name, self.queue_depth, grace_s)
+            logger.warning("teacher %r: %d requests still queued after %.0fs; closing",
+                           self.config.served_name, self.queue_depth, grace_s)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._scheduler is not None:
             await self._scheduler.stop()
         self._calls.shutdown()
-        logger.info("teacher %r stopped serving at %s after %d requests", self.config.served_name, self.url, self._served)
+        logger.info("teacher %r stopped serving at %s after %d requests",
+                    self.config.served_name, self.url, self._served)
 
     # ------------------------------------------------------------------ routes
 
@@ -216,7 +219,8 @@ class EndpointServer:
                                f"(aliases: {', '.join(sorted(self._names))})")
         version = request.match_info.get("version")
         if version is not None and version != self.config.model_version:
-            raise RequestError(404, f"model {name!r} has no version {version!r} (versions: {self.config.model_version})")
+            raise RequestError(404, f"model {name!r} has no version {version!r} "
+                                    f"(versions: {self.config.model_version})")
 
     def _retry_after(self) -> dict[str, str]:
         return {RETRY_AFTER: str(self.config.retry_after_s)}
@@ -260,7 +264,8 @@ class EndpointServer:
     async def _ready_route(self, request: web.Request) -> web.Response:
         if not self.ready:
             raise self._not_ready()
-        return web.json_response({"ready": True, "generation": str(self.config.generation) if self.config.generation else None})
+        generation = str(self.config.generation) if self.config.generation else None
+        return web.json_response({"ready": True, "generation": generation})
 
     async def _server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(metadata.server_metadata())
