@@ -36,6 +36,7 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "llama",  # + routed experts as Qwen3-MoE, a gated mlp.shared_expert, q/k/v bias
     "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
     "GPT2LMHeadModel": "gpt2",
+    "NemotronHForCausalLM": "nemotron_h",  # hybrid Mamba-2 / attention / (latent) MoE layers
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_FAMILIES)
 

@@ -7,7 +7,11 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   (q/k norm, layer mix by ``decoder_sparse_step`` / ``mlp_only_layers``, ``norm_topk_prob``),
   Qwen2-MoE (Qwen3-MoE's routing and layer mix, q/k/v bias, a shared expert behind a sigmoid gate)
   and Mixtral;
-- ``gpt2``: GPT-2.
+- ``gpt2``: GPT-2;
+- ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
+  transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
+  MLPs and MoE layers (sigmoid router with an expert bias, a shared expert, optional latent
+  projections around the routed experts).
 
 Anything else is a ``ValueError`` naming the checkpoint, the architecture and the supported list
 (the list itself, architecture -> family, is :data:`podium.config.checkpoints.ARCHITECTURE_FAMILIES`).
@@ -38,7 +42,7 @@ class ModelDescription:
     """What podium needs to know about a checkpoint's architecture (from its HF config)."""
 
     architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3) or "gpt2"
+    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "gpt2" or "nemotron_h"
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -49,8 +53,8 @@ class ModelDescription:
     max_position_embeddings: int
     normalization: str  # "RMSNorm" | "LayerNorm"
     norm_eps: float
-    activation: str  # "swiglu" | "gelu_tanh" | "gelu"
-    position_embedding_type: str  # "rope" | "learned_absolute"
+    activation: str  # "swiglu" | "gelu_tanh" | "gelu" | "squared_relu"
+    position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
     rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
     qkv_bias: bool = False
@@ -70,11 +74,31 @@ class ModelDescription:
     # (a linear map of the layer input to one value per token) scales its output.
     moe_shared_ffn_hidden_size: int = 0
     moe_shared_expert_gate: bool = False
+    # The router: "softmax", or "sigmoid" scores whose top-k are picked after adding a per-expert
+    # bias (``moe_expert_bias``, kept in fp32) and weighed without it; the top-k weights are then
+    # multiplied by ``moe_routed_scaling_factor`` (None: 1). ``moe_latent_size`` > 0: the routed
+    # experts work in a latent space, between two projections of the hidden state.
+    moe_score_function: str = "softmax"
+    moe_expert_bias: bool = False
+    moe_routed_scaling_factor: float | None = None
+    moe_latent_size: int = 0
+    # A hybrid model (Nemotron-H): one symbol per layer, ``M`` Mamba-2, ``*`` attention, ``-`` MLP,
+    # ``E`` MoE ("" for a transformer), and the Mamba-2 mixer's shape.
+    hybrid_pattern: str = ""
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_num_groups: int = 0
+    mamba_state_dim: int = 0
+    mamba_conv_kernel: int = 0
     hf_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.hybrid_pattern)
 
     @property
     def any_linear_bias(self) -> bool:
@@ -234,8 +258,94 @@ def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: s
                 moe_layers=moe_layers, **fields)
 
 
+# transformers' ``layers_block_type`` names -> the ``hybrid_override_pattern`` symbols.
+HYBRID_SYMBOLS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
+                  "mlp": "-", "moe": "E"}
+
+
+def hybrid_pattern(config: Mapping[str, Any], checkpoint: str) -> str:
+    """The layer pattern of a Nemotron-H config: ``hybrid_override_pattern`` (published
+    checkpoints) or ``layers_block_type`` (what transformers >= 5.3 writes)."""
+    pattern = config.get("hybrid_override_pattern")
+    if not pattern:
+        kinds = list(config.get("layers_block_type") or [])
+        unknown = sorted({k for k in kinds if k not in HYBRID_SYMBOLS})
+        if unknown or not kinds:
+            raise ValueError(f"checkpoint {checkpoint}: layers_block_type {unknown or kinds!r} is not a hybrid "
+                             f"layer list (known: {sorted(HYBRID_SYMBOLS)})")
+        pattern = "".join(HYBRID_SYMBOLS[k] for k in kinds)
+    if set(pattern) - set("M*-E"):
+        raise ValueError(f"checkpoint {checkpoint}: hybrid_override_pattern {pattern!r} has symbols other than "
+                         "M (Mamba-2), * (attention), - (MLP), E (MoE)")
+    return str(pattern)
+
+
+def _refuse(checkpoint: str, config: Mapping[str, Any], key: str, supported: Any, default: Any) -> None:
+    value = config.get(key, default)
+    if value != supported:
+        raise ValueError(f"checkpoint {checkpoint}: NemotronH with {key}={value!r} is not supported "
+                         f"(Megatron's hybrid model needs {key}={supported!r})")
+
+
+def _describe_nemotron_h(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """Nemotron-H: hybrid Mamba-2 / attention (no positions) / squared-ReLU MLP / MoE layers, one
+    pre-norm RMSNorm per layer; MTP heads (``mtp.*``) are not part of the teacher."""
+    for key, supported, default in (("mamba_hidden_act", "silu", "silu"), ("mlp_hidden_act", "relu2", "relu2"),
+                                    ("use_bias", False, False), ("mamba_proj_bias", False, False),
+                                    ("use_conv_bias", True, True), ("n_group", 1, 1), ("n_shared_experts", 1, 1)):
+        _refuse(checkpoint, config, key, supported, default)
+    pattern = hybrid_pattern(config, checkpoint)
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    mamba_heads = int(config["mamba_num_heads"])
+    moe: dict[str, Any] = {}
+    if "E" in pattern:
+        experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
+        topk = int(config.get("num_experts_per_tok") or 0)
+        if experts < 1 or not 1 <= topk <= experts:
+            raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+        if topk > 1 and not config.get("norm_topk_prob", True):
+            raise ValueError(f"checkpoint {checkpoint}: {arch} with norm_topk_prob=false is not supported "
+                             "(Megatron renormalises sigmoid top-k weights)")
+        moe = dict(num_experts=experts, moe_topk=topk, moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+                   norm_topk_prob=True, moe_layers=tuple(c == "E" for c in pattern),
+                   moe_shared_ffn_hidden_size=int(config.get("moe_shared_expert_intermediate_size") or 0),
+                   moe_score_function="sigmoid", moe_expert_bias=True,
+                   moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+                   moe_latent_size=int(config.get("moe_latent_size") or 0))
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=len(pattern),
+        hidden_size=hidden,
+        ffn_hidden_size=int(config.get("intermediate_size") or 0),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+        activation="squared_relu",
+        position_embedding_type="none",
+        qkv_bias=bool(config.get("attention_bias", False)),
+        attn_out_bias=bool(config.get("attention_bias", False)),
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        hybrid_pattern=pattern,
+        mamba_num_heads=mamba_heads,
+        mamba_head_dim=int(config["mamba_head_dim"]),
+        mamba_num_groups=int(config.get("n_groups") or config.get("mamba_n_groups") or 1),
+        mamba_state_dim=int(config["ssm_state_size"]),
+        mamba_conv_kernel=int(config.get("conv_kernel") or config.get("mamba_d_conv") or 4),
+        **moe,
+        hf_config=dict(config),
+    )
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "gpt2": _describe_gpt2,
+    "nemotron_h": _describe_nemotron_h,
 }
