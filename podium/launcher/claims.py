@@ -84,9 +84,9 @@ def claim_state(files: TeacherFiles, number: int, now: float | None = None) -> s
         data = found.data
         if data.get("released"):
             return "released"
-        if data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int):
-            if not ProcRef(data["pid"], data.get("start")).alive():
-                return "stale"
+        mine = data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int)
+        if mine and not ProcRef(data["pid"], data.get("start")).alive():
+            return "stale"
     # No payload yet (just created, being written) or a holder elsewhere: judged by its age.
     return "stale" if age > CLAIM_STALE_S else "held"
 

@@ -28,7 +28,7 @@ from podium.launcher import ray_bootstrap as rb
 from podium.launcher.lifecycle import TeacherLifecycle
 from podium.launcher.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
 from podium.launcher.node_run import NodeRun, NodeStartError, RayLaunch
-from podium.launcher.restarts import Decision, RestartLedger, decide, excluded_after
+from podium.launcher.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
 from podium.launcher.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 GCS_PORT_TIMEOUT_S = 120.0  # the head's `ray start` opens its GCS port within this
 NODES_POLL_S = 0.1  # the head counts Ray's nodes this often while they join
 REQUEUE_REFUSED_WAIT_S = 600.0  # requeue refused: stay (Slurm ends and requeues a preempted job)
-STOP_OUTCOMES = {"preempt": "preempted", "signal": "preempted", "time_limit": "time_limit"}  # else "stopped"
+# A stop's outcome by the stop's kind (any other kind: "stopped").
+STOP_OUTCOMES: dict[str, Outcome] = {"preempt": "preempted", "signal": "preempted", "time_limit": "time_limit"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: BaseExcept
     """How this generation ended, per the restart policy, published; the decision."""
     intent = node.signals.intent()
     host: str | None = None
+    outcome: Outcome
     if lifecycle.fault is not None:
         outcome, (reason, host) = "failed", lifecycle.fault
     elif intent is not None and (intent.requeue or error is None or isinstance(error, (KeyboardInterrupt, SystemExit))):
@@ -206,7 +208,8 @@ class HeadRun:
             if len(alive) >= ctx.num_nodes:
                 logger.info("all %d Ray nodes joined: %s", ctx.num_nodes,
                             ", ".join(n.get("NodeManagerAddress", "?") for n in alive))
-                states = (try_read_node_state(files.node(ctx.job_id, ctx.restart, rank)) for rank in range(ctx.num_nodes))
+                states = (try_read_node_state(files.node(ctx.job_id, ctx.restart, rank))
+                          for rank in range(ctx.num_nodes))
                 self.joined = watched_nodes(alive, [s for s in states if s is not None], ctx.host)
                 return True
             for rank in range(1, ctx.num_nodes):
@@ -234,9 +237,13 @@ class HeadRun:
         host = rb.node_ip(interface) if interface else self.launch.ip
         token = read_token(RunLayout(self.files.run_dir).auth_token_path)
         ray_proc = self.ray_proc
+
+        def head_alive() -> str | None:
+            """None while the head's own ``ray start`` runs, else how it exited."""
+            return None if ray_proc is None or ray_proc.alive() else ray_proc.describe_exit()
+
         watchdog = Watchdog(files=self.files, job_id=self.ctx.job_id, restart=self.ctx.restart, nodes=self.joined,
-                            group=self.group, on_fault=self.lifecycle.fault_found,
-                            head_alive=lambda: None if ray_proc is None or ray_proc.alive() else ray_proc.describe_exit())
+                            group=self.group, on_fault=self.lifecycle.fault_found, head_alive=head_alive)
 
         def on_ready(url: str) -> None:
             self.node.state.write(NodeStatus.SERVING, url=url)

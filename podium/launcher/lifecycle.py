@@ -129,8 +129,10 @@ class TeacherLifecycle:
             server.set_ready(True)
             if not self.publish(Status.READY, url=url, model=server.server.model_info()):
                 return
-            heartbeat = Heartbeat(self.writer, server_cfg.heartbeat_s,
-                                  on_fenced=lambda exc: self.signals.request_stop(f"fenced: {exc}", kind="cancel")).start()
+            def fenced(exc: Exception) -> None:
+                self.signals.request_stop(f"fenced: {exc}", kind="cancel")
+
+            heartbeat = Heartbeat(self.writer, server_cfg.heartbeat_s, on_fenced=fenced).start()
             if on_ready is not None:
                 on_ready(url)
             while not self.signals.stop.wait(STOP_FILE_POLL_S):

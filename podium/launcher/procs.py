@@ -81,7 +81,8 @@ def set_child_subreaper() -> bool:
 def _stat_fields(pid: int) -> list[str] | None:
     """Fields of ``/proc/<pid>/stat`` after the command name (state is index 0), or None."""
     try:
-        text = open(f"/proc/{pid}/stat", "rb").read().decode("ascii", "replace")
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read().decode("ascii", "replace")
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()

@@ -114,12 +114,13 @@ def decide(ledger: RestartLedger, outcome: Outcome, settings: RestartSettings, *
     if outcome == "failed":
         n, limit = ledger.consecutive_failures, settings.max_consecutive_failures
         if n >= limit:
-            return Decision(False, True, 0.0, f"{n} consecutive failed generations (restart.max_consecutive_failures={limit})")
+            return Decision(False, True, 0.0,
+                            f"{n} consecutive failed generations (restart.max_consecutive_failures={limit})")
         delay = min(settings.backoff_s * 2 ** (n - 1), settings.max_backoff_s)
         return Decision(True, False, delay, f"failure {n} of at most {limit} in a row: requeued after {delay:.0f}s")
-    limit = settings.max_requeues
-    if limit is not None and ledger.requeues > limit:
-        return Decision(False, True, 0.0, f"{ledger.requeues} requeues (restart.max_requeues={limit})")
+    max_requeues = settings.max_requeues
+    if max_requeues is not None and ledger.requeues > max_requeues:
+        return Decision(False, True, 0.0, f"{ledger.requeues} requeues (restart.max_requeues={max_requeues})")
     return Decision(True, False, 0.0, f"{outcome.replace('_', ' ')}: requeued (requeue {ledger.requeues})")
 
 

@@ -84,7 +84,7 @@ def known_teachers(run_dir: Path) -> list[tuple[TeacherSpec, TeacherFiles]]:
     """Every teacher folder of the run dir with its spec (also ones no longer in the plan): one
     per replica, each spec naming its ``replica``; sorted by folder, so a teacher's replica 0 comes
     before its others."""
-    out = []
+    out: list[tuple[TeacherSpec, TeacherFiles]] = []
     teachers = RunLayout(run_dir).teachers_dir
     if not teachers.is_dir():
         return out

@@ -93,7 +93,8 @@ def _setting(spec: TeacherSpec, option: str) -> str:
     if option in slurm.extra_sbatch:
         return f"podium.slurm.extra_sbatch.{option}={_shown(slurm.extra_sbatch[option])}"
     if option == "gpus":
-        how = f"--gres=gpu:{spec.gpus_per_node}" if slurm.gpu_request == "gres" else f"--gpus-per-node={spec.gpus_per_node}"
+        gpus = spec.gpus_per_node
+        how = f"--gres=gpu:{gpus}" if slurm.gpu_request == "gres" else f"--gpus-per-node={gpus}"
         return f"podium.slurm.gpus={_shown(slurm.gpus)} with gpus_per_node={spec.gpus_per_node} ({how})"
     if option == "nodes":
         return f"num_nodes={spec.num_nodes}"

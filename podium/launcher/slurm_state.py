@@ -124,13 +124,14 @@ def expand_nodelist(text: str) -> list[str]:
             if not lo.isdigit() or (hi and not hi.isdigit()):
                 raise ValueError(f"cannot parse node range {chunk!r} in {text!r}")
             width = len(lo)
-            for number in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{number:0{width}d}{suffix}")
+            names.extend(f"{prefix}{number:0{width}d}{suffix}" for number in range(int(lo), int(hi or lo) + 1))
     return names
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1
@@ -160,7 +161,8 @@ def parse_sacct(text: str) -> dict[str, JobState]:
         raise SlurmQueryError(f"sacct output without a JobID|State header: {lines[0]!r}")
     jobs: dict[str, JobState] = {}
     for line in lines[1:]:
-        row = dict(zip(header, line.split("|")))
+        # lenient: a row whose free text (a job name) holds "|" keeps the fields before it
+        row = dict(zip(header, line.split("|"), strict=False))
         job_id = row.get("JobID", "")
         if not job_id or "." in job_id:
             continue
@@ -244,7 +246,7 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
     """``scontrol show job -o JOB`` (one line of ``Key=Value``) as a dict; values may hold spaces
     and ``=`` (``TRES=cpu=4,node=2``). Empty text gives ``{}``."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return {key: value for key, value in _SCONTROL_FIELD.findall(line)}
+    return dict(_SCONTROL_FIELD.findall(line))
 
 
 def slurm_time(value: str | None) -> float | None:
@@ -268,11 +270,11 @@ def time_to_minutes(text: str) -> int:
         days = int(d)
     parts = [int(p) for p in rest.split(":")]
     if days or "-" in text:
-        h, m, s = (parts + [0, 0])[:3]
+        h, m, s = [*parts, 0, 0][:3]
     elif len(parts) == 3:
         h, m, s = parts
     else:
-        h, (m, s) = 0, (parts + [0])[:2]
+        h, (m, s) = 0, [*parts, 0][:2]
     return days * 1440 + h * 60 + m + (1 if s else 0)
 
 

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
+from typing import TypeGuard
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
@@ -86,7 +87,7 @@ def _fault(name: str, detail: str) -> None:
         os._exit(FAULT_EXIT_CODE)
 
 
-def _alive(record: JobRecord | None) -> bool:
+def _alive(record: JobRecord | None) -> TypeGuard[JobRecord]:
     if record is None:
         return False
     state = job_states([record]).get(record.job_id)

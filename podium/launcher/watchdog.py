@@ -6,8 +6,9 @@ Every ``interval_s`` the :class:`Watchdog` thread checks, in order:
 check                              a fault when
 =================================  ==========================================================
 the head's own ``ray start``       it has exited
-each node Ray counted at start     Ray marks it dead (found by its Ray node id) (its raylet is gone; the GCS health check
-                                   is tuned to notice in about 3 s, :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
+each node Ray counted at start     Ray marks it dead (found by its Ray node id) (its raylet is
+                                   gone; the GCS health check is tuned to notice in about 3 s,
+                                   :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
 each worker node task              its ``<rank>.json`` is done (``failed`` or ``ended``,
                                    :data:`~podium.launcher.node_files.DONE_STATES`) while the
                                    head still serves

@@ -15,7 +15,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Optional
 
 from podium.launcher.backends.base import JobEnvironment, NodeContext, Scheduler, Submission, SubmitError
 from podium.launcher.backends.local.environment import LocalEnvironment

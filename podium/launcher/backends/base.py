@@ -109,7 +109,7 @@ class Scheduler(abc.ABC):
 
     name: ClassVar[str]
 
-    def check(self, spec: TeacherSpec) -> None:
+    def check(self, spec: TeacherSpec) -> None:  # noqa: B027 - an optional hook: a kind that runs anything has none
         """Raise :class:`SubmitError` for what this kind cannot run."""
 
     def notices(self, spec: TeacherSpec) -> list[str]:

@@ -140,7 +140,8 @@ def _judge_probe(rc: int, stdout: str, stderr: str, out: Path, where: str, names
         rows.append(Check("python", FAIL, f"node {host}: {report['python']} is Python {version}, this machine's "
                           f"{sys.executable} is {'.'.join(map(str, mine))}", PYTHON_FIX))
     else:
-        rows.append(Check("python", PASS, f"node {host}: {report['python']} (Python {version}; here: {sys.executable})"))
+        rows.append(Check("python", PASS,
+                          f"node {host}: {report['python']} (Python {version}; here: {sys.executable})"))
     if "import_error" in report or "podium" not in report:
         rows.append(Check("podium", FAIL, f"node {host}: import podium failed: {report.get('import_error')}",
                           PODIUM_FIX))

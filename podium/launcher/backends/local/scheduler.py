@@ -126,7 +126,7 @@ class LocalScheduler(Scheduler):
                 _signal(job, signal.SIGKILL)
 
     def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
-        return super().log_paths(files, job_id, ranks) + [files.submitit / CONTROLLER_LOG]
+        return [*super().log_paths(files, job_id, ranks), files.submitit / CONTROLLER_LOG]
 
 
 def _signal(job: JobRecord, sig: signal.Signals) -> None:

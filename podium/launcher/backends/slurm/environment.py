@@ -48,7 +48,7 @@ class SlurmEnvironment(JobEnvironment):
         if exclude:
             update.append(f"ExcNodeList={','.join(exclude)}")
         if delay_s > 0:
-            update.append(f"StartTime=now+{int(round(delay_s))}")
+            update.append(f"StartTime=now+{round(delay_s)}")
         if update:
             problem = _scontrol(["update", f"JobId={ctx.job_id}", *update])
             if problem is not None:

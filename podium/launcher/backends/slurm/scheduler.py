@@ -187,7 +187,8 @@ class SlurmScheduler(Scheduler):
         except submitit.core.utils.FailedJobError as exc:
             _remove(set(folder.glob(SUBMITIT_TEMP_SCRIPTS)) - before)
             if submission.spec is None:
-                raise SubmitError(f"teacher {submission.teacher}: sbatch refused the job: {one_line(str(exc))}") from exc
+                refused = one_line(str(exc))
+                raise SubmitError(f"teacher {submission.teacher}: sbatch refused the job: {refused}") from exc
             raise SubmitError(explain(str(exc), submission.spec)) from exc
         except Exception as exc:
             _remove(set(folder.glob(SUBMITIT_TEMP_SCRIPTS)) - before)
