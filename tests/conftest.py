@@ -1,4 +1,5 @@
-"""Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints, NeMo RL recipes.
+"""Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints, NeMo RL recipes,
+a machine without CUDA (on a GPU node too).
 
 Each lives in its own module under tests/fixtures/ and is registered here as a pytest plugin.
 Under CI (``CI=true``) a skip is a failure, at collection too (``fixtures.ci_rules``): a missing
@@ -13,4 +14,5 @@ pytest_plugins = [
     "fixtures.ray_cluster",
     "fixtures.checkpoints",
     "fixtures.recipes",
+    "fixtures.devices",
 ]

@@ -1,9 +1,9 @@
 """``cluster: local`` end to end, as a user runs it: ``podium up --wait`` from a script that captures
-its output (with a NeMo RL recipe's ``gpus_per_node: 2`` on this machine without CUDA: on CPU, said
-once), ``status``, a trainer call checked against transformers (at the recipe's temperature) and NeMo RL's
-MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; a Qwen3-MoE teacher at EP2 called by
-podium's client and by ``tritonclient``; and the
-README's first command, ``podium demo``.
+its output (with a NeMo RL recipe's ``gpus_per_node: 2`` on a machine without CUDA, GPUs hidden on a
+GPU node: on CPU, said once), ``status``, a trainer call checked against transformers (at the recipe's
+temperature) and NeMo RL's MOPD fan-out on ``podium.nemo_rl``'s groups, ``logs``, ``down``; a Qwen3-MoE
+teacher at EP2 called by podium's client and by ``tritonclient``; and the README's first command,
+``podium demo``.
 
 No Slurm: submitit's local controller runs the same node entry, Ray head and Megatron group.
 """
@@ -64,14 +64,13 @@ def _holders(links: set[str]) -> list[str]:
     return found
 
 
-def podium_up_through_pipes(*args: str, timeout: float,
-                            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+def podium_up_through_pipes(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``podium up --wait`` with pipes on stdin, stdout and stderr (``out=$(podium up --wait ...)``,
     a Python script's ``capture_output``): it must return and its pipes reach end of file (the
     timeout turns a regression into a failure, not a hang). Also returns the processes that still
     hold one of the three pipes afterwards (the teachers it started must hold none)."""
     proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "up", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     links = _pipe_inodes(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -86,11 +85,16 @@ def podium_up_through_pipes(*args: str, timeout: float,
 CPU_NOTICE = "runs on CPU: no CUDA device found on this machine"
 
 
-def test_local_up_wait_through_pipes_status_logs_down(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+def test_local_up_wait_through_pipes_status_logs_down(no_cuda: None, tiny_llama_checkpoint: Path,
+                                                      tmp_path: Path) -> None:
     """A NeMo RL recipe as shipped (``gpus_per_node: 2``, GPUs requested) on ``cluster: local`` on a
     machine without CUDA: the teacher runs on two CPU workers, ``up`` says so once, and ``up --wait``
-    through pipes returns with nothing it started holding them."""
-    assert cuda_device_count() == 0, "this test is about a machine without CUDA"
+    through pipes returns with nothing it started holding them.
+
+    ``no_cuda`` hides the GPUs of a GPU node, as issue 13's machine had none: ``CUDA_VISIBLE_DEVICES``
+    empty, which ``up``, its node task and Ray inherit. Ray refuses ``--num-gpus=2`` then (unset, it
+    would fake two GPUs), so the recipe's GPUs must not reach ``ray start``."""
+    assert cuda_device_count() == 0, "no_cuda hides every CUDA device from what this test starts"
     run_dir = tmp_path / "run"
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"""\
@@ -107,10 +111,7 @@ podium:
   server: {{heartbeat_s: 2, stale_after_s: 10}}
 """)
     try:
-        # CUDA_VISIBLE_DEVICES empty, as on issue 13's machine: Ray refuses `--num-gpus=2` then
-        # (unset, it would fake two GPUs), so the recipe's GPUs must not reach `ray start`
-        up, holders = podium_up_through_pipes(str(recipe), "--wait", "--timeout", "300", timeout=600,
-                                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        up, holders = podium_up_through_pipes(str(recipe), "--wait", "--timeout", "300", timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr[-3000:]
         assert "math: submitted job" in up.stdout and "all teachers ready" in up.stdout
         assert holders == []  # stdin included: the teachers hold none of their caller's pipes

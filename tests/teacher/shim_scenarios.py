@@ -1,7 +1,8 @@
 """Megatron code paths that need each CPU shim (run as a script by test_cuda_shims.py).
 
 ``python shim_scenarios.py SCENARIO --skip NAME``: applies every CPU shim except ``NAME`` and runs
-the scenario; exit status 0 when it worked, 3 when it failed (the error is printed).
+the scenario; exit status 0 when it worked, 3 when it failed (the error is printed). Run it with
+CUDA hidden (``CUDA_VISIBLE_DEVICES=``, as the test does); TransformerEngine is hidden here.
 
 Scenarios:
 - ``forward``: one rank, a tiny GPTModel forward (needs ``current_device``);
@@ -49,6 +50,8 @@ def _build(pp: int):
 
 
 def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str) -> None:
+    # A CPU-only build has no TransformerEngine; a GPU node's may (its test hides CUDA, this hides TE).
+    sys.modules["transformer_engine"] = None  # type: ignore[assignment]
     import torch
 
     from podium.teacher.cuda_shims import apply_cuda_shims

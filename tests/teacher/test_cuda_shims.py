@@ -3,6 +3,8 @@
 For every shim, the scenario that needs it (``shim_scenarios.py``) runs with all shims (must work)
 and with all shims but that one (must fail). A megatron-core upgrade that drops a need fails the
 second check (remove the shim); one that adds a need fails the first (add a shim, and a scenario).
+The scenarios run with CUDA hidden (and TransformerEngine, ``shim_scenarios.py``): a CPU-only
+machine, also on a GPU node.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.devices import cpu_only_env
 from podium.teacher.cuda_shims import SHIM_NAMES
 
 pytestmark = [pytest.mark.megatron]
@@ -28,10 +31,12 @@ def test_every_shim_has_a_scenario():
     assert set(NEEDED_BY) == set(SHIM_NAMES)
 
 
-def test_no_cuda_here():
-    import torch
-
-    assert not torch.cuda.is_available(), "these checks are for CPU-only builds"
+def test_scenarios_see_no_cuda():
+    """The scenarios run as on a CPU-only machine wherever the suite runs (a GPU node too)."""
+    probe = "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"
+    proc = subprocess.run([sys.executable, "-c", probe], env=cpu_only_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split() == ["False", "0"], proc.stdout + proc.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def scenario_results() -> dict[tuple[str, str], subprocess.CompletedProcess]:
     procs = {
         key: subprocess.Popen(
             [sys.executable, str(SCRIPT), key[0], "--skip", key[1]],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cpu_only_env(),
         )
         for key in runs
     }

@@ -46,7 +46,8 @@ def test_padded_vocab():
 
 
 def test_moe_routing_comes_from_the_checkpoint_and_inference_settings_are_forced(
-        tiny_qwen3_moe_checkpoint, tiny_qwen3_moe_unnormed_checkpoint, tiny_mixtral_checkpoint, caplog):
+        no_cuda, tiny_qwen3_moe_checkpoint, tiny_qwen3_moe_unnormed_checkpoint, tiny_mixtral_checkpoint, caplog):
+    """On CPU/gloo (``no_cuda``: a GPU node's devices hidden), as the dispatcher checks below assume."""
     qwen = describe_model(tiny_qwen3_moe_checkpoint)
     assert (qwen.num_experts, qwen.moe_topk, qwen.moe_ffn_hidden_size, qwen.moe_layers) == (4, 2, 32, (True, False, True))
     # a recipe trained with capacity, sinkhorn and a flex dispatcher: an inference teacher is dropless
