@@ -158,7 +158,12 @@ class TeacherWorkerGroup:
                 f"{o.placement_timeout_s:.0f}s; cluster has {ray.available_resources()} available"
             ) from None
         actor_cls = ray.remote(TeacherWorker)
-        runtime_env = {"env_vars": dict(o.env_vars)} if o.env_vars else None
+        env_vars = dict(o.env_vars)
+        if not use_gpu:
+            # Ray leaves CUDA_VISIBLE_DEVICES alone for an actor with num_gpus=0, so on a GPU node a
+            # group asked to run on CPU would see (and pick) cuda:0: hide the devices, as asked.
+            env_vars.setdefault("CUDA_VISIBLE_DEVICES", "")
+        runtime_env = {"env_vars": env_vars} if env_vars else None
         for rank in range(s.world_size):
             options: dict[str, Any] = dict(
                 num_cpus=o.num_cpus_per_worker,
