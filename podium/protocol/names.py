@@ -76,6 +76,10 @@ HEALTH_LIVE = "/v2/health/live"
 HEALTH_READY = "/v2/health/ready"
 SERVER_METADATA = "/v2"
 METRICS = "/metrics"  # Prometheus text format, no auth (as Triton's and vLLM's)
+# The server's proof that it holds the run's token and is the record's generation (no auth: podium's
+# client asks it on each new connection before it sends the token there).
+PROOF = "/v2/podium/proof"
+PROOF_NONCE = "nonce"  # its query parameter: the client's challenge, hex
 
 
 def model_path(name: str) -> str:

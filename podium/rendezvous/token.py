@@ -3,10 +3,16 @@
 The launcher calls :func:`create_token` when it makes the run directory; the teacher's head process
 and the trainer's client call :func:`read_token`. A token file that others can read is refused (as
 ssh refuses a private key), because the token is the only thing guarding the endpoints.
+
+The token also lets a server prove who it is before a client sends it the token:
+:func:`server_proof` is the answer to a client's fresh :func:`new_nonce` (an HMAC with the token,
+bound to the generation and teacher the client's record names), so whatever listens at a dead
+teacher's address cannot pass for it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import secrets
@@ -18,6 +24,8 @@ from podium.rendezvous.layout import AUTH_TOKEN_MODE
 logger = logging.getLogger(__name__)
 
 TOKEN_BYTES = 32
+NONCE_BYTES = 32
+PROOF_CONTEXT = "podium-proof"  # what the proof's HMAC is about: never the same message as anything else
 
 
 def new_token() -> str:
@@ -62,3 +70,16 @@ def tokens_equal(given: str | bytes, expected: str | bytes) -> bool:
     if isinstance(expected, str):
         expected = expected.encode("utf-8", errors="replace")
     return hmac.compare_digest(given, expected)
+
+
+def new_nonce() -> str:
+    """A fresh challenge for a server's proof (:data:`NONCE_BYTES` random bytes, hex)."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def server_proof(token: str, nonce: str, generation: str, teacher_key: str) -> str:
+    """Hex ``HMAC-SHA256(token, "podium-proof|<nonce>|<generation>|<teacher_key>")``: only a holder
+    of the run's token can compute it for a nonce it has not seen, and it names the generation and
+    the teacher the server says it is."""
+    message = "|".join((PROOF_CONTEXT, nonce, generation, teacher_key)).encode("utf-8")
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()

@@ -32,7 +32,7 @@ from podium.protocol.names import (
     SERVER_METADATA,
 )
 from podium.rendezvous.records import ModelInfo
-from podium.teacher.endpoint import metadata
+from podium.teacher.endpoint import metadata, proof
 from podium.teacher.endpoint.answer import infer_response, wire
 from podium.teacher.endpoint.body import read_request
 from podium.teacher.endpoint.calls import GroupCalls, call_tokens
@@ -149,6 +149,7 @@ class EndpointServer:
         app.router.add_get(METRICS, self._metrics)
         app.router.add_get(HEALTH_READY, self._ready_route)
         app.router.add_get(SERVER_METADATA, self._server_metadata)
+        proof.install(app, self.config)  # GET /v2/podium/proof: who this is, before any token
         for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
             app.router.add_get(prefix, self._model_metadata)
             app.router.add_get(prefix + "/ready", self._model_ready)
