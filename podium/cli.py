@@ -76,7 +76,9 @@ def convert(
     dst: Path = typer.Argument(..., help="Where to write the Megatron torch_dist checkpoint."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of the writing layout."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size of the writing layout."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel size of the writing layout (MoE: no process holds every expert)."),
+    ep: int = typer.Option(
+        1, "--ep", help="Expert-parallel size of the writing layout (MoE: no process holds every expert)."
+    ),
     etp: int = typer.Option(1, "--etp", help="Expert-tensor-parallel size of the writing layout (MoE)."),
     precision: str | None = typer.Option(
         None, "--precision", help="bf16, fp16 or fp32 (default: the HF config's dtype, else bf16)."
@@ -107,13 +109,25 @@ def up(
     recipe: Path = RecipeArg,
     overrides: list[str] | None = OverridesArg,
     launcher: Path | None = LauncherOpt,
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory (default: podium.run_dir, else <$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of the recipe's path>)."),
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir",
+        help="Run directory (default: podium.run_dir, else "
+             "<$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of the recipe's path>).",
+    ),
     wait_ready: bool = typer.Option(False, "--wait", help="Wait until every teacher is ready."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds --wait waits."),
-    replace: bool = typer.Option(False, "--replace", help="Resubmit live teachers whose podium.* settings (slurm, ray, server) the recipe changed, cancelling their jobs; stop teachers of this run dir that the recipe no longer has."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate as `up` does and print every teacher's job script; write and submit nothing."),
+    replace: bool = typer.Option(
+        False, "--replace",
+        help="Resubmit live teachers whose podium.* settings (slurm, ray, server) the recipe changed, cancelling "
+             "their jobs; stop teachers of this run dir that the recipe no longer has.",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Validate as `up` does and print every teacher's job script; write and submit nothing.",
+    ),
 ) -> None:
-    """Submit one job per unique teacher (idempotent: live jobs are reattached; changed settings are reported, applied with --replace)."""
+    """Submit one job per unique teacher (idempotent: live jobs are reattached; changed settings are
+    reported, applied with --replace)."""
     from podium.config.plan import load_plan
     from podium.launcher import commands
     from podium.launcher.backends import SubmitError
@@ -136,7 +150,7 @@ def up(
         return
     except SlurmQueryError as exc:  # the scheduler did not answer: never guess what runs
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     _notices(result.notices)
     for name, action in result.actions.items():
         if name in result.replaced:
@@ -168,7 +182,7 @@ def _wait(run_dir: Path, timeout: float) -> None:
             wait(run_dir, timeout, on_update=view.update)
     except WaitFailed as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     typer.echo("all teachers ready")
 
 
@@ -198,7 +212,7 @@ def status(
         rows = teacher_status.status(_run_dir(run_dir))
     except (FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1)
+        raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1) from None
     if watch is not None and not as_json:
         from podium.cli_render import watch_status
 
@@ -262,7 +276,7 @@ def down(
         return
     except SlurmQueryError as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     typer.echo(f"stopped: {', '.join(names) or 'nothing'}")
 
 
@@ -273,7 +287,8 @@ def scale(
         ..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
     replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
 ) -> None:
-    """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond (the others are left as they are)."""
+    """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond
+    (the others are left as they are)."""
     from podium.launcher import commands
     from podium.launcher.backends import SubmitError
     from podium.launcher.slurm_state import SlurmQueryError
@@ -286,7 +301,7 @@ def scale(
         return
     except SlurmQueryError as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     for name, action in result.actions.items():
         typer.echo(f"{name}: {action} job {result.job_ids[name]}")
     for name in result.stopped:
@@ -302,7 +317,9 @@ def render(
     launcher: Path | None = LauncherOpt,
     teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key; NAME#i for its replica i."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
-    write: bool = typer.Option(False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."),
+    write: bool = typer.Option(
+        False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."
+    ),
 ) -> None:
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""
     from podium.config.plan import load_plan
@@ -329,10 +346,13 @@ def doctor(
     overrides: list[str] | None = OverridesArg,
     launcher: Path | None = LauncherOpt,
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory to check (default: as `up`)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds the one-node test job may take, queue wait included."),
+    timeout: float = typer.Option(
+        300.0, "--timeout", help="Seconds the one-node test job may take, queue wait included."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
-    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and podium on a node, ports); exit 0 when all pass."""
+    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and
+    podium on a node, ports); exit 0 when all pass."""
     from podium.config.launcher import TeacherLauncherSettings
     from podium.config.plan import load_plan
     from podium.launcher.doctor.checks import run_doctor
@@ -358,7 +378,8 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(doctor_report(checks), indent=2))
     else:
-        title = f"podium doctor: {recipe or 'default settings'} (cluster: {settings.cluster}, run dir {target.absolute()})"
+        title = (f"podium doctor: {recipe or 'default settings'} "
+                 f"(cluster: {settings.cluster}, run dir {target.absolute()})")
         print_checks(checks, title)
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from podium.config.needs import teacher_needs
 from podium.config.plan import Plan
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
@@ -85,8 +88,8 @@ def status_table(rows: list, title: str = "podium status") -> Table:
         load = r.load or {}
         figures = (f"{load['tokens_per_s_1m']:.0f}", f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") \
             if load else ("-", "-", "-")
-        table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts, r.generation or "-",
-                      status, r.url or "-", health, _age(r.heartbeat_age_s), *figures)
+        table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts,
+                      r.generation or "-", status, r.url or "-", health, _age(r.heartbeat_age_s), *figures)
     return table
 
 
@@ -131,7 +134,7 @@ class WaitView:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
-        self._live = None
+        self._live: Live | None = None
         self._last: dict[str, str] = {}
         self._since: dict[str, float] = {}
 

@@ -105,7 +105,7 @@ def load_plan(
         extra = load_recipe(launcher_file)
         extra_raw = resolve_section(extra, SECTION, required=False)
         if extra_raw is None:  # a launcher file may also hold the section's keys directly
-            extra_raw = {k: resolve_section(extra, str(k)) for k in extra.keys()}
+            extra_raw = {k: resolve_section(extra, str(k)) for k in extra}
         launcher_raw = merge_with_override(launcher_raw, extra_raw)
     return build_plan(cfg, Path(recipe), parse_launcher(launcher_raw))
 
@@ -195,7 +195,7 @@ def checkpoint_problems(spec: TeacherSpec) -> list[str]:
     """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
     if not Path(spec.model_name).is_absolute():
         return []
-    problem = checkpoint_problem(spec.model_name, spec.expert_model_parallel_size)
+    problem = checkpoint_problem(spec.model_name, spec)
     return [f"teacher {spec.name!r}: {problem}"] if problem else []
 
 
@@ -220,7 +220,7 @@ class _AliasSettings:
 
     def differing_keys(self, other: _AliasSettings) -> list[str]:
         mine, theirs = self.comparable(), other.comparable()
-        out = []
+        out: list[str] = []
         for key in sorted(set(mine) | set(theirs)):
             if mine.get(key) == theirs.get(key):
                 continue

@@ -204,7 +204,7 @@ def _resolve(cfg: DictConfig, key: str) -> Any:
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{key}: cannot resolve {_raw(cfg, key)!r}: {_first_line(exc)}") from None
     if isinstance(node, DictConfig):
-        return {str(k): _resolve(cfg, f"{key}.{k}") for k in node.keys()}
+        return {str(k): _resolve(cfg, f"{key}.{k}") for k in node}
     if isinstance(node, ListConfig):
         return [_resolve(cfg, f"{key}[{i}]") for i in range(len(node))]
     return node

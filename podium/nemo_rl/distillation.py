@@ -19,7 +19,9 @@ class RemoteDistillationTeacher(RemoteTeacher):
     """NeMo RL distillation teacher (``Policy``) for one podium teacher.
 
     ``values_datatype="BF16"`` / ``indices_datatype="INT32"`` halve the top-k bytes on the wire
-    (values rounded to bfloat16; returned as float32 / int64 either way)."""
+    (values rounded to bfloat16; returned as float32 / int64 either way). The other keywords are
+    :class:`~podium.nemo_rl.remote.RemoteTeacher`'s (``options``, ``model``, ``client``); any other
+    raises :class:`TypeError`."""
 
     def __init__(self, rendezvous_path: str | Path, alias: str, *, values_datatype: str = "FP32",
                  indices_datatype: str = "INT64", **kwargs: Any) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from podium.client.client import PodiumClient
 from podium.client.options import ClientOptions
@@ -74,7 +74,7 @@ class NoWorkers:
     worker's ``__ray_ready__``) has nothing to wait for in the trainer's Ray cluster; readiness
     was waited for when the facade was made."""
 
-    workers: list = []
+    workers: ClassVar[list[Any]] = []
 
 
 def as_batched_data_dict(values: dict[str, Any]) -> Any:
@@ -91,7 +91,13 @@ def as_batched_data_dict(values: dict[str, Any]) -> Any:
 
 
 class RemoteTeacher:
-    """One podium teacher for a NeMo RL facade (see the module doc)."""
+    """One podium teacher for a NeMo RL facade (see the module doc).
+
+    ``rendezvous_path``: the run's ``rendezvous.json`` (or run dir); ``alias``: the teacher's alias
+    or an agent name it serves. ``options``: the client's :class:`ClientOptions` (default: those of
+    ``client``, else the defaults); ``model``: the teacher's model info when already known (else
+    read when first needed, waiting for the teacher to be ready); ``client``: a client to reach the
+    teacher through (its owner closes it; default: one made in each process on first use)."""
 
     def __init__(self, rendezvous_path: str | Path, alias: str, *, options: ClientOptions | None = None,
                  model: ModelInfo | None = None, client: PodiumClient | None = None) -> None:

@@ -142,7 +142,9 @@ def distillation_teacher(
 
 
 @contextlib.contextmanager
-def distillation_policy(rendezvous_path: str | Path, alias: str | None = None, **kwargs: Any) -> Iterator[RemoteDistillationTeacher]:
+def distillation_policy(
+    rendezvous_path: str | Path, alias: str | None = None, **kwargs: Any
+) -> Iterator[RemoteDistillationTeacher]:
     """Within the block, NeMo RL's distillation ``setup`` gets the podium teacher where it builds
     ``Policy(name_prefix="teacher", ...)`` (the student's ``Policy`` is built as before)::
 
@@ -150,7 +152,9 @@ def distillation_policy(rendezvous_path: str | Path, alias: str | None = None, *
             (student, student_generation, cluster, ..., teacher, ...) = distillation.setup(...)
 
     ``nemo_rl.algorithms.distillation`` builds both with its module-level ``Policy``; that one
-    name is replaced for the block and restored after it."""
+    name is replaced for the block and restored after it. ``kwargs`` are
+    :func:`distillation_teacher`'s (``ready_timeout_s``, ``options``, ``values_datatype``,
+    ``indices_datatype``); any other raises :class:`TypeError` before the block runs."""
     import nemo_rl.algorithms.distillation as upstream
 
     teacher = distillation_teacher(rendezvous_path, alias, **kwargs)

@@ -17,7 +17,8 @@ NeMo RL reads (where)                              a podium teacher answers
                                                    so any width is served (its internal multiple would make NeMo RL
                                                    refuse policies it does not divide, for nothing)
 ``worker_group.workers[*].__ray_ready__``          ``[]``: nothing in the trainer's Ray cluster; readiness is waited
-(opd.py ``create_teacher_worker_groups``)          for when the facade is made (:func:`podium.nemo_rl.teacher_worker_groups`)
+(opd.py ``create_teacher_worker_groups``)          for when the facade is made
+                                                   (:func:`podium.nemo_rl.teacher_worker_groups`)
 ``shutdown()`` (and ``__del__`` upstream)          closes this process's connections; the teacher keeps serving
                                                    (there is no ``__del__``: copies are pickled and collected)
 =================================================  ==========================================================
@@ -32,7 +33,11 @@ from podium.nemo_rl.remote import NoWorkers, RemoteTeacher, Sharding, as_batched
 
 
 class RemoteTeacherWorkerGroup(RemoteTeacher):
-    """NeMo RL ``TeacherWorkerGroup`` for one podium teacher (see the module doc)."""
+    """NeMo RL ``TeacherWorkerGroup`` for one podium teacher (see the module doc).
+
+    ``top_k``: :meth:`get_logprobs` also answers the teacher's top-k logprobs and their indices.
+    The other keywords are :class:`~podium.nemo_rl.remote.RemoteTeacher`'s (``options``, ``model``,
+    ``client``); any other raises :class:`TypeError`."""
 
     use_sequence_packing = False
     use_dynamic_batches = False
@@ -45,6 +50,10 @@ class RemoteTeacherWorkerGroup(RemoteTeacher):
 
     @property
     def sharding_annotations(self) -> Sharding:
+        """The teacher's layout as NeMo RL's ``NamedSharding`` (axes ``pipeline_parallel``,
+        ``data_parallel``, ``context_parallel``, ``tensor_parallel``, read from the teacher's
+        model info: waits for the teacher to be ready the first time). NeMo RL pads each call's
+        rows to a multiple of ``get_axis_size("data_parallel")``."""
         return Sharding(self.model)
 
     def get_logprobs(self, data: Any, micro_batch_size: int | None = None) -> Any:

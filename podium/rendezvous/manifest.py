@@ -15,6 +15,7 @@ list, and clients re-read the file when it changes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -117,7 +118,7 @@ def build_rendezvous(
     routing: dict[str, str] = {}
     entries: dict[str, TeacherEntry] = {}
     for spec in teachers:
-        get = spec.get if isinstance(spec, Mapping) else lambda f, d=None: getattr(spec, f, d)
+        get = functools.partial(_spec_field, spec)
         key, name, aliases = get("key"), get("name"), tuple(get("aliases") or ())
         for alias in aliases:
             if alias in routing and routing[alias] != key:
@@ -130,6 +131,11 @@ def build_rendezvous(
         entries[key] = TeacherEntry(name=name, aliases=aliases, endpoint=endpoints[0], replicas=endpoints,
                                     model_name=get("model_name"))
     return Rendezvous(run_name=run_name, routing=routing, default_alias=default_alias, strict=strict, teachers=entries)
+
+
+def _spec_field(spec: Any, field: str) -> Any:
+    """A field of a ``TeacherSpec`` or of a mapping standing for one (None when absent)."""
+    return spec.get(field) if isinstance(spec, Mapping) else getattr(spec, field, None)
 
 
 def write_rendezvous(layout: RunLayout, rendezvous: Rendezvous) -> Path:
