@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from podium.config.architecture import architecture_needs, experts_of, layout_problems
+from podium.config.layout import ParallelLayout
+
 CheckpointFormat = Literal["hf", "torch_dist"]
 
 # The HF architectures podium loads (``config.json`` ``architectures``), by the family of name
@@ -119,9 +122,10 @@ def detect_format(path: str | Path) -> CheckpointFormat | None:
         return None
 
 
-def checkpoint_problem(path: str | Path, expert_model_parallel_size: int = 1) -> str | None:
-    """Why podium cannot load the local checkpoint ``path`` (its format, its architecture, or
-    experts that EP does not divide), or None when it can."""
+def checkpoint_problem(path: str | Path, layout: ParallelLayout | None = None) -> str | None:
+    """Why podium cannot load the local checkpoint ``path`` (its format, its architecture, or a
+    ``layout`` that cannot split it: :func:`podium.config.architecture.layout_problems`), or None
+    when it can."""
     try:
         found = find_checkpoint(path)
     except CheckpointError as exc:
@@ -137,15 +141,24 @@ def checkpoint_problem(path: str | Path, expert_model_parallel_size: int = 1) ->
         return (f"checkpoint {found.path}: architecture {', '.join(archs) or config.get('model_type')!r} is not "
                 f"supported (podium loads {', '.join(SUPPORTED_ARCHITECTURES)}); convert it to a Megatron "
                 "torch_dist checkpoint with megatron-bridge, or serve another checkpoint")
-    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    ep = int(expert_model_parallel_size)
-    if ep > 1 and not experts:
+    layout = layout or ParallelLayout()
+    ep = layout.expert_model_parallel_size
+    if ep > 1 and not experts_of(config):
         return (f"checkpoint {found.path}: expert_model_parallel_size={ep} but {', '.join(archs)} has no routed "
                 "experts; set it to 1")
-    if experts and experts % ep:
-        return (f"checkpoint {found.path}: {experts} experts cannot be split over EP{ep} "
-                f"({experts} / {ep} is not a whole number per rank); choose an EP that divides {experts}")
-    return None
+    problems = layout_problems(config, layout)
+    return f"checkpoint {found.path}: {'; '.join(problems)}" if problems else None
+
+
+def checkpoint_needs(path: str | Path, layout: ParallelLayout) -> list[str]:
+    """What the local HF checkpoint ``path`` needs at ``layout``
+    (:func:`podium.config.architecture.architecture_needs`); nothing where its config is not
+    readable here (a hub id, a checkpoint only the compute nodes see, a torch_dist directory)."""
+    try:
+        config = json.loads((find_checkpoint(path).path / HF_CONFIG).read_text())
+    except (CheckpointError, OSError, ValueError):
+        return []
+    return architecture_needs(config, layout) if isinstance(config, dict) else []
 
 
 def torch_dist_dir(root: Path) -> Path | None:

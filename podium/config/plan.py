@@ -195,7 +195,7 @@ def checkpoint_problems(spec: TeacherSpec) -> list[str]:
     """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
     if not Path(spec.model_name).is_absolute():
         return []
-    problem = checkpoint_problem(spec.model_name, spec.expert_model_parallel_size)
+    problem = checkpoint_problem(spec.model_name, spec)
     return [f"teacher {spec.name!r}: {problem}"] if problem else []
 
 

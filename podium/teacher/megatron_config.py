@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from podium.config.architecture import attention_tp_problem
 from podium.config.layout import PARALLEL_SIZES
 from podium.config.precision import torch_dtype
 from podium.teacher.hf import ModelDescription
@@ -79,7 +80,8 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = DEFAULT_VOCA
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
-def split_overrides(overrides: Mapping[str, Any], where: str = "megatron_cfg_overrides") -> tuple[dict[str, Any], dict[str, Any]]:
+def split_overrides(overrides: Mapping[str, Any],
+                    where: str = "megatron_cfg_overrides") -> tuple[dict[str, Any], dict[str, Any]]:
     """(TransformerConfig overrides, podium model options); unknown keys raise ``ValueError``."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -111,11 +113,9 @@ def check_model_layout(desc: ModelDescription, parallel: Mapping[str, int], wher
     pp = int(parallel.get("pipeline_model_parallel_size", 1))
     cp = int(parallel.get("context_parallel_size", 1))
     who = f"{where}{desc.architecture}"
-    if desc.num_query_groups % tp or desc.num_attention_heads % tp:
-        raise ValueError(
-            f"{who}: TP{tp} must divide the attention heads ({desc.num_attention_heads}) "
-            f"and the KV groups ({desc.num_query_groups})"
-        )
+    problem = attention_tp_problem(desc.num_attention_heads, desc.num_query_groups, desc.head_dim, tp)
+    if problem:
+        raise ValueError(f"{who}: {problem}")
     if desc.ffn_hidden_size % tp:
         raise ValueError(f"{who}: TP{tp} must divide the MLP size ({desc.ffn_hidden_size})")
     if desc.num_layers % pp:
@@ -282,6 +282,7 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
         forced["moe_shared_expert_overlap"] = False  # it runs the shared expert on a CUDA stream
     for key, value in forced.items():
         if key in overrides and overrides[key] != value:
-            logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key], value)
+            logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key],
+                        value)
     dispatcher = moe_dispatcher(parallel, overrides.get("moe_token_dispatcher_type"))
     return {**from_checkpoint, **forced, "moe_token_dispatcher_type": dispatcher}

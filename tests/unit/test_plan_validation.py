@@ -171,14 +171,15 @@ def _hf_dir(root: Path, name: str, config: dict) -> Path:
     return path
 
 
-@pytest.mark.parametrize("config, ep, message", [
-    ({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h"}, 1,
-     "architecture 'NemotronHForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
+@pytest.mark.parametrize(("config", "ep", "message"), [
+    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, 1,
+     "architecture 'DeepseekV3ForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
      "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, "
-     "GPT2LMHeadModel)"),
+     "GPT2LMHeadModel, NemotronHForCausalLM)"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
      "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),
-    ({"architectures": ["LlamaForCausalLM"]}, 2, "expert_model_parallel_size=2 but LlamaForCausalLM has no routed experts"),
+    ({"architectures": ["LlamaForCausalLM"]}, 2,
+     "expert_model_parallel_size=2 but LlamaForCausalLM has no routed experts"),
 ])
 def test_a_checkpoint_podium_cannot_serve_is_refused_before_submit(tmp_path: Path, config: dict, ep: int,
                                                                    message: str) -> None:
@@ -190,6 +191,7 @@ def test_a_checkpoint_podium_cannot_serve_is_refused_before_submit(tmp_path: Pat
     ckpt = _hf_dir(tmp_path, "ckpt", config)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(BASE.replace("/ckpt/math", str(ckpt)).replace("/ckpt/chat", str(ckpt))
-                      .replace("tensor_model_parallel_size: 2", f"tensor_model_parallel_size: 2\n      expert_model_parallel_size: {ep}"))
+                      .replace("tensor_model_parallel_size: 2",
+                               f"tensor_model_parallel_size: 2\n      expert_model_parallel_size: {ep}"))
     with pytest.raises(ConfigError, match=re.escape(message)):
         require_checkpoints(load_plan(recipe))

@@ -9,6 +9,10 @@ Layouts (Megatron side, TP rank ``r`` of ``tp``):
 
 - ``linear_qkv``: per query group ``[q_0 … q_{n/g-1}, k, v]`` × ``head_dim`` rows, the rank's groups
   ``[r·g/tp, (r+1)·g/tp)``; HF's separate q/k/v (Llama family) or GPT-2's fused Conv1D columns.
+  With fewer KV groups than TP (``tp`` a multiple of ``g``) the rank holds, as Megatron's
+  column-parallel ``linear_qkv`` does, rows ``[r·R/tp, (r+1)·R/tp)`` of the whole fused matrix (``R``
+  rows): a ``g/tp`` share of one group, cut across its q/k/v parts (Megatron all-gathers the fused
+  output and each rank keeps group ``r // (tp/g)``, then its own query heads of it).
 - ``linear_fc1`` (SwiGLU): ``cat[gate_r, up_r]`` — the gate and up halves are each split across ranks
   (partition stride 2).
 - row-parallel ``linear_proj``/``linear_fc2``: the rank's input columns; biases whole.
@@ -92,12 +96,40 @@ class _Reader:
             out[: piece.shape[0]] = piece
         return out
 
-    def groups(self) -> tuple[int, int]:
-        per = self.desc.num_query_groups // self.lay.tp_size
-        return self.lay.tp_rank * per, (self.lay.tp_rank + 1) * per
+    def qkv(self, read: Callable[[int, slice], torch.Tensor]) -> torch.Tensor:
+        """This rank's rows of Megatron's fused ``linear_qkv`` (weight or bias; see the module doc).
+
+        ``read(part, rows)``: rows ``rows`` of the HF q (``part`` 0), k (1) or v (2) projection.
+        """
+        import torch
+
+        d, lay = self.desc, self.lay
+        groups, hd = d.num_query_groups, d.head_dim
+        qpg = d.num_attention_heads // groups
+        if groups % lay.tp_size == 0:  # whole groups per rank
+            per = groups // lay.tp_size
+            g0, g1 = lay.tp_rank * per, (lay.tp_rank + 1) * per
+            q = read(0, slice(g0 * qpg * hd, g1 * qpg * hd))
+            k = read(1, slice(g0 * hd, g1 * hd))
+            v = read(2, slice(g0 * hd, g1 * hd))
+            return _fuse_qkv(q, k, v, g1 - g0, qpg, hd)
+        # fewer groups than TP: rank r holds share `share` of group `g`'s [q…, k, v] rows
+        ranks_per_group = lay.tp_size // groups
+        g, share = divmod(lay.tp_rank, ranks_per_group)
+        rows = (qpg + 2) * hd // ranks_per_group
+        lo, hi = share * rows, (share + 1) * rows
+        pieces = []
+        # (part, first row of the part in the group's block, its rows, its first row in the HF tensor)
+        for part, offset, length, source in ((0, 0, qpg * hd, g * qpg * hd), (1, qpg * hd, hd, g * hd),
+                                             (2, (qpg + 1) * hd, hd, g * hd)):
+            start, end = max(lo, offset), min(hi, offset + length)
+            if start < end:
+                pieces.append(read(part, slice(source + start - offset, source + end - offset)))
+        return torch.cat(pieces)
 
 
-def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, q_per_group: int, head_dim: int) -> torch.Tensor:
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, q_per_group: int,
+              head_dim: int) -> torch.Tensor:
     """[q rows of the rank's groups], [k rows], [v rows] -> Megatron's per-group [q…, k, v] rows."""
     import torch
 
@@ -171,8 +203,6 @@ def _llama_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | 
             return r.vocab_rows(name)
         return None
     p = f"model.layers.{layer}."
-    g0, g1 = r.groups()
-    qpg = d.num_attention_heads // d.num_query_groups
     hd = d.head_dim
     ffn = r.part(d.ffn_hidden_size)
     if local == "input_layernorm.weight":
@@ -183,10 +213,8 @@ def _llama_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | 
         kind = local.rsplit(".", 1)[1]
         if kind == "bias" and not d.qkv_bias:
             return torch.zeros(0)  # sentinel: bias exists only because of add_bias_linear
-        q = r.ckpt.read(p + f"self_attn.q_proj.{kind}", rows=slice(g0 * qpg * hd, g1 * qpg * hd))
-        k = r.ckpt.read(p + f"self_attn.k_proj.{kind}", rows=slice(g0 * hd, g1 * hd))
-        v = r.ckpt.read(p + f"self_attn.v_proj.{kind}", rows=slice(g0 * hd, g1 * hd))
-        return _fuse_qkv(q, k, v, g1 - g0, qpg, hd)
+        names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+        return r.qkv(lambda part, rows: r.ckpt.read(names[part], rows=rows))
     if local == "self_attention.q_layernorm.weight":
         return r.ckpt.read(p + "self_attn.q_norm.weight")
     if local == "self_attention.k_layernorm.weight":
@@ -202,7 +230,8 @@ def _llama_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | 
     if local == "mlp.linear_fc1.bias":
         if not d.mlp_bias:
             return torch.zeros(0)
-        return torch.cat([r.ckpt.read(p + "mlp.gate_proj.bias", rows=ffn), r.ckpt.read(p + "mlp.up_proj.bias", rows=ffn)])
+        return torch.cat([r.ckpt.read(p + "mlp.gate_proj.bias", rows=ffn),
+                          r.ckpt.read(p + "mlp.up_proj.bias", rows=ffn)])
     if local == "mlp.linear_fc2.weight":
         return r.ckpt.read(p + "mlp.down_proj.weight", cols=ffn)
     if local == "mlp.linear_fc2.bias":
@@ -227,8 +256,6 @@ def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | N
         return None
     p = f"{t}h.{layer}."
     h = d.hidden_size
-    hd = d.head_dim
-    g0, g1 = r.groups()  # GPT-2: one group per head
     ffn = r.part(d.ffn_hidden_size)
     kind = local.rsplit(".", 1)[1]
     if local.startswith("input_layernorm."):
@@ -236,13 +263,14 @@ def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | N
     if local.startswith("pre_mlp_layernorm."):
         return r.ckpt.read(p + "ln_2." + kind)
     if local in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
-        name = p + f"attn.c_attn.{kind}"
-        cols = [slice(base + g0 * hd, base + g1 * hd) for base in (0, h, 2 * h)]
-        if kind == "weight":  # Conv1D [in, 3h]: take the rank's columns, then transpose to [out, in]
-            q, k, v = (r.ckpt.read(name, cols=c).t() for c in cols)
-        else:
-            q, k, v = (r.ckpt.read(name, rows=c) for c in cols)
-        return _fuse_qkv(q, k, v, g1 - g0, 1, hd)
+        name = p + f"attn.c_attn.{kind}"  # GPT-2: one group per head, q | k | v side by side
+
+        def read(part: int, rows: slice) -> torch.Tensor:
+            where = slice(part * h + rows.start, part * h + rows.stop)
+            # Conv1D [in, 3h]: take the rank's columns, then transpose to [out, in]
+            return r.ckpt.read(name, cols=where).t() if kind == "weight" else r.ckpt.read(name, rows=where)
+
+        return r.qkv(read)
     if local == "self_attention.linear_proj.weight":
         return r.ckpt.read(p + "attn.c_proj.weight", rows=r.part(h)).t()
     if local == "self_attention.linear_proj.bias":

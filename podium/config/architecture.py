@@ -1,0 +1,175 @@
+"""What a checkpoint's architecture asks of a teacher's layout, read from its HF ``config.json``.
+
+This module owns the rules that depend on the model and not only on the recipe, for ``plan`` (no
+torch, no megatron: a login node plans with it) and for the worker, which checks the same rule
+before it builds the model:
+
+- attention over TP (:func:`attention_tp_problem`): TP divides the query heads, and divides the KV
+  groups or, with fewer groups than TP, is a multiple of them (Megatron then gives each rank
+  ``1/TP`` of the fused QKV rows, all-gathers the fused output and keeps its group, so the fused
+  rows must divide by TP too);
+- routed experts over EP (``num_experts``, ``num_local_experts`` or ``n_routed_experts``);
+- Nemotron-H (``model_type`` ``nemotron_h``): TP divides the Mamba heads (``mamba_num_heads``) and
+  groups (``n_groups``), as Megatron's ``MambaMixer`` asserts, and CP splits what each TP rank holds
+  again (``MambaContextParallel``: heads per TP rank divisible by CP; groups per TP rank a multiple
+  or a divisor of CP).
+
+:func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
+:func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
+prints it under the teacher's other needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from podium.config.layout import ParallelLayout
+
+NEMOTRON_H = "nemotron_h"
+# hybrid_override_pattern letters, and transformers' layers_block_type names for them
+_LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
+_BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
+# What a Nemotron-H teacher imports on CUDA (the Mamba scan, the gated norm and the causal conv).
+MAMBA_KERNELS = ("mamba-ssm", "causal-conv1d")
+
+
+def attention_tp_problem(heads: int, groups: int, head_dim: int, tp: int) -> str | None:
+    """Why TP``tp`` cannot split this attention, or None (see the module doc)."""
+    if heads % tp:
+        return f"TP{tp} must divide the attention heads ({heads}: {heads} / {tp} is not whole)"
+    if groups >= tp:
+        if groups % tp:
+            return f"TP{tp} must divide the KV groups ({groups}: {groups} / {tp} is not whole)"
+        return None
+    if tp % groups:
+        return (f"with fewer KV groups ({groups}) than TP{tp}, TP must be a multiple of them "
+                f"({tp} / {groups} is not whole)")
+    rows = (heads + 2 * groups) * head_dim
+    if rows % tp:
+        return (f"with fewer KV groups ({groups}) than TP{tp}, TP must divide the fused QKV rows "
+                f"((heads {heads} + 2 × groups {groups}) × head_dim {head_dim} = {rows})")
+    return None
+
+
+def _int(config: Mapping[str, Any], *keys: str) -> tuple[str, int] | None:
+    """The first of ``keys`` that ``config`` sets to a positive number, with its value."""
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return key, value
+    return None
+
+
+def _attention(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(query heads, KV groups, head dim) from an HF config, or None where it does not say."""
+    found = _int(config, "num_attention_heads", "n_head")
+    if found is None:
+        return None
+    heads = found[1]
+    groups = (_int(config, "num_key_value_heads") or ("", heads))[1]
+    hidden = (_int(config, "hidden_size", "n_embd") or ("", 0))[1]
+    head_dim = (_int(config, "head_dim") or ("", hidden // heads))[1]
+    return heads, groups, head_dim
+
+
+def experts_of(config: Mapping[str, Any]) -> int:
+    """The routed experts an HF config declares (0 for a dense model)."""
+    return (_int(config, "num_experts", "num_local_experts", "n_routed_experts") or ("", 0))[1]
+
+
+def layer_pattern(config: Mapping[str, Any]) -> str:
+    """A Nemotron-H config's layers as ``hybrid_override_pattern`` letters (``M * E -``)."""
+    pattern = config.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return pattern
+    kinds = config.get("layers_block_type") or []
+    return "".join(_BLOCK_TYPES.get(str(kind), "?") for kind in kinds)
+
+
+def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
+    """What the layout cannot split in this model, each naming the config key and the arithmetic."""
+    tp, cp, ep = layout.tensor_model_parallel_size, layout.context_parallel_size, layout.expert_model_parallel_size
+    problems: list[str] = []
+    attention = _attention(config)
+    if attention is not None:
+        problem = attention_tp_problem(*attention, tp)
+        if problem:
+            problems.append(f"num_attention_heads={attention[0]}, num_key_value_heads={attention[1]}: {problem}")
+    if config.get("model_type") == NEMOTRON_H:
+        problems.extend(_mamba_problems(config, tp, cp))
+    experts = experts_of(config)
+    if experts and experts % ep:
+        problems.append(f"{experts} experts cannot be split over EP{ep} ({experts} / {ep} is not a whole number "
+                        f"per rank); choose an EP that divides {experts}")
+    return problems
+
+
+def _mamba_problems(config: Mapping[str, Any], tp: int, cp: int) -> list[str]:
+    heads = (_int(config, "mamba_num_heads") or ("", 0))[1]
+    groups = (_int(config, "n_groups") or ("", 0))[1]
+    problems = []
+    if heads and heads % tp:
+        problems.append(f"mamba_num_heads={heads}: TP{tp} must divide the Mamba heads ({heads} / {tp} is not whole)")
+    if groups and groups % tp:
+        problems.append(f"n_groups={groups}: TP{tp} must divide the Mamba groups ({groups} / {tp} is not whole)")
+    if problems or cp == 1 or not (heads and groups):
+        return problems
+    heads_tp, groups_tp = heads // tp, groups // tp
+    if heads_tp % cp:
+        problems.append(f"mamba_num_heads={heads}: CP{cp} must divide the Mamba heads of a TP rank "
+                        f"({heads} / TP{tp} = {heads_tp}; {heads_tp} / {cp} is not whole)")
+    if (groups_tp < cp and cp % groups_tp) or (groups_tp >= cp and groups_tp % cp):
+        problems.append(f"n_groups={groups}: the Mamba groups of a TP rank ({groups} / TP{tp} = {groups_tp}) must "
+                        f"divide CP{cp} or be divided by it")
+    return problems
+
+
+def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
+    """What this model at this layout takes, in words (nothing where it asks nothing special)."""
+    tp, cp = layout.tensor_model_parallel_size, layout.context_parallel_size
+    ep, etp = layout.expert_model_parallel_size, layout.expert_tensor_parallel_size
+    nemotron = config.get("model_type") == NEMOTRON_H
+    pattern = layer_pattern(config) if nemotron else ""
+    lines: list[str] = []
+    if nemotron:
+        counts = ", ".join(f"{pattern.count(letter)} {name}" for letter, name in _LAYER_KINDS.items()
+                           if pattern.count(letter))
+        lines.append(f"Nemotron-H ({len(pattern)} layers: {counts}): the GPU nodes' Python must import the Mamba "
+                     f"kernels ({' and '.join(MAMBA_KERNELS)}, built for the nodes' torch and CUDA: "
+                     f"pip install --no-build-isolation {' '.join(MAMBA_KERNELS)})")
+        heads = (_int(config, "mamba_num_heads") or ("", 0))[1]
+        groups = (_int(config, "n_groups") or ("", 0))[1]
+        if heads and groups and not heads % tp and not groups % tp:
+            split = (f"Mamba: TP{tp} splits mamba_num_heads={heads} into {heads // tp} per rank and "
+                     f"n_groups={groups} into {groups // tp}")
+            if cp > 1 and not (heads // tp) % cp:
+                split += (f"; CP{cp} swaps the sequence split for a head split inside each Mamba layer "
+                          f"({heads // tp // cp} heads per rank"
+                          + (f", each group's state on {cp // (groups // tp)} CP ranks)" if groups // tp < cp else ")"))
+            lines.append(split)
+    attention = _attention(config)
+    if attention is not None and attention[1] < tp and attention_tp_problem(*attention, tp) is None:
+        heads, groups, _ = attention
+        where = f" ({pattern.count('*')} attention layers)" if nemotron else ""
+        lines.append(f"attention: {groups} KV group(s) (num_key_value_heads) for TP{tp}: supported — each rank "
+                     f"holds 1/{tp} of the fused QKV rows, all-gathers the fused output in every attention "
+                     f"layer{where} and keeps group rank // {tp // groups} with {heads // tp} of its query heads")
+    experts = experts_of(config)
+    if experts and not experts % ep:
+        topk = (_int(config, "num_experts_per_tok") or ("", 0))[1]
+        latent = (_int(config, "moe_latent_size") or ("", 0))[1]
+        line = (f"experts: {experts} over EP{ep} = {experts // ep} per rank"
+                + (f", top-{topk}" if topk else "") + (f", latent MoE (moe_latent_size={latent})" if latent else ""))
+        if ep * etp > layout.gpus_per_node:
+            nodes = -(-ep * etp // layout.gpus_per_node)
+            moe_layers = f" of each of the {pattern.count('E')} MoE layers" if nemotron else ""
+            line += (f"; EP{ep}·ETP{etp} spans {nodes} nodes ({layout.gpus_per_node} GPUs each): the token "
+                     f"all-to-all{moe_layers} crosses the network")
+        lines.append(line)
+    if nemotron and cp > 1:
+        lines.append(f"CP{cp} without sequence packing: NeMo RL's own Megatron teacher refuses CP > 1 unless "
+                     "policy.sequence_packing.enabled (the Ultra recipe sets it); podium does not pack: it "
+                     f"right-pads each micro-batch to a multiple of 2·CP = {2 * cp} and gives each CP rank its two "
+                     "load-balanced chunks, which Megatron's Mamba layers put back in order for the scan")
+    return lines

@@ -1,0 +1,136 @@
+"""``podium plan`` of NeMo RL's Nemotron 3 Ultra MOPD recipe against an Ultra-sized ``config.json``.
+
+The checkpoint directory holds the config (Nemotron 3 Ultra's published shape: 108 layers, 48 Mamba-2 /
+48 latent-MoE / 12 attention, hidden 8192, 64 query heads in 2 KV groups, 256 Mamba heads × 64 in 8
+groups, 512 experts top-22 through a 2048 latent, vocab 131072) and an empty weight index: planning
+reads the config, never the weights. The recipe's TP8·CP2·EP16 on 4 × 4 GPUs plans one teacher and
+states what it needs; a TP that does not divide the Mamba groups is refused naming the key and the
+arithmetic, before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from podium.cli import app
+from podium.config.errors import ConfigError
+from podium.config.plan import load_plan, require_checkpoints
+
+ULTRA_RECIPE = Path("examples/nemo_gym/nemotron-3-ultra/mopd.yaml")
+TEACHER_CFG = "on_policy_distillation.non_colocated_teachers.default_teacher_cfg"
+PATTERN = "MEMEMEME*" * 12  # 108 layers: 48 M, 48 E, 12 *
+
+ULTRA_CONFIG = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "hybrid_override_pattern": PATTERN,
+    "num_hidden_layers": 108,
+    "hidden_size": 8192,
+    "vocab_size": 131072,
+    "tie_word_embeddings": False,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "mamba_num_heads": 256,
+    "mamba_head_dim": 64,
+    "n_groups": 8,
+    "ssm_state_size": 128,
+    "conv_kernel": 4,
+    "expand": 2,
+    "n_routed_experts": 512,
+    "num_experts_per_tok": 22,
+    "moe_latent_size": 2048,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "mlp_hidden_act": "relu2",
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def ultra(nemo_rl_configs: Path) -> Path:
+    return nemo_rl_configs / ULTRA_RECIPE
+
+
+@pytest.fixture
+def ultra_checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "ultra"
+    path.mkdir()
+    assert PATTERN.count("M") == PATTERN.count("E") == 48 and PATTERN.count("*") == 12
+    (path / "config.json").write_text(json.dumps(ULTRA_CONFIG))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    return path
+
+
+def test_ultra_recipe_plans_one_nemotron_teacher_on_4_nodes_and_states_its_needs(ultra: Path,
+                                                                                ultra_checkpoint: Path) -> None:
+    plan = load_plan(ultra, [f"_teachers.general={ultra_checkpoint}"])
+    require_checkpoints(plan)  # nothing refused
+    assert plan.warnings == ()
+    (teacher,) = plan.teachers
+    assert teacher.model_name == str(ultra_checkpoint) and len(teacher.aliases) == 26
+    assert (teacher.num_nodes, teacher.gpus_per_node, teacher.tensor_model_parallel_size,
+            teacher.context_parallel_size, teacher.expert_model_parallel_size) == (4, 4, 8, 2, 16)
+
+    result = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}"],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    needs = " ".join(line.strip() for line in result.output.splitlines())  # rich wraps long lines
+    for said in (
+        "Nemotron-H (108 layers: 48 Mamba-2, 12 attention, 48 MoE)",
+        "must import the Mamba kernels (mamba-ssm and causal-conv1d",
+        "pip install --no-build-isolation mamba-ssm causal-conv1d",
+        "Mamba: TP8 splits mamba_num_heads=256 into 32 per rank and n_groups=8 into 1",
+        "CP2 swaps the sequence split for a head split inside each Mamba layer (16 heads per rank, each group's "
+        "state on 2 CP ranks)",
+        "attention: 2 KV group(s) (num_key_value_heads) for TP8: supported",
+        "all-gathers the fused output in every attention layer (12 attention layers) and keeps group rank // 4 "
+        "with 8 of its query heads",
+        "experts: 512 over EP16 = 32 per rank, top-22, latent MoE (moe_latent_size=2048); EP16·ETP1 spans 4 nodes "
+        "(4 GPUs each): the token all-to-all of each of the 48 MoE layers crosses the network",
+        "CP2 without sequence packing: NeMo RL's own Megatron teacher refuses CP > 1 unless "
+        "policy.sequence_packing.enabled",
+        "right-pads each micro-batch to a multiple of 2·CP = 4",
+        "CP2: context parallelism needs TransformerEngine's attention on CUDA",
+    ):
+        assert said in needs, f"{said!r} not in:\n{result.output}"
+    assert "warning" not in result.output
+    as_json = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}", "--json"])
+    assert any("mamba-ssm" in line for line in json.loads(as_json.output)["teachers"][0]["needs"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    # TP16 on 16 GPUs (CP1): heads and KV groups fine, the 8 Mamba groups are not
+    ([f"{TEACHER_CFG}.tensor_model_parallel_size=16", f"{TEACHER_CFG}.context_parallel_size=1"],
+     "n_groups=8: TP16 must divide the Mamba groups (8 / 16 is not whole)"),
+    # an EP that does not divide the 512 experts (n_routed_experts), on 4 × 3 GPUs at TP4 so the layout fits
+    ([f"{TEACHER_CFG}.expert_model_parallel_size=3", f"{TEACHER_CFG}.gpus_per_node=3",
+      f"{TEACHER_CFG}.tensor_model_parallel_size=4", f"{TEACHER_CFG}.context_parallel_size=1"],
+     "512 experts cannot be split over EP3 (512 / 3 is not a whole number per rank)"),
+])
+def test_a_layout_the_nemotron_teacher_cannot_take_is_refused_naming_the_key(
+        ultra: Path, ultra_checkpoint: Path, overrides: list[str], message: str) -> None:
+    plan = load_plan(ultra, [f"_teachers.general={ultra_checkpoint}", *overrides])
+    assert any(message in w for w in plan.warnings), plan.warnings
+    with pytest.raises(ConfigError, match=re.escape(f"checkpoint {ultra_checkpoint}: ") + ".*" + re.escape(message)):
+        require_checkpoints(plan)
+
+
+def test_kv_groups_that_tp_cannot_split_are_refused_for_any_family_naming_the_keys() -> None:
+    """Plan time, every attention family: fewer KV groups than TP is fine when TP is a multiple of them."""
+    from podium.config.architecture import layout_problems
+    from podium.config.layout import ParallelLayout
+
+    llama = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 24, "num_key_value_heads": 3,
+             "hidden_size": 192}
+    assert layout_problems(llama, ParallelLayout(gpus_per_node=8, tensor_model_parallel_size=8)) == [
+        "num_attention_heads=24, num_key_value_heads=3: with fewer KV groups (3) than TP8, TP must be a multiple "
+        "of them (8 / 3 is not whole)"]
+    assert layout_problems(llama, ParallelLayout(gpus_per_node=6, tensor_model_parallel_size=6)) == []
