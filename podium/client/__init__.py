@@ -23,8 +23,10 @@ importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).
 from podium.client.client import PodiumClient, connect
 from podium.client.errors import (
     PodiumClientError,
+    ServerProofError,
     TeacherFailedError,
     TeacherRequestError,
+    TeacherRequestFailedError,
     TeacherServerError,
     TeacherUnavailableError,
     TokenizerMismatchError,
@@ -40,9 +42,11 @@ __all__ = [
     "ClientOptions",
     "PodiumClient",
     "PodiumClientError",
+    "ServerProofError",
     "TeacherClient",
     "TeacherFailedError",
     "TeacherRequestError",
+    "TeacherRequestFailedError",
     "TeacherServerError",
     "TeacherUnavailableError",
     "TokenizerMismatchError",

@@ -53,6 +53,9 @@ class PodiumClient:
     - ``poll_interval_s`` (0.2), ``max_poll_interval_s`` (2): how often a record is read again;
     - ``stale_after_s`` (None: what the teacher's record says): when a silent record is stale;
     - ``refresh_s`` (2): how often ``rendezvous.json`` and the unused replicas are looked at again;
+    - ``max_retries_after_crash`` (2): how often a request whose generation died under it is sent
+      again (then :class:`~podium.client.errors.TeacherRequestFailedError`);
+    - ``max_backoff_s`` (60): the longest wait after a full queue (it starts at the Retry-After);
     - ``binary`` (True): the binary tensor extension on the wire (False: JSON tensors);
     - ``return_type`` ("auto"): "torch", "numpy", or "auto" (torch where it is importable).
 

@@ -31,6 +31,23 @@ class TeacherServerError(PodiumClientError):
         super().__init__(f"teacher {teacher} (generation {generation}) failed: HTTP {status}: {message}")
 
 
+class TeacherRequestFailedError(TeacherServerError, TeacherRequestError):
+    """The teacher's computation of this request failed, and sending it again cannot help: the
+    teacher said so (HTTP 500, ``X-Podium-Error-Kind: request-failed``: the group survived, the
+    request did not), or the generations it was sent to died under it more often than
+    ``ClientOptions.max_retries_after_crash`` allows (it may be what kills them). ``status`` is
+    None in that case; ``message`` is the cause."""
+
+    def __init__(self, teacher: str, generation: str | None, status: int | None, message: str) -> None:
+        self.teacher = teacher
+        self.generation = generation
+        self.status = status  # type: ignore[assignment]  # None: no answer, the generations died
+        self.message = message
+        http = f"HTTP {status}: " if status is not None else ""
+        PodiumClientError.__init__(self, f"teacher {teacher} (generation {generation}) failed: {http}{message} "
+                                         "(this request is not sent again)")
+
+
 class TeacherUnavailableError(PodiumClientError, TimeoutError):
     """No answer from the teacher in time: the call's deadline (``call_timeout_s`` or the call's
     ``timeout_s``) or the ready timeout passed while the teacher was down, restarting, not ready or
@@ -67,4 +84,16 @@ class TokenizerMismatchError(PodiumClientError):
 
 
 class TransportError(ConnectionError):
-    """The HTTP exchange itself failed (refused, reset, timed out); the teacher may be restarting."""
+    """The HTTP exchange itself failed (refused, reset, timed out); the teacher may be restarting.
+    ``dropped``: the connection was lost after the whole request was sent and before its answer
+    (not a timeout): the server died with the request in hand."""
+
+    def __init__(self, message: str, *, dropped: bool = False) -> None:
+        super().__init__(message)
+        self.dropped = dropped
+
+
+class ServerProofError(TransportError):
+    """The server at a record's URL did not prove it holds the run's token and is the generation
+    the record names (``GET /v2/podium/proof``): the token was not sent there, its answers are not
+    used; the client treats that endpoint as gone and follows the records."""

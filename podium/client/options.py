@@ -1,7 +1,7 @@
 """How a trainer's client behaves: how patient it is, and what its answers are.
 
-Owns :class:`ClientOptions` (timeouts, polling, keepalive, the wire's encoding, the type of the
-results) and :func:`convert_outputs`, which turns an answer's numpy arrays into torch tensors where
+Owns :class:`ClientOptions` (timeouts, polling, keepalive, retries, the wire's encoding, the type of
+the results) and :func:`convert_outputs`, which turns an answer's numpy arrays into torch tensors where
 torch is importable (a trainer's install) and leaves them numpy arrays where it is not (podium's
 light install), unless ``return_type`` says which.
 """
@@ -34,6 +34,13 @@ class ClientOptions:
     # or removed by `podium scale`) and the records of replicas it does not use (one come back).
     refresh_s: float = 2.0
     binary: bool = True  # binary tensor extension (False: JSON tensors)
+    # A request whose generation died under it (the connection dropped after it was sent, or the
+    # group answered broken) is sent again at most this many times, to other replicas or later
+    # generations: a request that kills every generation fails instead of crash-looping them.
+    max_retries_after_crash: int = 2
+    # A full queue (503 + Retry-After) is tried again no sooner than its Retry-After, doubling (with
+    # jitter) on each full answer of the call, up to this (other replicas are tried meanwhile).
+    max_backoff_s: float = 60.0
     # "auto": torch tensors where torch is importable (a trainer's), else numpy arrays (the light
     # install's); "torch" or "numpy": always that.
     return_type: str = "auto"

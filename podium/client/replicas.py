@@ -5,13 +5,17 @@ its own job, generation and endpoint record (``rendezvous.json`` lists their rec
 is deterministic, so any replica gives the same answer and a call may go to any of them.
 
 Owns :class:`ReplicaSet`: the records of a teacher's replicas, the endpoints among them that are
-known to answer (ready, confirmed by a health probe: records can be stale), and the choice:
+known to answer (ready, heartbeat not stale, and confirmed by a health probe on a connection where
+the server proved it is the generation the record names: see :mod:`podium.client.transport`), and
+the choice:
 
 - **least outstanding requests** among the usable replicas (ties taken in turn), so concurrent
   callers spread over the replicas by how busy each is;
 - a replica whose call failed (connection lost, 503 while it drains, a generation gone) is
   dropped from the usable ones (:meth:`ReplicaSet.forget`) and the call goes at once to another;
   when none is usable the call waits, re-reading every replica's record, until one is;
+- a replica whose queue is full (503 + Retry-After) gets no call until its backoff has passed
+  (:meth:`ReplicaSet.full`): calls go to the others, or wait for the first one to be due;
 - replicas not in use are looked at again every ``ClientOptions.refresh_s``, in a thread of its
   own started by the call that finds it due (so a replica that hangs its probe delays no call; a
   failed probe backs off), so a replica that comes back after a preemption, or one newly listed,
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from podium.client.errors import TeacherFailedError, TeacherUnavailableError, TransportError
 from podium.client.options import ClientOptions
-from podium.client.transport import HTTPTransport
+from podium.client.transport import HTTPTransport, ServerIdentity
 from podium.protocol.names import HEALTH_READY
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import EndpointRecord, Status, read_record
@@ -100,6 +104,7 @@ class Replica:
     final: EndpointRecord | None = None  # its record says failed for good
     probe_after: float = 0.0  # monotonic: a background look probes it again no sooner
     probe_backoff_s: float = 0.0
+    full_until: float = 0.0  # monotonic: its queue said full; no call goes there sooner
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +131,7 @@ class ReplicaSet:
         self._finding = threading.Lock()  # one thread at a time reads the records and probes
         self._replicas = [Replica(Path(p)) for p in paths]
         self._retired: list[Replica] = []  # no longer listed: their transports close with the client
+        self._old_transports: list[HTTPTransport] = []  # to earlier generations: they close with the client
         self._turn = 0
         self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
         self._looking: threading.Thread | None = None  # the look in a thread of its own, if one runs
@@ -168,10 +174,16 @@ class ReplicaSet:
         while True:
             if self._due():
                 self._look_aside()
-            picked = self._pick()
+            picked, full_for = self._pick()
             if picked is not None:
                 call.usable()
                 return picked
+            if full_for is not None:  # every usable replica said its queue is full: wait for the first due
+                left = call.left()
+                if left <= 0:
+                    raise call.unavailable()
+                time.sleep(min(full_for, left))
+                continue
             # none answers now: one thread waits for one (the others wait for it, within their deadlines)
             if not self._finding.acquire(timeout=max(call.left(), 0.0)):
                 call.note("another call of this client was waiting for the teacher")
@@ -215,23 +227,35 @@ class ReplicaSet:
                 endpoint.replica.endpoint = None
                 endpoint.replica.probe_after = 0.0
 
+    def full(self, endpoint: Endpoint, wait_s: float) -> None:
+        """The replica's queue is full: no call goes there for ``wait_s`` (others go elsewhere)."""
+        with self._lock:
+            replica = endpoint.replica
+            replica.full_until = max(replica.full_until, time.monotonic() + wait_s)
+
     def any_usable(self) -> bool:
         """A call sent now would go to a replica known to answer (none: it would wait)."""
         with self._lock:
             return any(r.endpoint is not None for r in self._replicas)
 
-    def _pick(self) -> Endpoint | None:
+    def _pick(self) -> tuple[Endpoint | None, float | None]:
+        """The endpoint to call, or (None, seconds until a full one is due; None: none usable)."""
+        now = time.monotonic()
         with self._lock:
             usable = [(i, r) for i, r in enumerate(self._replicas) if r.endpoint is not None]
             if not usable:
-                return None
+                return None, None
+            due = [(i, r) for i, r in usable if r.full_until <= now]
+            if not due:
+                return None, min(r.full_until for _, r in usable) - now
+            usable = due
             n = len(self._replicas)
             _, replica = min(usable, key=lambda ir: (ir[1].outstanding, (ir[0] - self._turn) % n))
             self._turn += 1
             replica.outstanding += 1
             assert replica.endpoint is not None
             self.last = replica.endpoint
-            return replica.endpoint
+            return replica.endpoint, None
 
     def _due(self) -> bool:
         """Calls go to some replicas, others are not in use, and the last look at those is
@@ -282,6 +306,9 @@ class ReplicaSet:
                 with self._lock:
                     closed = self._closed
                     if not closed:
+                        earlier = replica.transport
+                        if earlier is not None and earlier is not endpoint.transport:
+                            self._old_transports.append(earlier)  # another generation's
                         replica.endpoint, replica.transport = endpoint, endpoint.transport
                         replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
                 if closed:
@@ -315,36 +342,39 @@ class ReplicaSet:
             stale_note = f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""
             call.note(f"{prefix}generation {gen} {record.status.value}{reason}{stale_note}")
             return None
-        transport = replica.transport if replica.transport is not None and replica.transport.url == record.url \
-            else self._transport(record.url)
+        if stale:
+            call.note(f"{prefix}generation {gen} ready at {record.url} but stale: no heartbeat for "
+                      f"{record.age(now):.0f}s; not used")
+            return None
+        identity = ServerIdentity(gen, record.teacher_key) if self._token else None
+        known = replica.transport
+        transport = known if known is not None and known.url == record.url and known.identity == identity \
+            else self._transport(record.url, identity)
         # a ready endpoint answers its health at once: one that does not within the connect
         # timeout is not used (and a hung one holds no look for longer)
         problem = self._probe(record, transport, max(min(call.left(), self.options.connect_timeout_s), 0.0))
         if problem is not None:
             if transport is not replica.transport:
                 transport.close()
-            call.note(f"{prefix}generation {gen} ready at {record.url} but {problem}"
-                      + (f" (stale: no heartbeat for {record.age(now):.0f}s)" if stale else ""))
+            call.note(f"{prefix}generation {gen} ready at {record.url} but {problem}")
             with self._lock:
                 replica.probe_backoff_s = min(max(2 * replica.probe_backoff_s, self.options.refresh_s),
                                               PROBE_BACKOFF_MAX_S)
                 replica.probe_after = time.monotonic() + replica.probe_backoff_s
             return None
-        if stale:
-            logger.warning("teacher %s: record is stale (no heartbeat for %.0fs) but the endpoint answers; "
-                           "using it", self.where(record), record.age(now))
         self._check_tokenizer(self.where(record), record)
         return Endpoint(replica, record, transport)
 
-    def _transport(self, url: str) -> HTTPTransport:
+    def _transport(self, url: str, identity: ServerIdentity | None) -> HTTPTransport:
         o = self.options
         return HTTPTransport(url, self._token, connect_timeout_s=o.connect_timeout_s,
-                             read_timeout_s=o.request_timeout_s,
+                             read_timeout_s=o.request_timeout_s, identity=identity,
                              keepalive=(o.keepalive_idle_s, o.keepalive_interval_s, o.keepalive_count))
 
     @staticmethod
     def _probe(record: EndpointRecord, transport: HTTPTransport, timeout_s: float) -> str | None:
-        """None when the endpoint answers ready for the record's generation, else what was seen."""
+        """None when the endpoint answers ready for the record's generation (and says which), else
+        what was seen."""
         try:
             resp = transport.request("GET", HEALTH_READY, timeout_s=timeout_s)
         except TransportError as exc:
@@ -355,7 +385,9 @@ class ReplicaSet:
             served = json.loads(bytes(resp.body)).get("generation")
         except (ValueError, AttributeError):
             served = None
-        if served is not None and served != str(record.generation):
+        if served is None:
+            return f"probe at {record.url} names no generation, record says {record.generation}"
+        if served != str(record.generation):
             return f"probe found generation {served} at {record.url}, record says {record.generation}"
         return None
 
@@ -363,8 +395,11 @@ class ReplicaSet:
         with self._lock:
             self._closed = True
             replicas, self._retired = [*self._replicas, *self._retired], []
+            old, self._old_transports = self._old_transports, []
             for replica in replicas:
                 replica.endpoint = None
+        for transport in old:
+            transport.close()
         for replica in replicas:
             if replica.transport is not None:
                 replica.transport.close()

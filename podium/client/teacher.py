@@ -9,14 +9,26 @@ the same answer.
 
 Each call has one deadline (``ClientOptions.call_timeout_s``, or the call's ``timeout_s``) that
 every wait and every exchange of the call stays within (an exchange's socket timeouts are never
-longer than what is left). Within it (:meth:`TeacherClient._call`):
+longer than what is left). Within it (:meth:`TeacherClient._call`), by the answer's
+``X-Podium-Error-Kind`` where it has one (:mod:`podium.protocol.names`):
 
-- a connection error or a timeout of an exchange, and a 503, are retried: on another replica that
-  answers, else the records are re-read and the call waits (also at most ``ready_timeout_s`` at a
-  time) for a ready endpoint;
+- ``request-failed`` (500: this request's own computation failed, the group survived) is not
+  retried (:class:`TeacherRequestFailedError` with the server's cause) unless the generation that
+  answered it is gone since (below);
+- ``queue-full`` (503 + ``Retry-After``): that replica gets no call for a jittered backoff that
+  starts at ``Retry-After`` and doubles on each full answer of the call (up to ``max_backoff_s``);
+  the call goes to another replica meanwhile, or waits for the first one due;
+- a connection error or a timeout of an exchange, and any other 503 (``group-broken``, draining,
+  not ready), are retried: on another replica that answers, else the records are re-read and the
+  call waits (also at most ``ready_timeout_s`` at a time) for a ready endpoint;
 - a 5xx other than 503 is retried only when the generation that answered it is gone since
   (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
-- a 4xx is never retried (:class:`TeacherRequestError`);
+- a 4xx (``refused``) is never retried (:class:`TeacherRequestError`);
+- a request whose generation died under it (the connection dropped after it was sent, a
+  ``group-broken`` answer, a 5xx from a generation gone since) is sent again at most
+  ``max_retries_after_crash`` times; the next such death ends the call
+  (:class:`TeacherRequestFailedError`): a request that kills every generation must not crash-loop
+  the teacher for as long as the trainer keeps the call alive;
 - a ``failed`` record ends the call only when that failure is final
   (:meth:`~podium.rendezvous.records.EndpointRecord.failure_is_final`, :class:`TeacherFailedError`) for every
   replica; otherwise the call waits for the next generation;
@@ -29,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -39,7 +52,13 @@ from typing import Any
 
 import numpy as np
 
-from podium.client.errors import TeacherRequestError, TeacherServerError, TokenizerMismatchError, TransportError
+from podium.client.errors import (
+    TeacherRequestError,
+    TeacherRequestFailedError,
+    TeacherServerError,
+    TokenizerMismatchError,
+    TransportError,
+)
 from podium.client.options import ClientOptions, convert_outputs
 from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
 from podium.client.transport import HTTPResponse
@@ -49,6 +68,10 @@ from podium.protocol.names import (
     CALLER_HEADER,
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
+    ERROR_GROUP_BROKEN,
+    ERROR_KIND_HEADER,
+    ERROR_QUEUE_FULL,
+    ERROR_REQUEST_FAILED,
     GENERATION_HEADER,
     INDICES_DATATYPE,
     INPUT_IDS,
@@ -181,6 +204,8 @@ class TeacherClient:
         """One request, to a replica that can answer, within one deadline (see the module doc);
         returns a 2xx response and the record of the generation that gave it."""
         call = self._new_call(timeout_s)
+        crashes: list[str] = []  # the generations that died under this request, and how
+        full_answers = 0  # queue-full answers this call got: its backoff doubles with each
         while True:
             if call.left() <= 0:
                 raise call.unavailable()
@@ -194,13 +219,26 @@ class TeacherClient:
                 resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
             except TransportError as exc:
                 call.note(f"{at}: {exc}")
+                if exc.dropped:
+                    self._crashed(crashes, where, gen, f"{at}: connection lost with the request sent")
                 logger.warning("teacher %s generation %s: %s; re-reading the records", where, gen, exc)
                 self._failed_over(endpoint, call)
                 continue
             finally:
                 self.replicas.release(endpoint)
-            if resp.status == 503:
-                call.note(f"{at}: HTTP 503 {error_text(resp.body)}")
+            kind = resp.header(ERROR_KIND_HEADER)
+            if kind == ERROR_QUEUE_FULL:
+                full_answers += 1
+                wait = self._backoff(_retry_after(resp), full_answers)
+                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
+                logger.info("teacher %s generation %s: queue full; none sent there for %.1fs", where, gen, wait)
+                self.replicas.full(endpoint, wait)
+                self._retried()
+                continue
+            if kind == ERROR_GROUP_BROKEN:
+                self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status} {error_text(resp.body)}")
+            if resp.status == 503 or kind == ERROR_GROUP_BROKEN:
+                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
                 logger.info("teacher %s generation %s answered 503; another replica or a ready endpoint", where, gen)
                 self._failed_over(endpoint, call)
                 retry_after = _retry_after(resp)
@@ -213,10 +251,14 @@ class TeacherClient:
                 gone = self._answerer_gone(endpoint, resp)
                 if gone is not None:
                     call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}; {gone}")
+                    if kind != ERROR_GROUP_BROKEN:  # counted above
+                        self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status}; {gone}")
                     logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", where, gen,
                                    resp.status, gone)
                     self._failed_over(endpoint, call)
                     continue
+                if kind == ERROR_REQUEST_FAILED:
+                    raise TeacherRequestFailedError(where, gen, resp.status, error_text(resp.body))
             if resp.status >= 300:
                 raise TeacherServerError(where, gen, resp.status, error_text(resp.body))
             served = resp.header(GENERATION_HEADER)
@@ -225,6 +267,25 @@ class TeacherClient:
                             where, served, gen)
                 self.replicas.forget(endpoint)
             return resp, record
+
+    def _crashed(self, crashes: list[str], where: str, gen: str, how: str) -> None:
+        """A generation died under this request (``how``): it may be sent again, at most
+        ``max_retries_after_crash`` times in a call; the next death is :class:`TeacherRequestFailedError`."""
+        crashes.append(how)
+        limit = self.options.max_retries_after_crash
+        if len(crashes) > limit:
+            raise TeacherRequestFailedError(
+                where, gen, None, f"{len(crashes)} generations died under this request ({'; '.join(crashes)}); "
+                f"it may be what kills them (ClientOptions.max_retries_after_crash={limit})")
+        logger.warning("teacher %s: generation %s died under this request (%s); sending it again (%d of at most %d)",
+                       where, gen, how, len(crashes), limit)
+
+    def _backoff(self, retry_after: float, full_answers: int) -> float:
+        """How long a replica that said its queue is full gets no call: ``Retry-After`` (at least
+        ``poll_interval_s``) doubling with each full answer of the call, jittered up to +50% so
+        callers turned away together do not come back together, at most ``max_backoff_s``."""
+        base = max(retry_after, self.options.poll_interval_s) * 2 ** min(full_answers - 1, 16)
+        return min(base * random.uniform(1.0, 1.5), max(self.options.max_backoff_s, retry_after))
 
     def _failed_over(self, endpoint: Endpoint, call: Call) -> None:
         """This endpoint did not answer the call: none goes there until its record says it is

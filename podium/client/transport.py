@@ -4,16 +4,26 @@ Owns connections: one persistent connection per thread (so concurrent callers ne
 socket), the bearer token on every request, body chunks sent without joining them (tensor bytes go
 to the socket straight from numpy's memory), and the response read into one writable buffer that
 numpy views without copying. A failed exchange closes its connection and raises
-:class:`TransportError`; a request that failed on a connection the server had silently closed
-(idle keep-alive) is sent once more on a fresh one. An exchange given ``timeout_s`` never waits
-longer than that in all (connect, send, each read), and sockets have TCP keepalive on, so a head
-node that vanished without closing its connections is noticed while a long call computes.
+:class:`TransportError` (``dropped`` when the connection died with the whole request sent: the
+server died with it in hand); a kept-alive connection the server has closed is not reused, and a
+request whose sending failed on a reused one is sent once more on a fresh one. An exchange given
+``timeout_s`` never waits longer than that in all (connect, proof, send, each read), and sockets
+have TCP keepalive on, so a head node that vanished without closing its connections is noticed
+while a long call computes.
+
+Given the :class:`ServerIdentity` the record names, a transport sends the token on a new
+connection only after the server there proved, on that connection, that it holds the token and is
+that generation of that teacher (``GET /v2/podium/proof``, :func:`podium.rendezvous.token.server_proof`);
+otherwise :class:`ServerProofError`, and nothing it said is used.
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
+import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -21,13 +31,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from podium.client.errors import TransportError
+from podium.client.errors import ServerProofError, TransportError
+from podium.protocol.names import PROOF, PROOF_NONCE
+from podium.rendezvous.token import new_nonce, server_proof
 
 logger = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview
 _JOIN_BELOW = 64 * 1024  # small bodies go out in one send
 _READ_CHUNK = 4 * 1024 * 1024  # the time left is re-applied to the socket between chunks
+_PROOF_MAX_BYTES = 4096  # a proof answer is ~150 bytes: a server sending more is not podium's
 
 
 def enable_keepalive(sock: socket.socket, idle_s: float, interval_s: float, count: int) -> None:
@@ -39,6 +52,27 @@ def enable_keepalive(sock: socket.socket, idle_s: float, interval_s: float, coun
                           (getattr(socket, "TCP_KEEPCNT", None), count)):
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(value)))
+
+
+def closed_by_peer(sock: socket.socket | None) -> bool:
+    """An idle kept-alive connection that is readable has been closed by the server (or sent what
+    no request asked for): either way it must not carry a request."""
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """Who the server at a URL must prove to be before it gets the token: the record's generation
+    (``J:R``) and teacher key."""
+
+    generation: str
+    teacher_key: str
 
 
 @dataclass
@@ -62,6 +96,7 @@ class HTTPTransport:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float | None = 3600.0,
         keepalive: tuple[float, float, int] = (30.0, 10.0, 3),  # idle_s, interval_s, count
+        identity: ServerIdentity | None = None,  # prove it before the token goes (None: no proof asked)
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
@@ -69,7 +104,9 @@ class HTTPTransport:
         self.url = url
         self.host = parts.hostname
         self.port = parts.port
+        self._token = token
         self._auth = f"Bearer {token}" if token else None
+        self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive = keepalive
@@ -90,7 +127,10 @@ class HTTPTransport:
     def _connection(self, deadline: float | None) -> tuple[http.client.HTTPConnection, bool]:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
-            return conn, True
+            if not closed_by_peer(conn.sock):
+                return conn, True
+            logger.debug("%s: kept-alive connection closed by the server; reconnecting", self.url)
+            self._drop()
         try:
             timeout = self._bounded(self.connect_timeout_s, deadline)
             conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -99,10 +139,50 @@ class HTTPTransport:
             raise TransportError(f"cannot connect to {self.url}: {type(exc).__name__}: {exc}") from exc
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         enable_keepalive(conn.sock, *self.keepalive)
+        if self.identity is not None and self._token:
+            try:
+                self._challenge(conn, self.identity, self._token, deadline)
+            except ServerProofError as exc:
+                conn.close()
+                logger.warning("teacher endpoint %s: %s; no token sent, its answers are not used", self.url, exc)
+                raise
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise TransportError(f"GET {self.url}{PROOF}: {type(exc).__name__}: {exc}") from exc
         self._local.conn = conn
         with self._lock:
             self._all.append(conn)
         return conn, False
+
+    def _challenge(self, conn: http.client.HTTPConnection, identity: ServerIdentity, token: str,
+                   deadline: float | None) -> None:
+        """The server proves, on ``conn``, that it holds ``token`` and is ``identity``; else
+        :class:`ServerProofError` (one round trip, no token sent)."""
+        timeout = self._bounded(self.connect_timeout_s, deadline)
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        nonce = new_nonce()
+        conn.request("GET", f"{PROOF}?{PROOF_NONCE}={nonce}")
+        resp = conn.getresponse()
+        body = resp.read(_PROOF_MAX_BYTES + 1)
+        what = f"server at {self.url} did not prove it is generation {identity.generation} of teacher " \
+               f"{identity.teacher_key}"
+        if resp.status != 200:
+            raise ServerProofError(f"{what}: {PROOF} answered HTTP {resp.status}")
+        if len(body) > _PROOF_MAX_BYTES or not resp.isclosed():
+            raise ServerProofError(f"{what}: {PROOF} answered more than a proof")
+        try:
+            answer = json.loads(body)
+            generation, key, proof = answer["generation"], answer["teacher_key"], answer["proof"]
+        except (ValueError, KeyError, TypeError):
+            raise ServerProofError(f"{what}: {PROOF} answered no proof") from None
+        if generation != identity.generation or key != identity.teacher_key:
+            raise ServerProofError(f"{what}: it says generation {generation} of teacher {key}")
+        expected = server_proof(token, nonce, identity.generation, identity.teacher_key)
+        if not isinstance(proof, str) or not hmac.compare_digest(proof.encode(), expected.encode()):
+            raise ServerProofError(f"{what}: its proof is wrong (it does not hold the run's token)")
+        if resp.will_close:
+            raise ServerProofError(f"{what}: it closed the connection it proved itself on")
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -127,17 +207,19 @@ class HTTPTransport:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for attempt in (0, 1):
             conn, reused = self._connection(deadline)
+            sent: list[bool] = []  # set once the whole request is sent: then a lost connection is a drop
             try:
-                return self._exchange(conn, method, path, body, headers, deadline)
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
-                self._drop()
-                if reused and attempt == 0:
-                    logger.debug("%s: kept-alive connection closed by the server (%s); reconnecting", self.url, exc)
-                    continue
-                raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
+                return self._exchange(conn, method, path, body, headers, deadline, sent)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
-                raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
+                lost = isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
+                if lost and reused and not sent and attempt == 0:
+                    logger.debug("%s: kept-alive connection closed by the server (%s); reconnecting", self.url, exc)
+                    continue
+                dropped = bool(sent) and not isinstance(exc, TimeoutError)
+                raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}"
+                                     + (" (the connection was lost with the request sent)" if dropped else ""),
+                                     dropped=dropped) from exc
         raise AssertionError("unreachable")
 
     def _exchange(
@@ -148,6 +230,7 @@ class HTTPTransport:
         body: Sequence[Buffer] | None,
         headers: Mapping[str, str] | None,
         deadline: float | None,
+        sent: list[bool],
     ) -> HTTPResponse:
         def bound() -> None:  # each socket operation waits at most what is left
             timeout = self._bounded(self.read_timeout_s, deadline)
@@ -165,6 +248,7 @@ class HTTPTransport:
             payload = b"".join(body) if total < _JOIN_BELOW or len(body) == 1 else list(body)
         bound()
         conn.request(method, path, body=payload, headers=all_headers)
+        sent.append(True)
         bound()
         resp = conn.getresponse()
         length = resp.getheader("Content-Length")

@@ -274,7 +274,9 @@ def test_corrupt_record_is_reported_and_heals(tmp_path: Path, caplog: pytest.Log
         teacher.stop()
 
 
-def test_stale_record_is_confirmed_with_a_probe(tmp_path: Path) -> None:
+def test_stale_record_is_not_used_even_if_its_url_answers(tmp_path: Path) -> None:
+    """A record whose heartbeat is stale is not used though something answers at its URL (issue 20:
+    the writer may be gone and the port someone else's); a fresh heartbeat makes it usable again."""
     layout, token = make_run(tmp_path, [MATH], default_alias="math")
     teacher = Teacher(FakeGroup(), layout, MATH, token).start()
     try:
@@ -283,7 +285,11 @@ def test_stale_record_is_confirmed_with_a_probe(tmp_path: Path) -> None:
         record = read_record(layout.endpoint_path(MATH.name, MATH.key))
         assert record.is_stale(0.1)
         client = podium.connect(layout.rendezvous_path, stale_after_s=0.1, **FAST)
-        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})  # the probe says it is alive
+        with pytest.raises(TeacherUnavailableError, match="stale: no heartbeat for"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]}, timeout_s=0.5)
+        assert teacher.group.calls == []
+        teacher.writer.heartbeat()
+        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
         assert out["logprobs"].shape == (1, 2)
         client.close()
     finally:
