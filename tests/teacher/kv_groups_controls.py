@@ -4,12 +4,14 @@
 model (one KV group each) as podium does, then with the fused QKV sliced wrongly:
 
 - ``old_slicing``: the rule for whole groups per rank (``groups // TP`` of them: none here), as the
-  loader did before it knew this case; the empty slices load as zeros;
+  loader did before it knew this case; the slices are empty, which the loader refuses (an empty
+  slice once loaded as zeros, like a missing bias);
 - ``split_per_projection``: q, k and v each cut in TP parts and stacked ``[q_r; k_r; v_r]`` (the
   right shape, not Megatron's rows).
 
-Rank 0 writes ``{checkpoint: {variant: largest logit difference from HF transformers}}``. The right
-map must match and every wrong one must not, or the oracle tests could not catch those mistakes.
+Rank 0 writes ``{checkpoint: {variant: largest logit difference from HF transformers, or the
+loader's error}}``. The right map must match and every wrong one must not, or the oracle tests
+could not catch those mistakes.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _qkv_as(method: Callable[..., Any] | None) -> Iterator[None]:
         _Reader.qkv = original  # type: ignore[method-assign]
 
 
-def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float]:
+def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     import torch
     from megatron.core import parallel_state
 
@@ -76,12 +78,16 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float]:
     tp, rank = parallel["tensor_model_parallel_size"], parallel_state.get_tensor_model_parallel_rank()
     padded = padded_vocab_size(desc.vocab_size, tp)
     layout = RankLayout(tp_rank=rank, tp_size=tp, padded_vocab_size=padded)
-    diffs = {}
+    diffs: dict[str, float | str] = {}
     variants = (("right", None), ("old_slicing", _old_slicing), ("split_per_projection", _split_per_projection))
     for name, method in variants:
         model = build_gpt_model(desc, build_transformer_config(desc, parallel, "fp32"), padded)
-        with _qkv_as(method):
-            load_hf_weights(model, checkpoint, desc, layout)
+        try:
+            with _qkv_as(method):
+                load_hf_weights(model, checkpoint, desc, layout)
+        except ValueError as exc:
+            diffs[name] = str(exc)
+            continue
         with torch.no_grad():
             local = model(ids, torch.arange(ids.shape[1])[None].expand_as(ids), None)
         pieces = [torch.empty_like(local) for _ in range(tp)]

@@ -335,8 +335,13 @@ def load_hf_weights(
                     f"checkpoint {checkpoint}: no HF source for Megatron parameter {name!r} "
                     f"({desc.architecture} map)"
                 )
-            if tensor.numel() == 0:  # bias the HF model does not have: zeros
-                param.zero_()
+            if tensor.numel() == 0:
+                if not name.endswith(".bias"):  # a slice that selected nothing: never load it as zeros
+                    raise ValueError(
+                        f"checkpoint {checkpoint}: the {desc.architecture} map selected no rows for Megatron "
+                        f"parameter {name!r} (TP rank {layout.tp_rank}/{layout.tp_size})"
+                    )
+                param.zero_()  # a bias the HF model does not have
                 continue
             if tuple(tensor.shape) != tuple(param.shape):
                 raise ValueError(
