@@ -282,7 +282,8 @@ def main() -> None:
         args = parser.parse_args()  # what was given explicitly still wins
     reexec_with_allocator()
     # repetitions of the transport parts: (warmup, reps)
-    n_tiny, n_transport, n_bulk, n_pair = ((5, 20), (1, 5), (1, 3), (1, 2)) if args.quick else ((30, 300), (5, 50), (3, 20), (1, 5))
+    quick_reps, full_reps = ((5, 20), (1, 5), (1, 3), (1, 2)), ((30, 300), (5, 50), (3, 20), (1, 5))
+    n_tiny, n_transport, n_bulk, n_pair = quick_reps if args.quick else full_reps
     delays = (0.02, 0.03) if args.quick else (0.25, 0.35)
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
     bulk_b, bulk_s = (4, 256) if args.quick else (64, 4096)
@@ -325,8 +326,9 @@ def main() -> None:
         # two teachers at once (each a fixed-time call, 0.25 s / 0.35 s, that uses no CPU here)
         servers.append(serve(InstantGroup(args.vocab, delays[0]), layout, "slowa0000000", "slow_a", token, 2))
         servers.append(serve(InstantGroup(args.vocab, delays[1]), layout, "slowb0000000", "slow_b", token, 3))
-        alone_a = client.run(op="time", alias="slow_a", batch=[32, 512], vocab=args.vocab, warmup=n_pair[0], reps=n_pair[1])
-        alone_b = client.run(op="time", alias="slow_b", batch=[32, 512], vocab=args.vocab, warmup=n_pair[0], reps=n_pair[1])
+        pair_reps = {"warmup": n_pair[0], "reps": n_pair[1]}
+        alone_a = client.run(op="time", alias="slow_a", batch=[32, 512], vocab=args.vocab, **pair_reps)
+        alone_b = client.run(op="time", alias="slow_b", batch=[32, 512], vocab=args.vocab, **pair_reps)
         pair = client.run(op="pair", aliases=["slow_a", "slow_b"], batch=[64, 512], vocab=args.vocab, warmup=n_pair[0],
                           reps=n_pair[1])
         slower = max(median(alone_a), median(alone_b))
@@ -338,9 +340,10 @@ def main() -> None:
         if not args.skip_model:
             from fixtures.checkpoints import make_tiny_checkpoint
 
-            ckpt = make_tiny_checkpoint("llama", tmp / "ckpt", hidden_size=args.hidden, intermediate_size=args.hidden * 3,
-                                        num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                                        vocab_size=args.vocab, max_position_embeddings=4096)
+            ckpt = make_tiny_checkpoint("llama", tmp / "ckpt", hidden_size=args.hidden,
+                                        intermediate_size=args.hidden * 3, num_hidden_layers=args.layers,
+                                        num_attention_heads=8, num_key_value_heads=4, vocab_size=args.vocab,
+                                        max_position_embeddings=4096)
             t0 = time.perf_counter()
             if args.group == "megatron":
                 group, teardown = build_megatron_group(ckpt, tmp)

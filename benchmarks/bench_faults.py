@@ -18,7 +18,8 @@ the new generation's task starting (``slurm_requeue``), its Ray up (``ray``), it
 a size). Needs the Slurm test cluster: every fault is Slurm's (a job's node, its preemption, its
 requeue), so it has no run without one.
 
-    SLURM_CONF=/tmp/podium-slurm/etc/slurm.conf python benchmarks/bench_faults.py [--faults lost_node,requeue] [--quick] [--json PATH]
+    SLURM_CONF=/tmp/podium-slurm/etc/slurm.conf python benchmarks/bench_faults.py \
+        [--faults lost_node,requeue] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _cause(fault: str, files, job: str, gen: str, scratch: Path) -> float:
     if fault == "lost_node":
         job_id, restart = gen.split(":")
         worker = json.loads(files.node(job_id, int(restart), 1).read_text())
-        victims = session_alive(ProcRef.from_dict(worker["ray"])) + [worker["pid"]]
+        victims = [*session_alive(ProcRef.from_dict(worker["ray"])), worker["pid"]]
         t = time.time()
         for pid in victims:
             try:

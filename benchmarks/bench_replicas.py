@@ -299,7 +299,7 @@ def measure_scaling(replicas: int, callers_per_replica: int, settings: Settings,
                 cpu0, t0, load0 = time.process_time(), time.monotonic(), os.getloadavg()[0]
                 time.sleep(seconds)
                 cpu1, t1, load1 = time.process_time(), time.monotonic(), os.getloadavg()[0]
-                served = [t.server.server.served - n for t, n in zip(run.teachers, served0)]
+                served = [t.server.server.served - n for t, n in zip(run.teachers, served0, strict=True)]
             finally:
                 callers.stop()
             done = callers.all()

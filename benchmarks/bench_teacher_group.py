@@ -7,9 +7,9 @@ What it measures, in one run on one model (Llama-like, default 4 layers × 512 h
   torch threads) versus the HF forward + log-softmax + gather in this process (same threads, SDPA
   attention, ``inference_mode``), calls alternating, median of ``--reps``; ``ratio`` = group / HF
   (goal ≥ 1.05). ``group_worker_compute_s`` is the time inside the worker (the rest of ``group_s``
-  is Ray: arguments, scheduling, results). ``ratio_of_fastest`` compares the best call of each side (on a machine shared with
-  other work, interference only adds time). Both sides compute the same numbers (checked:
-  ``max_abs_diff``).
+  is Ray: arguments, scheduling, results). ``ratio_of_fastest`` compares the best call of each side
+  (on a machine shared with other work, interference only adds time). Both sides compute the same
+  numbers (checked: ``max_abs_diff``).
 - ``load``: group construction time (placement, actor start, imports, model build, checkpoint read)
   and the checkpoint read itself per worker, at TP1 and TP2;
 - ``memory``: per worker, RSS after loading and peak RSS after a call, parameter bytes and checkpoint
@@ -86,7 +86,7 @@ def _hf_logprobs(model: Any, ids: Any, lengths: Any) -> Any:
 
 def _memory_row(group: Any, label: str) -> list[dict[str, Any]]:
     rows = []
-    for info, mem in zip(group.worker_info, group.memory()):
+    for info, mem in zip(group.worker_info, group.memory(), strict=True):
         rows.append({
             "layout": label,
             "rank": info["rank"],

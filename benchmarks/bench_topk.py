@@ -85,7 +85,8 @@ class InstantTopkGroup:
 
         shape = (data.rows, data.width, int(top_k or 1))
         if shape not in self._cache:
-            self._cache[shape] = {"topk_logits": torch.zeros(shape), "topk_logit_indices": torch.zeros(shape, dtype=torch.long),
+            self._cache[shape] = {"topk_logits": torch.zeros(shape),
+                                  "topk_logit_indices": torch.zeros(shape, dtype=torch.long),
                                   "logprobs": torch.zeros(shape[:2])}
         return {name: value for name, value in self._cache[shape].items() if outputs is None or name in outputs}
 
@@ -128,7 +129,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model"})
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
-    result: dict[str, Any] = {"benchmark": "topk", "quick": args.quick, "k": args.k, "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
+    result: dict[str, Any] = {"benchmark": "topk", "quick": args.quick, "k": args.k,
+                              "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
     servers: list[Any] = []
     teardown = None
     client = ClientProcess(layout.rendezvous_path, __file__)
@@ -148,9 +150,10 @@ def main() -> None:
         if not args.skip_model:
             from fixtures.checkpoints import make_tiny_checkpoint
 
-            ckpt = make_tiny_checkpoint("llama", tmp / "ckpt", hidden_size=args.hidden, intermediate_size=args.hidden * 3,
-                                        num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                                        vocab_size=args.vocab, max_position_embeddings=4096)
+            ckpt = make_tiny_checkpoint("llama", tmp / "ckpt", hidden_size=args.hidden,
+                                        intermediate_size=args.hidden * 3, num_hidden_layers=args.layers,
+                                        num_attention_heads=8, num_key_value_heads=4, vocab_size=args.vocab,
+                                        max_position_embeddings=4096)
             group, teardown = build_megatron_group(ckpt, tmp)
             servers.append(serve(group, layout, "model0000000", "model", token, 2))
             outputs = (TOPK_LOGITS, TOPK_LOGIT_INDICES)

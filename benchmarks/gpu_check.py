@@ -20,7 +20,8 @@ plans and builds them (``TransformerConfig``), the HF models constructed on the 
 
 ``--quick``: batch 1 × 128 tokens, one repetition; ``--json PATH`` also writes the report there.
 
-    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run] [--quick] [--json PATH]
+    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run] \
+        [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
     kind, overrides = MODELS[name]
     ckpt = make_tiny_checkpoint(kind, work / name, **overrides)
     batch = random_batch(int(overrides["vocab_size"]), [args.seq] * args.batch, seed=3)
-    spec = TeacherSpec(key=hashlib.sha256(name.encode()).hexdigest()[:12], name=name, aliases=(name,), model_name=str(ckpt),
-                       num_nodes=1, gpus_per_node=1, precision="bf16", micro_batch_size=args.batch)
+    key = hashlib.sha256(name.encode()).hexdigest()[:12]
+    spec = TeacherSpec(key=key, name=name, aliases=(name,), model_name=str(ckpt), num_nodes=1, gpus_per_node=1,
+                       precision="bf16", micro_batch_size=args.batch)
     group = TeacherWorkerGroup(spec)
     try:
         out = group.get_logprobs(batch)["logprobs"]
@@ -173,7 +175,8 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report: dict[str, Any] = {"benchmark": "gpu_check", "quick": args.quick, "dry_run": args.dry_run, "batch": args.batch, "seq": args.seq, "models": {}}
+    report: dict[str, Any] = {"benchmark": "gpu_check", "quick": args.quick, "dry_run": args.dry_run,
+                              "batch": args.batch, "seq": args.seq, "models": {}}
     for name in args.models:
         report["models"][name] = describe(name, args.seq)
     if not args.dry_run:

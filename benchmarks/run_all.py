@@ -163,10 +163,10 @@ PHASE_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"
 
 def _stacked(ax: Any, labels: list[str], rows: list[dict[str, float]], phases: list[str]) -> None:
     left = [0.0] * len(labels)
-    for color, phase in zip(PHASE_COLORS, phases):
+    for color, phase in zip(PHASE_COLORS, phases, strict=False):  # the palette outnumbers any chart's phases
         widths = [row.get(phase, 0.0) for row in rows]
         ax.barh(labels, widths, left=left, color=color, label=phase)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.1f}s", va="center", fontsize=8)
     ax.set_xlim(0, max(ax.get_xlim()[1], max(left, default=1.0) * 1.35))  # room for the totals and the legend
@@ -185,7 +185,8 @@ def chart_launcher(result: dict[str, Any], path: Path, plt: Any) -> bool:
         rows = [{"submit": t["submit_s"], "ray": t["ray_s"], "model": t["model_s"], "endpoint": t["endpoint_s"]}
                 for t in run["teachers"].values()]
         _stacked(ax1, labels, rows, ["submit", "ray", "model", "endpoint"])
-        ax1.set_title(f"podium up -> all ready: {run['up_to_all_ready_s']:.0f}s (cluster: {run['cluster']})", fontsize=10)
+        ax1.set_title(f"podium up -> all ready: {run['up_to_all_ready_s']:.0f}s (cluster: {run['cluster']})",
+                      fontsize=10)
         ax1.set_xlabel("")
     else:
         ax1.text(0.5, 0.5, "podium's part not run (--cluster none)", ha="center", va="center")
@@ -210,13 +211,15 @@ def chart_launcher(result: dict[str, Any], path: Path, plt: Any) -> bool:
 def chart_ratio(endpoint: dict[str, Any] | None, topk: dict[str, Any] | None, path: Path, plt: Any) -> bool:
     series = []
     if endpoint and "throughput" in endpoint:
-        series.append(("get_logprobs (bench_endpoint)", endpoint["throughput"]["rows"], endpoint["throughput"]["goal_ratio"]))
+        throughput = endpoint["throughput"]
+        series.append(("get_logprobs (bench_endpoint)", throughput["rows"], throughput["goal_ratio"]))
     if topk and "model" in topk:
-        series.append((f"get_topk_logits k={topk['k']} (bench_topk)", topk["model"]["rows"], topk["model"]["goal_ratio"]))
+        model = topk["model"]
+        series.append((f"get_topk_logits k={topk['k']} (bench_topk)", model["rows"], model["goal_ratio"]))
     if not series:
         return False
     fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series) + 0.6, 3.2), squeeze=False)
-    for ax, (title, rows, goal) in zip(axes[0], series):
+    for ax, (title, rows, goal) in zip(axes[0], series, strict=True):
         shapes = list(rows)
         x = range(len(shapes))
         ax.bar([i - 0.2 for i in x], [rows[s]["ratio"] for s in shapes], 0.4, label="median", color=PHASE_COLORS[0])
@@ -239,7 +242,7 @@ def chart_shared(result: dict[str, Any], path: Path, plt: Any) -> bool:
     if not rows:
         return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.2))
-    for color, mode in zip(PHASE_COLORS, sorted({r["mode"] for r in rows})):
+    for color, mode in zip(PHASE_COLORS, sorted({r["mode"] for r in rows}), strict=False):  # fewer modes than colours
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["callers"])
         ks = [r["callers"] for r in mine]
         ax1.plot(ks, [r["tokens_per_s"] for r in mine], "o-", color=color, label=mode)
@@ -283,7 +286,7 @@ def _scaling_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.bar(list(x), [r["tokens_per_s"] for r in rows], 0.6, color=PHASE_COLORS[0], label="measured")
     if all("ideal_tokens_per_s" in r for r in rows):
         ax.plot(list(x), [r["ideal_tokens_per_s"] for r in rows], "k--o", lw=0.8, ms=4, label="R x tokens/s of one")
-        for i, r in zip(x, rows):
+        for i, r in enumerate(rows):
             ax.text(i, r["tokens_per_s"] / 2, f"{r['efficiency']:.2f}", ha="center", va="center", fontsize=8,
                     color="white")
     ax.set_xticks(list(x), [f"{r['replicas']}\n(K={r['callers']})" for r in rows], fontsize=8)

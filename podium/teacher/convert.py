@@ -98,8 +98,8 @@ def convert_hf_to_torch_dist(
     ``tp``/``pp``: tensor/pipeline-parallel sizes of the writing layout, i.e. ``tp × pp`` local
     processes share the work (the saved checkpoint loads at any layout); ``ep``/``etp``: expert
     parallel and expert-TP sizes of the writing layout for an MoE model (each process then reads
-    only its own experts; ``PP × lcm(TP, EP × ETP)`` processes). ``precision``: ``fp32``/``bf16``/``fp16`` of the saved tensors
-    (default: the HF config's dtype, else bf16). ``dst`` must not exist unless ``overwrite``; the
+    only its own experts; ``PP × lcm(TP, EP × ETP)`` processes). ``precision``: ``fp32``/``bf16``/``fp16``
+    of the saved tensors (default: the HF config's dtype, else bf16). ``dst`` must not exist unless ``overwrite``; the
     result appears there atomically (temp dir + rename).
     """
     import torch.multiprocessing as mp

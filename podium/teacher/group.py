@@ -230,8 +230,8 @@ class TeacherWorkerGroup:
             batch = data
         else:
             ids, lengths = batch_inputs(data)
-            batch = validate_batch(ids, lengths, vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length,
-                                   candidate_ids=candidate_ids)
+            batch = validate_batch(ids, lengths, vocab_size=self.vocab_size,
+                                   max_sequence_length=self.max_sequence_length, candidate_ids=candidate_ids)
         opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
                                 vocab_size=self.vocab_size)
         if outputs is None:
@@ -257,7 +257,7 @@ class TeacherWorkerGroup:
             shards = [{name: ray.put(torch.from_numpy(_take(a, rows, filler_length=name == "lengths")))
                        for name, a in arrays.items()} if rows else None for rows in order]
             futures = []
-            for actor, info in zip(self._actors, self.worker_info):
+            for actor, info in zip(self._actors, self.worker_info, strict=True):
                 d = info["dp_rank"]
                 if shards[d] is None:  # fewer micro-batches than replicas: this one has nothing to do
                     continue
@@ -271,7 +271,7 @@ class TeacherWorkerGroup:
                 self._broken = f"{type(exc).__name__}: {exc}"[:2000]
                 raise
             answer: dict[str, Any] = {}
-            for (d, is_output, _), out in zip(futures, results):
+            for (d, is_output, _), out in zip(futures, results, strict=True):
                 if not is_output:
                     continue
                 real = [k for k, i in enumerate(order[d]) if i >= 0]

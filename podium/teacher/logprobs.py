@@ -169,7 +169,8 @@ class LogprobHead:
       position (each rank reads the logits of the ids in its vocabulary slice; one all-reduce).
     """
 
-    def __init__(self, vocab_size: int, tp_group: Any, tp_rank: int, tp_size: int, chunk_elements: int = CHUNK_ELEMENTS) -> None:
+    def __init__(self, vocab_size: int, tp_group: Any, tp_rank: int, tp_size: int,
+                 chunk_elements: int = CHUNK_ELEMENTS) -> None:
         self.vocab_size = vocab_size
         self.tp_group = tp_group
         self.tp_rank = tp_rank

@@ -202,7 +202,8 @@ class TeacherWorker:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.is_first = parallel_state.is_pipeline_first_stage()
         self.is_last = parallel_state.is_pipeline_last_stage()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.dtype = loaded.config.params_dtype
         self.head = None
         if self.is_last:
@@ -309,7 +310,8 @@ class TeacherWorker:
             # the head computes only positions whose next token is in the sequence
             wanted = torch.arange(seq_len)[None, :] < (lengths[lo:hi, None] - 1)
             tensors = {"input_ids": ids, "position_ids": pos, "labels": labels, "wanted": wanted}
-            tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device) for k, v in tensors.items()}
+            tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device)
+                       for k, v in tensors.items()}
             microbatches.append(tensors)
             if cands_all is not None:
                 c = torch.zeros(hi - lo, seq_len, cands_all.shape[-1], dtype=torch.long)
@@ -335,7 +337,7 @@ class TeacherWorker:
         if not self.is_last:
             return None
         full: dict[str, torch.Tensor] = {}
-        for (lo, hi, seq_len), out in zip(spans, results):
+        for (lo, hi, seq_len), out in zip(spans, results, strict=True):
             pieces = dict(out)
             if self.cp_size > 1:
                 group = parallel_state.get_context_parallel_group()
