@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "benchmarks")]
 
 from bench_common import add_common_args, emit  # noqa: E402
 
@@ -58,7 +58,7 @@ def _first_node(job: str) -> str:
 
 
 def _cause(fault: str, files, job: str, gen: str, scratch: Path) -> float:
-    from fault_helpers import preempt
+    from harness.faults import preempt
 
     from podium.launcher.procs import ProcRef, session_alive
 
@@ -83,7 +83,7 @@ def _cause(fault: str, files, job: str, gen: str, scratch: Path) -> float:
 
 
 def measure(fault: str, files, job: str, watcher, client, scratch: Path, timeout_s: float) -> dict:
-    from fault_helpers import wait_until
+    from harness.poll import SLOW_POLL_S, wait_for
 
     gen = _generation(files)
     calls_before, retries_before = len(client.calls), client.retries
@@ -94,7 +94,8 @@ def measure(fault: str, files, job: str, watcher, client, scratch: Path, timeout
         t_fault = _cause(fault, files, job, gen, scratch)
         nxt = _next(gen)
         t_ready, ready = watcher.wait_for(nxt, "ready", timeout_s)
-        wait_until(lambda: client.answered_after(t_ready) >= 1, 120, "a first answer from the new generation")
+        wait_for(lambda: client.answered_after(t_ready) >= 1, "a first answer from the new generation",
+                 timeout_s=120, interval_s=SLOW_POLL_S)
     finally:
         if fault == "preempt_sigterm":
             subprocess.run(["bash", str(slurm_sh), "preempt-mode", "user-signal"], check=True, capture_output=True)
@@ -141,8 +142,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
 
-    from fault_helpers import ClientLoop, RecordWatcher
-    from launcher_helpers import job_ids, podium, write_recipe
+    from harness.client_loop import ClientLoop
+    from harness.faults import RecordWatcher
+    from harness.recipes import write_recipe
+    from harness.slurm_run import job_ids, podium
 
     from podium.launcher.run_dir import known_teachers
     from podium.tiny import hf_oracle_logprobs, make_tiny_checkpoint

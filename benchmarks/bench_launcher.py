@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "integration"), str(REPO / "benchmarks")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 from bench_common import add_common_args, emit  # noqa: E402
 
@@ -105,7 +105,7 @@ def _podium(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 def podium_run(root: Path, cluster: str, timeout_s: float) -> dict[str, Any]:
     import yaml
-    from launcher_helpers import write_recipe  # the integration tests' recipe
+    from harness.recipes import write_recipe  # the integration tests' recipe
 
     from podium.tiny import make_tiny_checkpoint
 

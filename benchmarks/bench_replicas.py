@@ -1,7 +1,7 @@
 """Benchmark: one teacher served by R replicas behind one client: scaling, and a replica's failover (prints JSON).
 
 Every replica is an in-process ``EndpointServer`` (``ServerThread``) with its endpoint record and
-heartbeat, like a teacher's head process (``tests/endpoint/helpers.Teacher``), in front of a
+heartbeat, served by the teacher's real lifecycle (``tests/harness/lifecycle.Teacher``), in front of a
 stand-in group that *sleeps* instead of computing: each replica stands for its own allocation,
 and on a shared 2-core box two CPU-bound models would measure the cores, not the client.
 
@@ -13,7 +13,7 @@ machine's CPUs do per request, client, HTTP and checks, stays small beside it). 
 proportional to the tokens it computes, so the endpoint batching several callers' requests into
 one call changes only how often the per-call cost is paid, not a replica's token throughput: what
 differs between replica counts is how the client spreads the calls. Answers are
-``fake_logprobs`` of ``tests/endpoint/helpers.py`` (deterministic, the same on every replica), and
+``fake_logprobs`` of ``tests/harness/fake_group.py`` (deterministic, the same on every replica), and
 every answer is checked: a wrong answer or an exception is a failed call.
 
 - ``scaling``: for R in ``--replicas`` (1, 2, 4): R replicas, a rendezvous listing them, and K = 4R
@@ -63,7 +63,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_common import add_common_args, emit  # noqa: E402
 from bench_shared import percentile, rollout_requests  # noqa: E402
-from endpoint.helpers import Teacher, TeacherDef, fake_logprobs, make_run  # noqa: E402
+from harness.fake_group import fake_logprobs  # noqa: E402
+from harness.lifecycle import Teacher  # noqa: E402
+from harness.run import TeacherDef, make_run  # noqa: E402
 
 import podium  # noqa: E402
 from podium.rendezvous import Generation  # noqa: E402

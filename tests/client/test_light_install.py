@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from endpoint.helpers import FakeGroup, Teacher, TeacherDef, fake_logprobs, make_run
+from harness.fake_group import FakeGroup, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.run import TeacherDef, make_run
 
 try:
     import tomllib

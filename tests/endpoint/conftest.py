@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import LLAMA, QWEN, make_group
+from harness.run import LLAMA, QWEN, make_group
 
 
 @pytest.fixture(scope="package")

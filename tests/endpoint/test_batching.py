@@ -31,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from podium.teacher.metrics import summary
 from podium.teacher.microbatch import bucket_length
 
-from .helpers import LLAMA, Teacher, make_run
+from harness.lifecycle import Teacher
+from harness.run import LLAMA, make_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

@@ -37,7 +37,9 @@ from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
 
-from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.run import TeacherDef, make_run
 
 MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
 CHAT = TeacherDef("b2b2b2b2b2b2", "chat", ("chat",))

@@ -32,7 +32,8 @@ import podium.nemo_rl as pnr
 from podium.client.options import ClientOptions
 from podium.rendezvous import Generation
 
-from .helpers import LLAMA, QWEN, Teacher, TeacherDef, make_run
+from harness.lifecycle import Teacher
+from harness.run import LLAMA, QWEN, TeacherDef, make_run
 from .nemo_rl_callers import Timer, TrajectoryCollector, distillation_step, pad_to_multiple, readiness_refs
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]

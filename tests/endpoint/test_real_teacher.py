@@ -30,7 +30,8 @@ from podium.client.errors import TeacherRequestError
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.rendezvous import Generation
 
-from .helpers import LLAMA, QWEN, Teacher, make_run
+from harness.lifecycle import Teacher
+from harness.run import LLAMA, QWEN, make_run
 from .test_server import MAX_BODY, check_bad_requests_then_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -204,7 +205,7 @@ def test_client_follows_a_restart_of_the_real_teacher(run: tuple[Path, Teacher],
         worker.join(120)
         client.close()
     # later tests of this module use the restarted teacher
-    teacher.server, teacher.writer, teacher.heartbeat, teacher.generation = new.server, new.writer, new.heartbeat, new.generation
+    teacher.adopt(new)
     assert not errors, errors
     assert seen[0] == Generation(1000, 0) and seen[-1] == Generation(1000, 1)
 

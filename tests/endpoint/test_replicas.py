@@ -23,7 +23,9 @@ import podium
 from podium.client import TeacherFailedError
 from podium.rendezvous import Generation, Status, read_rendezvous, write_rendezvous
 
-from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.run import TeacherDef, make_run
 
 MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
 FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "refresh_s": 0.2,

@@ -23,7 +23,9 @@ from podium.config.launcher import ServerSettings
 from podium.net import listen_on_free_port as bind_socket
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
-from .helpers import FakeGroup, Gate, Teacher, TeacherDef, fake_logprobs, make_run
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.run import TeacherDef, make_run
 
 MAX_BODY = 256 * 1024
 

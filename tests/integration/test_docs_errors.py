@@ -162,7 +162,7 @@ def _local_too_few(tmp: Path) -> str:
 
 
 def _spec(tmp: Path, slurm: dict, gpus_per_node: int):
-    from launcher_helpers import write_recipe
+    from harness.recipes import write_recipe
 
     from podium.config.plan import load_plan
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher_helpers import podium, write_recipe
+from harness.recipes import write_recipe
+from harness.slurm_run import podium
 
 from podium.launcher.doctor import probe
 from podium.launcher.doctor.probe_job import PODIUM_FIX, _judge_probe

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_helpers import Served, comes_back, preempt, serve_with_client
-from launcher_helpers import podium, write_recipe
+from harness.faults import Served, comes_back, preempt, serve_with_client
+from harness.recipes import write_recipe
+from harness.slurm_run import podium
 
 from podium.launcher.procs import ProcRef, session_alive
 from podium.launcher.restarts import RestartLedger

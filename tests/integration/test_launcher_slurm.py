@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import check_logprobs, job_ids, podium, ray_processes_of, write_recipe
+from harness.recipes import write_recipe
+from harness.slurm_run import check_logprobs, job_ids, podium, ray_processes_of
 
 pytestmark = pytest.mark.slurm
 

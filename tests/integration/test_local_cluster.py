@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
+from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from harness.recipes import RAY_PORTS
 from omegaconf import OmegaConf
 
 import podium.nemo_rl
-from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
-from fixtures.checkpoints import hf_oracle_logprobs, random_batch
-from launcher_helpers import RAY_PORTS
 from podium.launcher.cleanup import run_processes
 from podium.launcher.devices import cuda_device_count
 from podium.launcher.run_dir import known_teachers

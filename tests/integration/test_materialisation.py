@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher_helpers import podium, write_recipe
+from harness.recipes import write_recipe
+from harness.slurm_run import podium
 
 pytestmark = pytest.mark.slurm
 

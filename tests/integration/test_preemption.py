@@ -34,9 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_helpers import COMEBACK_S, ClientLoop, RecordWatcher, preempt, wait_until
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
-from launcher_helpers import TOL, job_ids, podium, write_recipe
+from harness.client_loop import COMEBACK_S, ClientLoop
+from harness.faults import RecordWatcher, preempt
+from harness.poll import SLOW_POLL_S, wait_for
+from harness.recipes import TOL, write_recipe
+from harness.slurm_run import job_ids, podium
 
 from podium.launcher import status as status_view
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
@@ -75,7 +78,8 @@ def comeback(watcher: RecordWatcher, client: ClientLoop, job: str, old: int, t_c
     assert new_seq[0] == "starting" and new_seq[-1] == "ready", (gen_new, new_seq)
     assert new_seq.index("starting") < new_seq.index("loading") < new_seq.index("ready"), new_seq
     new_timings = ready["timings"]
-    wait_until(lambda: client.answered_after(t_ready) >= 3, 60, "three answers from the new generation")
+    wait_for(lambda: client.answered_after(t_ready) >= 3, "three answers from the new generation",
+             timeout_s=60, interval_s=SLOW_POLL_S)
     waited = client.waited(timings["stop_signal"] - 1.0, t_ready + 1.0)
     return {
         "generation": gen_new,
@@ -111,7 +115,8 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
     client = ClientLoop(run_dir, "solo", data, expected).start()
     measured: dict[str, Any] = {"up_to_ready_s": round(up_s, 1)}
     try:
-        wait_until(lambda: client.answered_after(0) >= 3, 60, "the client's first answers")
+        wait_for(lambda: client.answered_after(0) >= 3, "the client's first answers",
+                 timeout_s=60, interval_s=SLOW_POLL_S)
 
         # 1. Preemption for real: a job in `high` needs the CPUs the teacher holds on its node.
         node = slurm_cluster.scontrol_job(job)["NodeList"]
@@ -127,7 +132,7 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
             rows_seen.extend(status_view.status(run_dir, probe=False))
             return watcher.find(f"{job}:1", "ready") is not None
 
-        wait_until(back_ready, COMEBACK_S, f"generation {job}:1 ready", poll_s=0.25)
+        wait_for(back_ready, f"generation {job}:1 ready", timeout_s=COMEBACK_S, interval_s=0.25)
         measured["preemption"] = comeback(watcher, client, job, 0, t_preempt)
         out, err = waiter.communicate(timeout=60)
         assert waiter.returncode == 0, f"podium wait exited {waiter.returncode}:\n{out}\n{err[-3000:]}"
@@ -147,7 +152,8 @@ def test_preempted_and_requeued_teacher_comes_back_and_client_follows(
         # 2. A plain requeue: SIGTERM now, SIGKILL KillWait (5 s) later, Slurm requeues the job.
         t_requeue = time.time()
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=30)
-        wait_until(lambda: watcher.find(f"{job}:2", "ready"), COMEBACK_S, f"generation {job}:2 ready")
+        wait_for(lambda: watcher.find(f"{job}:2", "ready"), f"generation {job}:2 ready",
+                 timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
         measured["requeue"] = comeback(watcher, client, job, 1, t_requeue)
         assert slurm_cluster.scontrol_job(job)["Restarts"] == "2"
         assert_generation_gone(files, job, 1)
@@ -188,13 +194,14 @@ def test_signal_before_handlers_still_comes_back(
     files = teacher_files(run_dir)
     try:
         err_log = files.task_err(job, 0)
-        wait_until(lambda: err_log.exists() and "delay_start_s" in err_log.read_text(), 120,
-                   "the task to start (before its handlers)")
+        wait_for(lambda: err_log.exists() and "delay_start_s" in err_log.read_text(),
+                 "the task to start (before its handlers)",
+                 timeout_s=120, interval_s=SLOW_POLL_S)
         node = slurm_cluster.scontrol_job(job)["NodeList"]
         slurm_jobs.append(preempt(node, slurm_scratch))
         # Back: generation 1's task got past its own delay and publishes its record.
-        wait_until(lambda: (json.loads(files.endpoint.read_text()) if files.endpoint.exists() else {})
-                   .get("generation") == {"job_id": int(job), "restart": 1}, COMEBACK_S, f"generation {job}:1")
+        wait_for(lambda: (json.loads(files.endpoint.read_text()) if files.endpoint.exists() else {})
+                   .get("generation") == {"job_id": int(job), "restart": 1}, f"generation {job}:1", timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
         [first] = [r for r in node_records(files) if r.generation == (job, 0)]
         assert first.node.state == "ended" and "SIGUSR2" in (first.node.stop or ""), first.node
         assert slurm_cluster.scontrol_job(job)["Restarts"] == "1"
@@ -285,7 +292,8 @@ def test_stop_signals_are_blocked_before_python_starts_and_in_what_ray_runs_unde
         child = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
                                   "subprocess.Popen(['sleep', '60']); time.sleep(60)"], start_new_session=True)
     leader = ProcRef.of(child.pid)
-    wait_until(lambda: len(session_alive(leader)) == 2, 10, "the child's session (itself and its sleep)")
+    wait_for(lambda: len(session_alive(leader)) == 2, "the child's session (itself and its sleep)",
+             timeout_s=10, interval_s=SLOW_POLL_S)
     for pid in session_alive(leader):
         assert {int(s) for s in STOP_SIGNALS} <= _blocked(Path(f"/proc/{pid}/status").read_text())
     os.kill(child.pid, signal.SIGTERM)  # what Slurm does: stays pending

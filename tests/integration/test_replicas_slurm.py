@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_helpers import COMEBACK_S, RecordWatcher, preempt, serve_with_client, wait_until
-from launcher_helpers import podium, write_recipe
+from harness.client_loop import COMEBACK_S
+from harness.faults import RecordWatcher, preempt, serve_with_client
+from harness.poll import SLOW_POLL_S, wait_for
+from harness.recipes import write_recipe
+from harness.slurm_run import podium
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
@@ -81,7 +84,8 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
         assert [record(f)["replica"] for f in (replicas[0], replicas[1])] == [0, 1]
         rows = status_rows(run_dir)
         assert [(r["replica"], r["job_id"], r["ready"]) for r in rows] == [(0, jobs[0], True), (1, jobs[1], True)]
-        wait_until(lambda: all(requests_served(f) >= 2 for f in replicas.values()), 120, "calls on both replicas")
+        wait_for(lambda: all(requests_served(f) >= 2 for f in replicas.values()), "calls on both replicas",
+                 timeout_s=120, interval_s=SLOW_POLL_S)
 
         # 2. Replica 1 preempted: replica 0 answers meanwhile; replica 1 comes back and is called again.
         watcher = RecordWatcher(replicas[1].endpoint).start()
@@ -90,9 +94,11 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
             slurm_jobs.append(preempt(slurm_cluster.scontrol_job(jobs[1])["NodeList"], slurm_scratch))
             t_stopped, _ = watcher.wait_for(gen, "stopped", 60)
             on_zero = requests_served(replicas[0])
-            wait_until(lambda: requests_served(replicas[0]) >= on_zero + 3, 120, "replica 0 answering alone")
+            wait_for(lambda: requests_served(replicas[0]) >= on_zero + 3, "replica 0 answering alone",
+                     timeout_s=120, interval_s=SLOW_POLL_S)
             t_ready, _ = watcher.wait_for(served.next_generation(gen), "ready", COMEBACK_S)
-            wait_until(lambda: requests_served(replicas[1]) >= 2, 120, "calls on replica 1's next generation")
+            wait_for(lambda: requests_served(replicas[1]) >= 2, "calls on replica 1's next generation",
+                     timeout_s=120, interval_s=SLOW_POLL_S)
         finally:
             watcher.stop()
         assert served.client.answered_after(t_ready) >= 1
@@ -106,9 +112,9 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
         jobs[2] = json.loads(replicas[2].job.read_text())["job_id"]
         slurm_jobs.append(jobs[2])
         assert len(read_rendezvous(run_dir).teachers[entry_key(run_dir)].replicas) == 3
-        wait_until(lambda: replicas[2].endpoint.exists() and record(replicas[2])["status"] == "ready", COMEBACK_S,
-                   "replica 2 ready")
-        wait_until(lambda: requests_served(replicas[2]) >= 2, 120, "calls on replica 2")
+        wait_for(lambda: replicas[2].endpoint.exists() and record(replicas[2])["status"] == "ready", "replica 2 ready",
+                 timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
+        wait_for(lambda: requests_served(replicas[2]) >= 2, "calls on replica 2", timeout_s=120, interval_s=SLOW_POLL_S)
         assert generation(replicas[0]) == f"{jobs[0]}:0"  # untouched
         podium("wait", str(run_dir), "--timeout", "60")
 
@@ -123,7 +129,8 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
         assert [(r["replica"], r["in_plan"]) for r in rows] == [(0, True), (1, False), (2, False)], rows
         assert podium("status", str(run_dir), check=False).returncode == 0  # the listed replica is ready
         on_zero = requests_served(replicas[0])
-        wait_until(lambda: requests_served(replicas[0]) >= on_zero + 3, 120, "replica 0 answering alone")
+        wait_for(lambda: requests_served(replicas[0]) >= on_zero + 3, "replica 0 answering alone",
+                 timeout_s=120, interval_s=SLOW_POLL_S)
         calls = served.assert_client_clean(0)
     finally:
         served.client.stop()

@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher_helpers import identity, job_ids, podium, queued_with, write_recipe
+from harness.recipes import write_recipe
+from harness.slurm_run import identity, job_ids, podium, queued_with
 
 from podium.launcher.sbatch_errors import one_line
 

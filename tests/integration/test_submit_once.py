@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from launcher_helpers import identity, podium, queued_with, write_recipe
+from harness.recipes import write_recipe
+from harness.slurm_run import identity, podium, queued_with
 
 pytestmark = pytest.mark.slurm
 

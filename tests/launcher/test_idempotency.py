@@ -8,16 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.fake_backend import fake_slurm as fake_slurm_backend
 
 from podium.config.spec import TeacherSpec
 from podium.launcher import submission
-from podium.launcher.backends import registered
-from podium.launcher.backends.slurm.environment import SlurmEnvironment
-from podium.launcher.backends.slurm.scheduler import SlurmScheduler
 from podium.launcher.claims import claim_state
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
                    num_nodes=1, gpus_per_node=1)
@@ -25,29 +22,10 @@ SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_nam
 
 @pytest.fixture
 def fake_slurm(monkeypatch):
-    jobs: dict[str, str] = {}
-    calls: list[str] = []
-
-    def submit(spec, files):
-        time.sleep(0.2)  # a slow sbatch widens the race window
-        job_id = str(100 + len(calls))
-        calls.append(job_id)
-        jobs[job_id] = "RUNNING"
-        return job_id
-
-    # Jobs the scheduler runs that no job.json names (the real one: tests/integration/test_submit_once.py).
-    unrecorded: list[str] = []
-
-    class FakeSlurm(SlurmScheduler):
-        def states(self, recs):
-            return {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs}
-
-        def find_live(self, spec, files):
-            return [j for j in unrecorded if jobs.get(j) == "RUNNING"]
-
-    monkeypatch.setattr(submission, "submit", submit)
-    with registered("slurm", FakeSlurm, SlurmEnvironment):
-        yield jobs, calls, unrecorded
+    # Jobs the scheduler runs that no job.json names (the real one: tests/integration/test_submit_once.py):
+    # fake.unrecorded.
+    with fake_slurm_backend(monkeypatch, submit_delay_s=0.2) as fake:  # a slow sbatch widens the race window
+        yield fake.jobs, fake.submitted, fake.unrecorded
 
 
 def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:

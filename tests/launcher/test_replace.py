@@ -7,18 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness.fake_backend import fake_slurm as fake_slurm_backend
 from typer.testing import CliRunner
 
 from podium.config.launcher import SettingChange, TeacherLauncherSettings, launcher_changes
 from podium.config.plan import load_plan
 from podium.config.spec import TeacherSpec
 from podium.launcher import commands, submission
-from podium.launcher.backends import kind_for, registered
-from podium.launcher.backends.slurm.environment import SlurmEnvironment
-from podium.launcher.backends.slurm.scheduler import SlurmScheduler
+from podium.launcher.backends import kind_for
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
 
 RECIPE = """\
 on_policy_distillation:
@@ -33,29 +31,8 @@ podium:
 
 @pytest.fixture
 def fake_slurm(monkeypatch):
-    jobs: dict[str, str] = {}
-    cancelled: list[str] = []
-
-    def submit(spec, files):
-        job_id = str(100 + len(jobs))
-        jobs[job_id] = "PENDING"
-        return job_id
-
-    class FakeSlurm(SlurmScheduler):
-        def states(self, recs):
-            return {r.job_id: JobState(r.job_id, jobs[r.job_id]) for r in recs if r.job_id in jobs}
-
-        def find_live(self, spec, files):
-            return []
-
-        def cancel(self, recs):
-            for rec in recs:
-                cancelled.append(rec.job_id)
-                jobs[rec.job_id] = "CANCELLED"
-
-    monkeypatch.setattr(submission, "submit", submit)
-    with registered("slurm", FakeSlurm, SlurmEnvironment):
-        yield jobs, cancelled
+    with fake_slurm_backend(monkeypatch, state="PENDING") as fake:
+        yield fake.jobs, fake.cancelled
 
 
 def recipe(tmp_path: Path) -> Path:

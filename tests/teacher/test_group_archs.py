@@ -8,7 +8,7 @@ import gc
 
 import pytest
 import ray
-from teacher_helpers import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
+from harness.teacher_groups import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
 
 from podium.teacher.group import TeacherWorkerGroup
 

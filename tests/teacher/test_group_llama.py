@@ -11,7 +11,13 @@ import threading
 import pytest
 import torch
 from fixtures.checkpoints import hf_oracle_logprobs
-from teacher_helpers import TOL, assert_matches_oracle, assert_next_token_outputs_match, ragged_batch, start_group
+from harness.teacher_groups import (
+    TOL,
+    assert_matches_oracle,
+    assert_next_token_outputs_match,
+    ragged_batch,
+    start_group,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.checkpoints import hf_oracle_logprobs
-from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
+from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures.checkpoints import make_tiny_checkpoint
-from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
+from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 from podium.config.architecture import attention_tp_problem
 from podium.teacher.hf.weights import RankLayout, _fuse_qkv, _Reader

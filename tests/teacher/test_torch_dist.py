@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures.checkpoints import hf_oracle_logprobs
-from teacher_helpers import assert_matches_oracle, ragged_batch, start_group
+from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 pytestmark = [pytest.mark.megatron]
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the teacher tests: group construction and comparisons with the HF oracle.
+"""What the teacher tests share: a real worker group started for a test, and its comparisons with the
+HF oracle.
 
 Expensive things are shared: the Ray cluster is per session (``ray_cluster``), tiny checkpoints are
 per session (``tests/fixtures/checkpoints.py``), and each test module keeps one group per layout in
@@ -23,7 +24,8 @@ TOL = 1e-4  # fp32, max abs difference against HF transformers
 RAGGED_LENGTHS = (7, 16, 1, 11, 16, 2, 9)
 
 
-def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: int = 1, pp: int = 1, **extra: Any) -> TeacherSpec:
+def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: int = 1, pp: int = 1,
+                **extra: Any) -> TeacherSpec:
     name = f"{Path(str(checkpoint)).name}-tp{tp}pp{pp}"
     fields: dict[str, Any] = dict(key=f"test-tp{tp}-pp{pp}", name=name, aliases=(name,), model_name=str(checkpoint),
                                   num_nodes=nodes, gpus_per_node=per_node, tensor_model_parallel_size=tp,
@@ -62,11 +64,13 @@ def shut_down_and_check(group: Any) -> None:
         group.get_logprobs(random_batch(int(group.vocab_size), [2]))
 
 
-def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, seed: int = 0, width: int | None = None) -> dict[str, torch.Tensor]:
+def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, seed: int = 0,
+                 width: int | None = None) -> dict[str, torch.Tensor]:
     return random_batch(vocab_size, list(lengths), seq_len=width, seed=seed)
 
 
-def assert_matches_oracle(group: Any, checkpoint: Path | str, batch: dict[str, torch.Tensor], top_k: int | None = None, **kw: Any) -> dict[str, torch.Tensor]:
+def assert_matches_oracle(group: Any, checkpoint: Path | str, batch: dict[str, torch.Tensor], top_k: int | None = None,
+                          **kw: Any) -> dict[str, torch.Tensor]:
     """Logprobs (and top-k logprobs) = the oracle's, at the call's temperature or else the teacher's."""
     out = group.get_logprobs(batch, top_k=top_k, **kw)
     temperature = kw.get("temperature") or group.spec.temperature

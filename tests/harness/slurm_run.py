@@ -1,6 +1,5 @@
-"""Helpers shared by the launcher's tests on the real Slurm test cluster.
+"""What the launcher's tests on the real Slurm test cluster share (recipes: :mod:`harness.recipes`).
 
-- :func:`write_recipe`: a small MOPD recipe (aliases -> checkpoint and node count) for the cluster;
 - :func:`podium`: run the ``podium`` CLI as a user would (a subprocess), failing with its output;
 - :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`;
 - :func:`identity` (a teacher's job ``--comment``), :func:`queued_with` (the queued jobs carrying it).
@@ -12,59 +11,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 
-# Below the kernel's ephemeral range (32768-60999 here): an outgoing connection never takes a port
-# of a node's block between podium's check and Ray's bind. Not 20000-23999 (other test fixtures).
-RAY_PORTS = "[24000, 32767]"
-TOL = 2e-3
+from harness.recipes import TOL
 
 
-def _flow(mapping: Mapping[str, Any]) -> str:
-    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in mapping.items()) + "}"
-
-
-def write_recipe(path: Path, aliases: dict[str, tuple[Path, int]],
-                 slurm: Mapping[str, Any] | None = None,
-                 server: Mapping[str, Any] | None = None,
-                 restart: Mapping[str, Any] | None = None,
-                 teachers: Mapping[str, Mapping[str, Any]] | None = None,
-                 teacher_cfg: Mapping[str, Any] | None = None) -> Path:
-    """aliases: name -> (checkpoint, num_nodes); ``slurm``/``server``/``restart`` entries override the
-    defaults; ``teachers``: per-alias launcher overrides (``{"a": {"slurm": {"signal": "TERM"}}}``);
-    ``teacher_cfg``: entries over the default teacher config (``{"expert_model_parallel_size": 2}``)."""
-    mapping = "\n".join(f"    {a}: {ck}" for a, (ck, _) in aliases.items())
-    overrides = "\n".join(f"      {a}: {{num_nodes: {n}}}" for a, (_, n) in aliases.items())
-    first = next(iter(aliases))
-    slurm_cfg = {"gpus": False, "exclusive": False, "time": "00:30:00", "partition": "low", **(slurm or {})}
-    server_cfg = {"heartbeat_s": 2, "stale_after_s": 10, **(server or {})}
-    cfg = {"tensor_model_parallel_size": 1, "num_nodes": 1, "gpus_per_node": 1, "precision": "fp32", **(teacher_cfg or {})}
-    path.write_text(f"""\
-on_policy_distillation:
-  teacher_model_by_agent_name:
-{mapping}
-  default_teacher_alias: {first}
-  non_colocated_teachers:
-    default_teacher_cfg: {_flow(cfg)}
-    teacher_overrides:
-{overrides}
-podium:
-  cluster: slurm
-  slurm: {_flow(slurm_cfg)}
-  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
-  server: {_flow(server_cfg)}
-  restart: {_flow(dict(restart or {}))}
-  teachers: {json.dumps(dict(teachers or {}))}
-""")
-    return path
-
-
-def podium(*args: str, env: dict | None = None, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+def podium(*args: str, env: dict | None = None, timeout: float = 240,
+           check: bool = True) -> subprocess.CompletedProcess:
+    """``podium *args`` as a user runs it; with ``check``, a non-zero exit fails with its output."""
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)

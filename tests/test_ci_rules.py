@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-TESTS_DIR = Path(__file__).resolve().parents[1]  # where the ``fixtures`` package lives
+TESTS_DIR = Path(__file__).resolve().parent  # where the ``fixtures`` package lives
 
 MODULE_SKIP = """
 import pytest

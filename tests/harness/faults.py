@@ -1,5 +1,6 @@
-"""What the fault tests (and ``benchmarks/bench_faults.py``) share: a trainer's client loop that
-checks every answer, a poller of a teacher's endpoint record, a preempting job, condition waits.
+"""What the fault tests on the Slurm test cluster (and ``benchmarks/bench_faults.py``) share: a
+poller of a teacher's endpoint record, a preempting job, a teacher served with a checked client loop
+(:mod:`harness.client_loop`) and its comeback after a fault.
 """
 
 from __future__ import annotations
@@ -8,30 +9,17 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
-from launcher_helpers import TOL, job_ids, podium
 
+from harness.client_loop import COMEBACK_S, ClientLoop
+from harness.poll import SLOW_POLL_S, wait_for
+from harness.recipes import TOL
+from harness.slurm_run import job_ids, podium
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
-
-COMEBACK_S = 180.0  # requeue + cred_expire + Ray + model load, on a loaded 2-core machine
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 class RecordWatcher:
@@ -86,61 +74,12 @@ class RecordWatcher:
         return None
 
     def wait_for(self, generation: str, status: str, timeout_s: float) -> tuple[float, dict]:
-        return wait_until(lambda: self.find(generation, status), timeout_s,
-                          f"record {status} of generation {generation} (seen: {self.summary()})", poll_s=0.05)
+        return wait_for(lambda: self.find(generation, status),
+                        f"record {status} of generation {generation} (seen: {self.summary()})",
+                        timeout_s=timeout_s, interval_s=0.05)
 
     def summary(self) -> list[tuple[str, str]]:
         return [(gen, st) for _, st, gen, _ in self.changes]
-
-
-@dataclass
-class Call:
-    start: float
-    end: float
-    error: float | None = None  # max |logprob - oracle|
-    exception: str | None = None
-
-
-class ClientLoop:
-    """A trainer's view: one client, ``get_logprobs`` in a loop, every answer checked."""
-
-    def __init__(self, run_dir: Path, alias: str, data: dict, expected: np.ndarray) -> None:
-        self.run_dir, self.alias, self.data, self.expected = run_dir, alias, data, expected
-        self.calls: list[Call] = []
-        self.retries = 0  # requests the client sent again (the teacher was restarting)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="client-loop", daemon=True)
-
-    def start(self) -> ClientLoop:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 2 * COMEBACK_S + 30) -> None:
-        self._stop.set()
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the client loop did not end"
-
-    def _run(self) -> None:
-        import podium.client as pc
-
-        # A call in flight when the loop is told to stop may wait for a restarting teacher: bounded.
-        with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=COMEBACK_S + 60,
-                        call_timeout_s=2 * COMEBACK_S) as client:
-            while not self._stop.is_set():
-                t0 = time.time()
-                try:
-                    got = np.asarray(client.get_logprobs(self.alias, self.data)["logprobs"])
-                    self.calls.append(Call(t0, time.time(), error=float(np.abs(got - self.expected).max())))
-                except Exception as exc:  # recorded, asserted on by the test
-                    self.calls.append(Call(t0, time.time(), exception=f"{type(exc).__name__}: {exc}"))
-                self.retries = client.teacher(self.alias).retries
-
-    def answered_after(self, t: float) -> int:
-        return sum(1 for c in self.calls if c.start > t and c.exception is None)
-
-    def waited(self, t0: float, t1: float, threshold_s: float = 1.0) -> list[Call]:
-        """Calls that started in [t0, t1) and took longer than ``threshold_s``."""
-        return [c for c in self.calls if t0 <= c.start < t1 and c.end - c.start > threshold_s]
 
 
 def preempt(node: str, folder: Path) -> str:
@@ -190,8 +129,9 @@ def serve_with_client(recipe: Path, run_dir: Path, alias: str, checkpoint: Path,
     served = Served(run_dir, files, job_ids(run_dir)[alias], RecordWatcher(files.endpoint).start(),
                     ClientLoop(run_dir, alias, data, expected).start())
     if first_answers:
-        wait_until(lambda: served.client.answered_after(0) >= 2, COMEBACK_S,
-                   f"the first answers of {alias} (records seen: {served.watcher.summary()})")
+        wait_for(lambda: served.client.answered_after(0) >= 2,
+                 f"the first answers of {alias} (records seen: {served.watcher.summary()})",
+                 timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
     return served
 
 
@@ -199,6 +139,7 @@ def comes_back(served: Served, gen: str) -> dict:
     """Wait for the generation after ``gen`` to be ready and answer; the measured phases."""
     nxt = served.next_generation(gen)
     t_ready, ready = served.watcher.wait_for(nxt, "ready", COMEBACK_S)
-    wait_until(lambda: served.client.answered_after(t_ready) >= 2, 60, f"answers from generation {nxt}")
+    wait_for(lambda: served.client.answered_after(t_ready) >= 2, f"answers from generation {nxt}",
+             timeout_s=60, interval_s=SLOW_POLL_S)
     t = ready["timings"]
     return {"generation": nxt, "task_start_to_ready_s": round(t["ready"] - t["task_start"], 1)}

@@ -1,16 +1,12 @@
-"""The rules defined once and imported everywhere: batch validation, ports, layout, precision."""
+"""Batch validation, the rule defined once for the client and the teacher: cut to the longest row,
+padding zeroed, every bad batch named; options and candidate ids checked where they are used."""
 
 from __future__ import annotations
-
-import socket
 
 import numpy as np
 import pytest
 import torch
 
-from podium.config.layout import LayoutError, ParallelLayout
-from podium.config.precision import from_hf_config, normalise_precision, torch_dtype
-from podium.net import find_free_port, http_url, listen_on_free_port, port_free
 from podium.protocol.batch import BatchError, batch_inputs, validate_batch, validate_options
 
 
@@ -77,40 +73,3 @@ def test_candidate_ids_are_checked_where_they_are_computed() -> None:
         validate_batch(ids, [3, 2], vocab_size=10, candidate_ids=cands)
     with pytest.raises(BatchError, match=r"shape \[2, 4\] must be \[B, S, C\] = \[2, 4, C\]"):
         validate_batch(ids, [3, 2], vocab_size=10, candidate_ids=cands[..., 0])
-
-
-def test_ports_are_chosen_by_binding_them() -> None:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        assert not port_free(port, "127.0.0.1") and not port_free(port)  # "" = every address
-        with pytest.raises(OSError, match=f"no free port in {port}-{port}"):
-            find_free_port((port, port))
-        sock = listen_on_free_port("127.0.0.1", (port, port + 5))
-        try:
-            assert port < sock.getsockname()[1] <= port + 5
-        finally:
-            sock.close()
-    assert http_url("::1", 80) == "http://[::1]:80" and http_url("n1.cluster", 80) == "http://n1.cluster:80"
-    assert http_url("10.0.0.1", 8) == "http://10.0.0.1:8"
-
-
-def test_layout_shows_the_arithmetic() -> None:
-    layout = ParallelLayout(num_nodes=2, gpus_per_node=8, tensor_model_parallel_size=4,
-                            expert_model_parallel_size=4)
-    assert (layout.world_size, layout.data_parallel_size, layout.short()) == (16, 4, "TP4·PP1·CP1·EP4·ETP1")
-    layout.check("teacher 'x'")
-    with pytest.raises(LayoutError, match=r"teacher 'x': 1 nodes × 6 GPUs = 6 GPUs is not divisible by TP4"):
-        ParallelLayout(gpus_per_node=6, tensor_model_parallel_size=4).check("teacher 'x'")
-    with pytest.raises(LayoutError, match=r"16 GPUs / PP2 = 8 per stage is not divisible by EP16 × ETP1 = 16"):
-        ParallelLayout(num_nodes=2, pipeline_model_parallel_size=2, expert_model_parallel_size=16).check("teacher 'x'")
-
-
-def test_precision_spellings() -> None:
-    assert [normalise_precision(p) for p in ("bf16", "bfloat16", "torch.float32", "32", "half")] == [
-        "bf16", "bf16", "fp32", "fp32", "fp16"]
-    assert torch_dtype("bfloat16") is torch.bfloat16
-    assert from_hf_config({"torch_dtype": "float32"}) == "fp32" and from_hf_config({}) == "bf16"
-    with pytest.raises(ValueError, match="must be one of bf16, fp16, fp32, got 'fp8'"):
-        normalise_precision("fp8")

@@ -1,0 +1,57 @@
+"""Recipes for test runs: :func:`write_recipe` writes a small MOPD recipe (NeMo RL's distillation
+block plus ``podium:``) from keyword overrides, so a test states only what it is about.
+
+Also the settings test runs share: :data:`RAY_PORTS` (Ray's port block) and :data:`TOL` (the largest
+|logprob - HF oracle| a served teacher may show in fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Below the kernel's ephemeral range (32768-60999 here): an outgoing connection never takes a port
+# of a node's block between podium's check and Ray's bind. Not 20000-23999 (other test fixtures).
+RAY_PORT_RANGE = (24000, 32767)
+RAY_PORTS = f"[{RAY_PORT_RANGE[0]}, {RAY_PORT_RANGE[1]}]"  # as a recipe writes it inline
+TOL = 2e-3
+
+
+def write_recipe(path: Path, aliases: Mapping[str, tuple[Path | str, int]], *, cluster: str = "slurm",
+                 slurm: Mapping[str, Any] | None = None,
+                 server: Mapping[str, Any] | None = None,
+                 restart: Mapping[str, Any] | None = None,
+                 teachers: Mapping[str, Mapping[str, Any]] | None = None,
+                 teacher_cfg: Mapping[str, Any] | None = None,
+                 ray: Mapping[str, Any] | None = None,
+                 extra: Mapping[str, Any] | None = None) -> Path:
+    """aliases: name -> (checkpoint, num_nodes); the first is the default alias. ``slurm``/``server``/
+    ``restart``/``ray`` entries override the defaults; ``teachers``: per-alias launcher overrides
+    (``{"a": {"slurm": {"signal": "TERM"}}}``); ``teacher_cfg``: entries over the default teacher
+    config (``{"expert_model_parallel_size": 2}``); ``extra``: more top-level blocks (``policy``)."""
+    cfg = {"tensor_model_parallel_size": 1, "num_nodes": 1, "gpus_per_node": 1, "precision": "fp32",
+           **(teacher_cfg or {})}
+    recipe: dict[str, Any] = {
+        **(extra or {}),
+        "on_policy_distillation": {
+            "teacher_model_by_agent_name": {alias: str(ckpt) for alias, (ckpt, _) in aliases.items()},
+            "default_teacher_alias": next(iter(aliases)),
+            "non_colocated_teachers": {
+                "default_teacher_cfg": cfg,
+                "teacher_overrides": {alias: {"num_nodes": n} for alias, (_, n) in aliases.items()},
+            },
+        },
+        "podium": {
+            "cluster": cluster,
+            "slurm": {"gpus": False, "exclusive": False, "time": "00:30:00", "partition": "low", **(slurm or {})},
+            "ray": {"port_range": list(RAY_PORT_RANGE), "object_store_memory_mb": 100, **(ray or {})},
+            "server": {"heartbeat_s": 2, "stale_after_s": 10, **(server or {})},
+            "restart": dict(restart or {}),
+            "teachers": {alias: dict(value) for alias, value in (teachers or {}).items()},
+        },
+    }
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
