@@ -10,15 +10,16 @@ podium:
            requeue, signal, signal_lead_s, python}
   ray:    {port_range, temp_dir_root, interface, object_store_memory_mb, nodes_timeout_s}
   server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s, max_queue,
-           max_tokens_per_microbatch, max_queue_delay_ms, batch_requests}
-  restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes}
+           max_tokens_per_microbatch, max_queue_delay_ms, batch_requests, idle_stop_s}
+  restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes,
+            at_time_limit}
   teachers:
     ALIAS: {replicas, slurm: {...}, ray: {...}, server: {...}, restart: {...}}   # merged over the above
 ```
 
 Every model forbids unknown keys, so a typo is an error that names its key path and lists the valid
 keys. Defaults suit a typical GPU cluster (GPUs requested per node, exclusive nodes, requeue on
-preemption with USR2 two minutes ahead).
+preemption, USR2 two minutes ahead of the time limit, which ends the teacher).
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ class ServerSettings(_Strict):
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
     # False: one request per group call, in arrival order (no batching across callers).
     batch_requests: bool = True
+    # A teacher nobody has called for this long stops (its job ends, its nodes go back); None: never.
+    # For shared clusters, where a forgotten teacher would hold its nodes until its time limit.
+    idle_stop_s: float | None = Field(default=None, gt=0)
 
     @field_validator("port_range")
     @classmethod
@@ -148,10 +152,11 @@ class RestartSettings(_Strict):
     A *failure* (a start that fails, a join timeout, a load error, a node lost while serving)
     requeues the job after a backoff that doubles from ``backoff_s`` up to ``max_backoff_s``;
     ``max_consecutive_failures`` failed generations in a row end the teacher (``failed``, final).
-    A preemption or a time limit is not a failure: the job requeues at once, up to
-    ``max_requeues`` times (None: without limit). A node lost while serving is excluded from the
-    next generation's allocation when ``exclude_lost_nodes`` (and the site lets jobs change
-    their excluded nodes).
+    A preemption is not a failure: the job requeues at once, up to ``max_requeues`` times (None:
+    without limit). A time limit ends the teacher (``at_time_limit: stop``, so ``slurm.time``
+    bounds what it holds), or, with ``at_time_limit: requeue``, requeues it as a preemption does.
+    A node lost while serving is excluded from the next generation's allocation when
+    ``exclude_lost_nodes`` (and the site lets jobs change their excluded nodes).
     """
 
     max_consecutive_failures: int = Field(default=3, ge=1)
@@ -159,6 +164,7 @@ class RestartSettings(_Strict):
     backoff_s: float = Field(default=30.0, ge=0)
     max_backoff_s: float = Field(default=600.0, ge=0)
     exclude_lost_nodes: bool = True
+    at_time_limit: Literal["stop", "requeue"] = "stop"
 
 
 class TeacherLauncherOverrides(_Strict):

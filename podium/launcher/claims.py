@@ -17,8 +17,14 @@ filesystems differ in lock support; exclusive create works on NFSv3+, Lustre, GP
 
 A claim is stale when its holder cannot be submitting any more: its holder on this host has ended
 (PID *and* start time, :class:`~podium.launcher.procs.ProcRef`, so a reused PID is not taken for
-it), or it is older than :data:`~podium.launcher.files.CLAIM_STALE_S`. A claim just created has no
-payload yet: it is judged by its file's age, so it is not stale.
+it), or, held from another host (whose processes cannot be seen), it is older than
+:data:`~podium.launcher.files.CLAIM_STALE_S`. A live holder on this host is never stale, however
+long its ``sbatch`` takes. A claim just created has no payload yet: it is judged by its file's
+age, so it is not stale.
+
+The same claim guards other read-modify-writes of a shared file: :class:`ClaimSet` names a set of
+numbered claims in any folder (``rendezvous.claim.<N>`` in the run dir: every edit of
+``rendezvous.json`` by ``up`` and ``scale``), and :func:`holding` waits for one and releases it.
 """
 
 from __future__ import annotations
@@ -27,23 +33,60 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.files import CLAIM_STALE_S, FILE_MODE
 from podium.launcher.procs import ProcRef
+from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
+
+CLAIM_POLL_S = 0.1  # :func:`holding`: how often a held claim is looked at again
+
+
+class Claims(Protocol):
+    """Where a set of numbered claims lives (a teacher's :class:`~podium.launcher.files.TeacherFiles`
+    for its submit claim, a :class:`ClaimSet` otherwise)."""
+
+    @property
+    def folder(self) -> Path: ...
+
+    def claim(self, number: int) -> Path: ...
+
+    def claim_numbers(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ClaimSet:
+    """Numbered claims ``<prefix><N>`` in ``folder``."""
+
+    folder: Path
+    prefix: str
+
+    def claim(self, number: int) -> Path:
+        return self.folder / f"{self.prefix}{number}"
+
+    def claim_numbers(self) -> list[int]:
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        pattern = re.compile(re.escape(self.prefix) + r"(\d+)")
+        return [int(m.group(1)) for m in map(pattern.fullmatch, names) if m]
 
 
 @dataclass(frozen=True)
 class Claim:
     """A claim this process holds."""
 
-    files: TeacherFiles
+    files: Claims
     number: int
 
     @property
@@ -60,7 +103,7 @@ class Claim:
         if self.superseded() or not self.path.exists():
             logger.warning("%s was taken over by another `podium up` while this one held it", self.path)
             return
-        atomic_write_json(self.path, {"released": True, "time": time.time(), "by": _holder()})
+        atomic_write_json(self.path, {"released": True, "time": time.time(), "by": _holder()}, mode=FILE_MODE)
 
 
 def _holder() -> str:
@@ -72,7 +115,7 @@ def _payload() -> str:
     return json.dumps({"pid": me.pid, "start": me.start, "host": socket.gethostname(), "time": time.time()})
 
 
-def claim_state(files: TeacherFiles, number: int, now: float | None = None) -> str:
+def claim_state(files: Claims, number: int, now: float | None = None) -> str:
     """``held``, ``released``, ``stale`` or ``gone`` (superseded and removed meanwhile)."""
     path = files.claim(number)
     found = try_read_json(path)
@@ -84,15 +127,16 @@ def claim_state(files: TeacherFiles, number: int, now: float | None = None) -> s
         data = found.data
         if data.get("released"):
             return "released"
-        mine = data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int)
-        if mine and not ProcRef(data["pid"], data.get("start")).alive():
-            return "stale"
+        if data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int):
+            # A holder on this host is seen: stale once it has ended, held while it lives.
+            return "held" if ProcRef(data["pid"], data.get("start")).alive() else "stale"
     # No payload yet (just created, being written) or a holder elsewhere: judged by its age.
     return "stale" if age > CLAIM_STALE_S else "held"
 
 
-def try_claim(files: TeacherFiles) -> Claim | None:
-    """Take the teacher's submit claim, or None when another live ``up`` holds it (or won it now)."""
+def try_claim(files: Claims) -> Claim | None:
+    """Take the claim (a teacher's submit claim: its files), or None when another live process
+    holds it (or won it now)."""
     numbers = files.claim_numbers()
     top = max(numbers, default=-1)
     state = claim_state(files, top) if top >= 0 else "released"
@@ -101,7 +145,7 @@ def try_claim(files: TeacherFiles) -> Claim | None:
     mine = top + 1
     path = files.claim(mine)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except FileExistsError:
         return None  # another process took over the same claim first
     with os.fdopen(fd, "w") as handle:
@@ -119,3 +163,18 @@ def try_claim(files: TeacherFiles) -> Claim | None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(files.claim(number))
     return claim
+
+
+@contextlib.contextmanager
+def holding(files: Claims, what: str, timeout_s: float) -> Iterator[Claim]:
+    """Hold the claim for the block (waiting up to ``timeout_s`` for another holder to release
+    it); ``TimeoutError`` naming ``what`` when it does not."""
+    try:
+        claim = poll_until(lambda: try_claim(files), timeout_s=timeout_s, interval_s=CLAIM_POLL_S,
+                           what=f"{what} ({files.folder})")
+    except PollTimeout as exc:
+        raise TimeoutError(f"{exc}: another podium process holds it") from None
+    try:
+        yield claim
+    finally:
+        claim.release()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +22,10 @@ from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.plan import Plan, require_checkpoints
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, job_states, scheduler_for
+from podium.launcher.claims import Claim, holding
 from podium.launcher.files import TeacherFiles
 from podium.launcher.jobs import JobRecord
-from podium.launcher.run_dir import known_teachers, prepare_run_dir, write_spec
+from podium.launcher.run_dir import known_teachers, make_run_dir, prepare_run_dir, rendezvous_claims, write_spec
 from podium.launcher.selection import resolve, select
 from podium.launcher.stop import down, stop_replicas, with_jobs
 from podium.launcher.submission import ensure_submitted
@@ -31,6 +33,8 @@ from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
 
 logger = logging.getLogger(__name__)
+
+RENDEZVOUS_CLAIM_WAIT_S = 120.0  # another `up`/`scale` edits rendezvous.json for seconds at most
 
 
 @dataclass
@@ -66,12 +70,15 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     teachers of the run dir that the plan no longer has are stopped too.
     """
     validate(plan)
-    run_dir = run_dir.absolute()
-    extras = _live_extra_replicas(plan, run_dir)
-    listed = {spec.key: [*range(spec.launcher.replicas),
-                         *([] if replace else [s.replica for s, _, _ in extras.get(spec.key, [])])]
-              for spec in plan.teachers}
-    layout = prepare_run_dir(plan, run_dir, replicas=listed)
+    run_dir = make_run_dir(run_dir.absolute())
+    # The replicas `scale` started are read and listed under the claim: a `scale` that submits one
+    # meanwhile lists it after this write (its job.json exists before its own write).
+    with _editing_rendezvous(run_dir):
+        extras = _live_extra_replicas(plan, run_dir)
+        listed = {spec.key: [*range(spec.launcher.replicas),
+                             *([] if replace else [s.replica for s, _, _ in extras.get(spec.key, [])])]
+                  for spec in plan.teachers}
+        layout = prepare_run_dir(plan, run_dir, replicas=listed)
     result = UpResult(layout.run_dir, {}, {}, [], notices=notices(plan))
     for replica in (r for spec in plan.teachers for r in spec.replica_specs()):
         _up_replica(replica, layout.run_dir, replace, result)
@@ -229,20 +236,29 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
             record, action = ensure_submitted(spec, TeacherFiles.of_spec(run_dir, spec))
         except SubmitError as exc:
             # what runs stays listed and what was just submitted is listed too; nothing is stopped
-            listed = list(dict.fromkeys([*rdv.entry(key).replicas, *map(endpoint, range(index))]))
-            write_rendezvous(layout, rdv.with_replicas(key, listed))
+            with _editing_rendezvous(run_dir):
+                fresh = read_rendezvous(run_dir)
+                listed = list(dict.fromkeys([*fresh.entry(key).replicas, *map(endpoint, range(index))]))
+                write_rendezvous(layout, fresh.with_replicas(key, listed))
             done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items()) or "none"
             raise SubmitError(f"{exc} [replicas with jobs: {done}; the rendezvous lists {len(listed)}; nothing "
                               f"was stopped; `podium scale` again, once fixed, submits the rest]") from exc
         result.actions[spec.display] = action
         result.job_ids[spec.display] = record.job_id
-    # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay
-    write_rendezvous(layout, rdv.with_replicas(key, [endpoint(i) for i in range(count)]))
+    # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay.
+    # Read again under the claim: another `scale` or `up` may have edited it since (other teachers).
+    with _editing_rendezvous(run_dir):
+        write_rendezvous(layout, read_rendezvous(run_dir).with_replicas(key, [endpoint(i) for i in range(count)]))
     beyond = with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
     live = _live_job_ids([rec for _, _, recs in beyond for rec in recs])
     result.stopped = [spec.display for spec, _, recs in beyond if any(rec.job_id in live for rec in recs)]
     stop_replicas(beyond, wait_s=wait_s)
     return result
+
+
+def _editing_rendezvous(run_dir: Path) -> AbstractContextManager[Claim]:
+    """The run's rendezvous claim, held around a read-modify-write of ``rendezvous.json``."""
+    return holding(rendezvous_claims(run_dir), "the claim on rendezvous.json", RENDEZVOUS_CLAIM_WAIT_S)
 
 
 def log_paths(run_dir: Path, teacher: str, node: int | None = None) -> list[Path]:

@@ -19,7 +19,8 @@ path (in the teacher's folder)       written by      holds
                                                      while one ``up`` submits (pid, start time,
                                                      host, time), then marked released; taking
                                                      over claim N creates N+1 (``claims.py``);
-                                                     stale after ``CLAIM_STALE_S``
+                                                     stale when its holder here has ended, or
+                                                     (held elsewhere) after ``CLAIM_STALE_S``
 ``submitting.json``                  ``up``          the launcher settings of the last submission,
                                                      written just before it: what a job adopted
                                                      without ``job.json`` was submitted with
@@ -37,6 +38,8 @@ path (in the teacher's folder)       written by      holds
 ``stop.request``                     ``down``        asks the head of the job it names
                                                      (``job_id``) to stop; ignored by other jobs
 ===================================  ==============  ==============================================
+In the run dir itself, ``rendezvous.claim.<N>`` are the same numbered claims around every edit of
+``rendezvous.json`` (``up``, ``scale``). Every file here is 0600 in a 0700 run dir.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 SPEC_FILE = "spec.json"
 JOB_FILE = "job.json"
 CLAIM_PREFIX = "submit.claim."  # + the claim's number
+RENDEZVOUS_CLAIM_PREFIX = "rendezvous.claim."  # in the run dir, + the claim's number
 SUBMITTING_FILE = "submitting.json"
 SUBMITIT_DIR = "submitit"
 NODES_DIR = "nodes"
@@ -68,6 +72,7 @@ RECIPE_FILE = "recipe.yaml"  # in the run dir: the resolved recipe (as loaded, o
 TASK_LOG_NAME = "{job}_{rank}_log.{stream}"
 SBATCH_LOG_NAME = "%j_sbatch.out"  # sbatch's own output (the batch step), %j: the job id
 CLAIM_STALE_S = 120.0
+FILE_MODE = 0o600  # every file the launcher writes in the run dir (itself 0700)
 _CLAIM_NAME = re.compile(re.escape(CLAIM_PREFIX) + r"(\d+)")
 
 

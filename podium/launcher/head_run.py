@@ -73,8 +73,10 @@ def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: BaseExcept
     outcome: Outcome
     if lifecycle.fault is not None:
         outcome, (reason, host) = "failed", lifecycle.fault
-    elif intent is not None and (intent.requeue or error is None or isinstance(error, (KeyboardInterrupt, SystemExit))):
-        # A stop: a failure while being preempted still brings the job back.
+    elif intent is not None and (intent.requeue or intent.kind in STOP_OUTCOMES or error is None
+                                 or isinstance(error, (KeyboardInterrupt, SystemExit))):
+        # A stop: a failure while being preempted still brings the job back, and one at the time
+        # limit is that time limit's (the restart policy decides), not a failure.
         outcome = STOP_OUTCOMES.get(intent.kind, "stopped")
         reason = node.signals.describe()
     elif error is not None:

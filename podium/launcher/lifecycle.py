@@ -14,6 +14,10 @@ queue); readiness is set here, right before ``ready`` is published, so a trainer
 ``extra.timings`` (what ``podium status`` and the benchmarks show), and a drain or stop says why
 (the signal, and whether the job requeues) in ``reason``.
 
+With ``server.idle_stop_s`` the serving loop stops the teacher once nobody has called it for that
+long (:class:`IdleWatch`: no answer given and nothing queued), so a forgotten teacher on a shared
+cluster gives its nodes back; the job then ends (``stopped``, no requeue).
+
 Being fenced by a newer generation's record stops this generation (it is stale). A failure to
 write ``draining`` or ``stopped`` (a full disk, a stale NFS handle) is logged, never allowed to skip
 the drain: the requests in flight matter more than the record, which the next generation replaces.
@@ -38,6 +42,22 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 STOP_FILE_POLL_S = 0.5
+
+
+class IdleWatch:
+    """How long the endpoint has gone uncalled: the clock restarts whenever it has answered a
+    request since the last look, or has requests queued or computing."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last = clock()
+        self._served: int | None = None
+
+    def idle_for(self, served: int, queued: int) -> float:
+        now = self._clock()
+        if queued or served != self._served:
+            self._served, self._last = served, now
+        return now - self._last
 
 
 class TeacherLifecycle:
@@ -135,8 +155,10 @@ class TeacherLifecycle:
             heartbeat = Heartbeat(self.writer, server_cfg.heartbeat_s, on_fenced=fenced).start()
             if on_ready is not None:
                 on_ready(url)
+            idle = IdleWatch()
             while not self.signals.stop.wait(STOP_FILE_POLL_S):
                 self._check_stop_file()
+                self._check_idle(idle, server.server)
             intent = self.signals.intent()
             drain_s = 0.0 if intent is None or intent.urgent else intent.drain_s()
             logger.warning("generation %s: %s: draining (up to %.0fs for queued requests)",
@@ -152,6 +174,13 @@ class TeacherLifecycle:
         finally:
             if heartbeat is not None:
                 heartbeat.stop()
+
+    def _check_idle(self, idle: IdleWatch, endpoint: Any) -> None:
+        """Stop once nobody has called for ``server.idle_stop_s`` (when set)."""
+        limit = self.spec.launcher.server.idle_stop_s
+        if limit is not None and idle.idle_for(endpoint.served, endpoint.queue_depth) >= limit:
+            logger.warning("no call for %.0fs: stopping (server.idle_stop_s)", limit)
+            self.signals.request_stop(f"idle: no call for {limit:g}s (server.idle_stop_s)", kind="idle")
 
     def _check_stop_file(self) -> None:
         """``podium down`` asks this job to stop through the stop file (only this job: a request

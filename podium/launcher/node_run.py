@@ -73,7 +73,7 @@ class NodeRun:
         self.faults = faults
         self.state = NodeStateWriter(files.node(ctx.job_id, ctx.restart, ctx.rank), rank=ctx.rank, host=ctx.host,
                                      generation=str(ctx.generation))
-        self.log_path = files.task_log(ctx.job_id, ctx.rank)
+        self.log_path = files.task_log(ctx.log_job_id or ctx.job_id, ctx.rank)
         self.ray_proc: rb.RayNodeProcess | None = None
         self._temp: Path | None = None
 
@@ -94,7 +94,8 @@ class NodeRun:
                            spec.gpus_per_node, ctx.host)
         launch = RayLaunch(ip=self.job_env.node_address(ray_cfg.interface),
                            ports=rb.choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
-                           temp=rb.temp_dir(ray_cfg.temp_dir_root, ctx.job_id, ctx.restart, ctx.rank),
+                           temp=rb.temp_dir(rb.private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
+                                           ctx.restart, ctx.rank),
                            num_cpus=int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.cpus_per_task),
                            num_gpus=gpus, object_store_memory_mb=ray_cfg.object_store_memory_mb,
                            extra_args=tuple(self.faults.ray_start_words()))

@@ -1,5 +1,8 @@
 """Ray on one node of a teacher job: address, explicit ports, per-job temp dir, start and stop by PID.
 
+Temp dirs: ``<ray.temp_dir_root>/podium-u<uid>/podium-<job>-<restart>-<rank>``, under a parent
+that is the user's own (0700, ownership checked: :func:`private_temp_root`).
+
 Nodes may be shared with other jobs and other Ray clusters (on the test cluster every emulated node
 shares one port space), so every port Ray opens is chosen here and checked free by binding it.
 
@@ -17,8 +20,8 @@ offset  port                         who binds it
 6       runtime env agent            runtime env agent
 7       Ray client server            head only
 8       dashboard                    head only (dashboard disabled; the port is given anyway)
-9       torch rendezvous             the teacher group's ``MASTER_PORT`` (TCPStore, all
-                                     addresses), handed to the group as its only choice
+9       torch rendezvous             the teacher group's ``MASTER_PORT`` (TCPStore, on the
+                                     node's address), handed to the group as its only choice
 10..    worker ports                 one per Ray worker process (``BLOCK_SIZE - 10`` of them)
 ======  ===========================  =========================================================
 
@@ -47,8 +50,10 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,6 +99,9 @@ def write_auth_token(path: Path) -> Path:
 def auth_env(token_path: Path) -> dict[str, str]:
     """The environment that makes a Ray process (node or driver) use the job's token."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+
+
+PRIVATE_DIR_MODE = 0o700
 
 
 class RayStartError(RuntimeError):
@@ -162,9 +170,39 @@ def choose_ports(port_range: tuple[int, int], job_id: int | str, restart: int, r
                         f"({blocks} blocks tried) on {socket.gethostname()}")
 
 
-def temp_dir(root: str, job_id: int | str, restart: int, rank: int) -> Path:
-    """Per-job, per-node Ray temp dir (short: Ray's socket paths must stay under 108 bytes)."""
-    return Path(root) / f"podium-{job_id}-{restart}-{rank}"
+def temp_dir(parent: str | Path, job_id: int | str, restart: int, rank: int) -> Path:
+    """Per-job, per-node Ray temp dir in ``parent`` (:func:`private_temp_root`; short: Ray's socket
+    paths must stay under 108 bytes)."""
+    return Path(parent) / f"podium-{job_id}-{restart}-{rank}"
+
+
+def private_temp_name() -> str:
+    """``podium-u<uid>``: the name of this user's parent of its Ray temp dirs."""
+    return f"podium-u{os.getuid()}"
+
+
+def private_temp_root(root: str | Path) -> Path:
+    """This user's parent of its Ray temp dirs in ``root`` (``ray.temp_dir_root``, a shared ``/tmp``):
+    a directory it owns, mode 0700, not a link; created when missing. When that name is taken by
+    someone else (another user's directory, a link) a fresh private one (``mkdtemp``) is used, so no
+    other user can make ``ray start`` fail, or reach its sockets, by creating a path first."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / private_temp_name()
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+        if stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
+            os.chmod(path, PRIVATE_DIR_MODE)
+        return path
+    fresh = Path(tempfile.mkdtemp(prefix=f"{private_temp_name()}-", dir=base))
+    logger.warning("%s is not this user's private directory (owner uid %d, %s): Ray's temp dirs go to %s",
+                   path, info.st_uid, "a link" if stat.S_ISLNK(info.st_mode) else f"mode {info.st_mode & 0o777:o}",
+                   fresh)
+    return fresh
 
 
 def ray_executable() -> list[str]:

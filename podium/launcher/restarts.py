@@ -12,7 +12,9 @@ how it ended    counts as                                  next
                                                            ``max_consecutive_failures`` in a row:
                                                            final, no requeue
 ``preempted``   a requeue, not a failure                   requeue at once; beyond ``max_requeues``:
-``time_limit``                                             final
+                                                           final
+``time_limit``  the end (``at_time_limit: stop``, the      nothing; with ``at_time_limit: requeue``
+                default), or a requeue                     as ``preempted``
 ``stopped``     the end (``scancel``, ``podium down``)     nothing
 ==============  ========================================  =======================================
 
@@ -31,7 +33,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from podium.config.launcher import RestartSettings
-from podium.launcher.files import TeacherFiles
+from podium.launcher.files import FILE_MODE, TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.schema import VersionedFile
 
@@ -74,7 +76,7 @@ class RestartLedger(VersionedFile):
             return cls()
 
     def write(self, files: TeacherFiles) -> None:
-        atomic_write_json(files.restarts, self.model_dump(mode="json"))
+        atomic_write_json(files.restarts, self.model_dump(mode="json"), mode=FILE_MODE)
 
     def ready(self) -> RestartLedger:
         """A generation served: failures before it no longer count."""
@@ -109,6 +111,8 @@ def decide(ledger: RestartLedger, outcome: Outcome, settings: RestartSettings, *
     """The decision after a generation ended with ``outcome`` (``ledger`` already counts it)."""
     if outcome == "stopped":
         return Decision(False, False, 0.0, "stopped")
+    if outcome == "time_limit" and settings.at_time_limit == "stop":
+        return Decision(False, False, 0.0, "time limit reached: stopped (restart.at_time_limit=stop)")
     if not can_requeue:
         return Decision(False, outcome == "failed", 0.0, "this cluster kind does not requeue jobs")
     if outcome == "failed":

@@ -3,6 +3,10 @@
 Everything a later ``podium`` process needs (on any login node) is written here, on the shared
 filesystem; nothing lives only in memory. Writing it again for the same plan is harmless (the
 token is kept, files are replaced whole).
+
+The run dir is the user's own: 0700 (made so again when an older one is written), the files the
+launcher writes 0600. Every read-modify-write of ``rendezvous.json`` (``up``, ``scale``) holds the
+run's rendezvous claim (:func:`rendezvous_claims`, :mod:`podium.launcher.claims`).
 """
 
 from __future__ import annotations
@@ -10,14 +14,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import PLAN_FILE, RECIPE_FILE, TeacherFiles
-from podium.rendezvous.atomic import atomic_write_json, ensure_dir
+from podium.launcher.claims import ClaimSet
+from podium.launcher.files import FILE_MODE, PLAN_FILE, RECIPE_FILE, RENDEZVOUS_CLAIM_PREFIX, TeacherFiles
+from podium.rendezvous.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
 from podium.rendezvous.layout import RunLayout, teacher_dir_name
 from podium.rendezvous.manifest import build_rendezvous, write_rendezvous
 from podium.rendezvous.token import create_token
@@ -26,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 RUNS_DIR_ENV = "PODIUM_RUNS_DIR"
 DEFAULT_RUNS_ROOT = "~/podium-runs"
+RUN_DIR_MODE = 0o700
 
 
 def default_run_dir(plan: Plan) -> Path:
@@ -54,12 +59,12 @@ def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: str | None = None,
     (default: those the plan asks for)."""
     run_dir = run_dir.absolute()
     layout = RunLayout(run_dir)
-    ensure_dir(run_dir)
+    make_run_dir(run_dir)
+    if recipe_text is None and Path(plan.recipe_path).is_file():
+        recipe_text = Path(plan.recipe_path).read_text()
     if recipe_text is not None:
-        (run_dir / RECIPE_FILE).write_text(recipe_text)
-    elif Path(plan.recipe_path).is_file():
-        shutil.copyfile(plan.recipe_path, run_dir / RECIPE_FILE)
-    atomic_write_json(run_dir / PLAN_FILE, plan.to_dict())
+        atomic_write_bytes(run_dir / RECIPE_FILE, recipe_text.encode(), mode=FILE_MODE)
+    atomic_write_json(run_dir / PLAN_FILE, plan.to_dict(), mode=FILE_MODE)
     if not layout.auth_token_path.exists():
         create_token(layout.auth_token_path)
     for spec in plan.teachers:
@@ -71,12 +76,28 @@ def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: str | None = None,
     return layout
 
 
+def make_run_dir(run_dir: Path) -> Path:
+    """Create the run dir (0700; one of this user's with a wider mode is narrowed)."""
+    ensure_dir(run_dir, mode=RUN_DIR_MODE)
+    info = run_dir.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        logger.info("%s: mode %o narrowed to %o (the run dir is yours only)", run_dir, info.st_mode & 0o777,
+                    RUN_DIR_MODE)
+        os.chmod(run_dir, RUN_DIR_MODE)
+    return run_dir
+
+
+def rendezvous_claims(run_dir: Path) -> ClaimSet:
+    """The claim every read-modify-write of the run's ``rendezvous.json`` holds."""
+    return ClaimSet(run_dir, RENDEZVOUS_CLAIM_PREFIX)
+
+
 def write_spec(run_dir: Path, spec: TeacherSpec) -> TeacherFiles:
     """Write the spec of the replica ``spec`` describes into its folder (created)."""
     files = TeacherFiles.of_spec(run_dir, spec)
     ensure_dir(files.folder)
     ensure_dir(files.submitit)  # sbatch --output points here; Slurm does not create folders
-    atomic_write_json(files.spec, spec.to_json())
+    atomic_write_json(files.spec, spec.to_json(), mode=FILE_MODE)
     return files
 
 

@@ -11,7 +11,8 @@ what happened               kind            requeue  drain
 SIGUSR1/SIGUSR2 (--signal)  ``signal``      yes      up to ``server.drain_s``, ending before the
                                                      job's end time
 SIGTERM, preempted          ``preempt``     yes      until the grace time is nearly over
-SIGTERM, time limit ahead   ``time_limit``  yes      until the end time is nearly there
+SIGTERM, time limit ahead   ``time_limit``  policy   until the end time is nearly there
+                                                     (``restart.at_time_limit``; default: no)
 SIGTERM, requeued by Slurm  ``requeued``    no       none: Slurm brings the next generation
 SIGTERM/SIGINT otherwise    ``cancel``      no       none (``scancel``: KillWait follows)
 the stop file               ``down``        no       up to ``server.drain_s``

@@ -3,7 +3,9 @@
 Pure functions over strings (tested on real output of the Slurm 22.05 test cluster, odd cases
 included), plus the few queries that run ``sacct``/``squeue``/``scontrol`` (:func:`query_states`,
 :func:`query_live_by_comment`, :func:`show_job`).
-A failed ``sacct`` is a :class:`SlurmQueryError`, never "status may be inaccurate".
+A failed ``sacct`` is a :class:`SlurmQueryError`, never "status may be inaccurate". Every query
+asks for this user's jobs only (``squeue --me``, ``sacct --user``), and a job found by its name and
+comment must be this user's too: another user can name a job and set its comment as podium does.
 
 =================  ===========================================================================
 state class        Slurm states
@@ -22,6 +24,7 @@ An unknown state counts as ``done`` only when sacct also shows an end time; othe
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import time
@@ -44,9 +47,10 @@ SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "E
 SQUEUE_FIELDS = ("JobID", "State", "NodeList", "Reason", "RestartCnt")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
 # squeue -O to find a teacher's jobs by their identity (sbatch --comment): the comment last, so a
-# comment with "|" in it (someone else's) cannot shift the fields.
-SQUEUE_COMMENT_FIELDS = ("JobID", "State", "Comment")
+# comment with "|" in it (someone else's) cannot shift the fields; the job's user checked too.
+SQUEUE_COMMENT_FIELDS = ("JobID", "State", "UserId", "Comment")
 SQUEUE_COMMENT_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_COMMENT_FIELDS)
+_USER_ID = re.compile(r"^(?:\S*\()?(\d+)\)?$")  # squeue's UserId: "1000" or "name(1000)"
 
 
 class SlurmQueryError(RuntimeError):
@@ -67,6 +71,7 @@ class JobState:
     end: str = ""
     restarts: int | None = None  # Slurm's restart count (squeue only; None when not known)
     comment: str = ""  # sbatch --comment (squeue with SQUEUE_COMMENT_FORMAT only)
+    uid: int | None = None  # the job's user (squeue with SQUEUE_COMMENT_FORMAT only)
 
     @property
     def kind(self) -> str:
@@ -201,33 +206,38 @@ def parse_squeue(text: str) -> dict[str, JobState]:
     return jobs
 
 
-def parse_squeue_comments(text: str) -> list[JobState]:
-    """Rows of ``squeue -h -O 'JobID:|,State:|,Comment:|'`` (a job without a comment: ``(null)``)."""
+def parse_squeue_comments(text: str, with_user: bool = False) -> list[JobState]:
+    """Rows of ``squeue -h -O 'JobID:|,State:|,Comment:|'`` (a job without a comment: ``(null)``);
+    ``with_user``: of ``SQUEUE_COMMENT_FORMAT``, the job's user before the comment."""
     jobs: list[JobState] = []
+    first = 3 if with_user else 2  # the comment's first field
     for line in text.splitlines():
         if not line.strip():
             continue
         fields = line.split("|")
-        if len(fields) < 4 or fields[-1].strip():
-            raise SlurmQueryError(f"squeue line is not JOBID|STATE|COMMENT|: {line!r}")
+        user = _USER_ID.match(fields[2].strip()) if with_user and len(fields) > 2 else None
+        if len(fields) < first + 2 or fields[-1].strip() or (with_user and user is None):
+            raise SlurmQueryError(f"squeue line is not JOBID|STATE|{'USERID|' if with_user else ''}COMMENT|: {line!r}")
         job_id, state = fields[0].strip(), fields[1].strip()
-        comment = "|".join(fields[2:-1]).strip()
+        comment = "|".join(fields[first:-1]).strip()
         jobs.append(JobState(job_id=job_id, state=normalise_state(state), raw_state=state,
-                             comment="" if comment == "(null)" else comment))
+                             comment="" if comment == "(null)" else comment,
+                             uid=int(user.group(1)) if user is not None else None))
     return jobs
 
 
-def live_with_comment(jobs: Iterable[JobState], comment: str) -> list[str]:
-    """Ids of the pending or running jobs whose comment is exactly ``comment``."""
-    return [job.job_id for job in jobs if job.comment == comment and job.alive]
+def live_with_comment(jobs: Iterable[JobState], comment: str, uid: int | None = None) -> list[str]:
+    """Ids of the pending or running jobs whose comment is exactly ``comment`` (with ``uid``: and
+    whose user it is)."""
+    return [job.job_id for job in jobs if job.comment == comment and job.alive and (uid is None or job.uid == uid)]
 
 
 def query_live_by_comment(name: str, comment: str, env: Mapping[str, str] | None = None,
                           timeout_s: float = 30.0) -> list[str]:
-    """Pending or running jobs named ``name`` that carry ``comment`` (``squeue``; a failure is a
-    :class:`SlurmQueryError`: never guess that nothing runs)."""
-    text = _run(["squeue", "-h", f"--name={name}", "-O", SQUEUE_COMMENT_FORMAT], env, timeout_s)
-    return live_with_comment(parse_squeue_comments(text), comment)
+    """This user's pending or running jobs named ``name`` that carry ``comment`` (``squeue --me``,
+    each job's user checked; a failure is a :class:`SlurmQueryError`: never guess that nothing runs)."""
+    text = _run(["squeue", "-h", "--me", f"--name={name}", "-O", SQUEUE_COMMENT_FORMAT], env, timeout_s)
+    return live_with_comment(parse_squeue_comments(text, with_user=True), comment, uid=os.getuid())
 
 
 def _safe_nodes(text: str) -> list[str]:
@@ -285,7 +295,8 @@ def show_job(job_id: str, timeout_s: float = 10.0) -> dict[str, str]:
 
 def query_states(job_ids: Sequence[str], env: Mapping[str, str] | None = None,
                  timeout_s: float = 30.0) -> dict[str, JobState]:
-    """States of ``job_ids``: ``squeue`` (live, no accounting lag) then ``sacct`` for the rest.
+    """States of this user's ``job_ids``: ``squeue`` (live, no accounting lag) then ``sacct`` for the
+    rest (another user's job is not listed, as one that neither knows).
 
     A job that neither knows yet (just submitted) is absent from the answer. A failing command is a
     :class:`SlurmQueryError` naming the command and its stderr.
@@ -293,12 +304,12 @@ def query_states(job_ids: Sequence[str], env: Mapping[str, str] | None = None,
     ids = [str(j) for j in job_ids if str(j)]
     if not ids:
         return {}
-    found = parse_squeue(_run(["squeue", "-h", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
+    found = parse_squeue(_run(["squeue", "-h", "--me", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
                               env, timeout_s, allow_invalid_id=True))
     rest = [j for j in ids if j not in found]
     if rest:
-        text = _run(["sacct", "-j", ",".join(rest), "-o", ",".join(SACCT_FIELDS), "--parsable2"],
-                    env, timeout_s)
+        text = _run(["sacct", "-j", ",".join(rest), f"--user={os.getuid()}", "-o", ",".join(SACCT_FIELDS),
+                     "--parsable2"], env, timeout_s)
         for job_id, state in parse_sacct(text).items():
             found.setdefault(job_id, state)
     return found

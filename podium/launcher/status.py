@@ -4,6 +4,11 @@ Owns the status view: each replica's job (``job.json``), what Slurm says of it, 
 and, for a ready one, a probe of its health and its ``/metrics``; and ``wait``, which polls that
 view until every planned teacher is ready or one has failed for good. Reads only: the run directory
 and the scheduler. Light imports only: no torch, no ray.
+
+``wait`` reads the records every :data:`WAIT_POLL_S` but asks the scheduler (``squeue``/``sacct``,
+which many waiting trainers would otherwise load) only every :data:`WAIT_SLURM_POLL_S`, doubling
+up to :data:`WAIT_SLURM_MAX_POLL_S` (:class:`SchedulerPolls`); a record that changes, or a job it
+has not asked about yet, has it asked at the next look.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ from podium.config.spec import display_name
 from podium.launcher.backends import job_states
 from podium.launcher.jobs import JobRecord
 from podium.launcher.run_dir import known_teachers
+from podium.launcher.slurm_state import JobState
 from podium.poll import PollTimeout, poll_until
 from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.rendezvous.atomic import FileReadError
@@ -31,7 +37,9 @@ from podium.rendezvous.records import Generation, Status, read_record
 logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0  # a ready endpoint's /health/live and /metrics answer within this, or count as not
-WAIT_POLL_S = 0.5  # `wait`: how often it reads the status of every teacher
+WAIT_POLL_S = 0.5  # `wait`: how often it reads the records of every teacher
+WAIT_SLURM_POLL_S = 2.0  # `wait`: the scheduler is asked this often at first ...
+WAIT_SLURM_MAX_POLL_S = 16.0  # ... the interval doubling up to this
 
 
 @dataclass
@@ -142,15 +150,46 @@ def _load(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, float] | No
         return None
 
 
-def status(run_dir: Path, probe: bool = True) -> list[TeacherStatus]:
-    """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct)."""
+StatesOf = Callable[[Sequence[JobRecord]], dict[str, JobState]]
+
+
+class SchedulerPolls:
+    """The scheduler's job states, asked again only when due (``interval_s``, doubling up to
+    ``max_interval_s``), when asked about a job it has no answer for, or after :meth:`expire`."""
+
+    def __init__(self, interval_s: float = WAIT_SLURM_POLL_S, max_interval_s: float = WAIT_SLURM_MAX_POLL_S,
+                 states_of: StatesOf = job_states, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s, self.max_interval_s = interval_s, max_interval_s
+        self._states_of, self._clock = states_of, clock
+        self._states: dict[str, JobState] = {}
+        self._asked: set[str] = set()
+        self._due = 0.0
+        self._interval = interval_s
+
+    def expire(self) -> None:
+        """Ask at the next look (something changed), and from the shortest interval again."""
+        self._due, self._interval = 0.0, self.interval_s
+
+    def __call__(self, records: Sequence[JobRecord]) -> dict[str, JobState]:
+        ids = {rec.job_id for rec in records}
+        now = self._clock()
+        if now >= self._due or not ids <= self._asked:
+            self._states, self._asked = self._states_of(records), ids
+            self._due = now + self._interval
+            self._interval = min(self._interval * 2, self.max_interval_s)
+        return self._states
+
+
+def status(run_dir: Path, probe: bool = True, states_of: StatesOf = job_states) -> list[TeacherStatus]:
+    """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct);
+    ``states_of`` answers the jobs' states (the scheduler, or :class:`SchedulerPolls`)."""
     run_dir = run_dir.absolute()
     layout = RunLayout(run_dir)
     rdv = read_rendezvous(run_dir)
     listed = {layout.resolve(path).parent for entry in rdv.teachers.values() for path in entry.replicas}
     teachers = known_teachers(run_dir)
     records = {files.folder: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
-    states = job_states([r for r in records.values() if r is not None])
+    states = states_of([r for r in records.values() if r is not None])
     rows = []
     for spec, files in teachers:
         row = TeacherStatus(name=spec.name, key=spec.key, aliases=tuple(spec.aliases), replica=spec.replica,
@@ -196,13 +235,20 @@ class WaitFailed(RuntimeError):
 def wait(run_dir: Path, timeout_s: float = 600.0,
          on_update: Callable[[list[TeacherStatus], float], None] | None = None,
          poll_s: float = WAIT_POLL_S) -> list[TeacherStatus]:
-    """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise."""
+    """Until every planned teacher is ready; :class:`WaitFailed` naming the teacher otherwise. The
+    records are read every ``poll_s``, the scheduler asked with backoff (:class:`SchedulerPolls`)."""
     t0 = time.monotonic()
     rows: list[TeacherStatus] = []
+    polls = SchedulerPolls()
+    seen: list[tuple[str, str | None, str | None]] = []
 
     def all_ready() -> list[TeacherStatus] | None:
-        nonlocal rows
-        rows = [r for r in status(run_dir) if r.in_plan]
+        nonlocal rows, seen
+        rows = [r for r in status(run_dir, states_of=polls) if r.in_plan]
+        records = [(r.status, r.generation, r.job_id) for r in rows]
+        if seen and records != seen:  # a record changed: what Slurm says of its job may have too
+            polls.expire()
+        seen = records
         if on_update is not None:
             on_update(rows, time.monotonic() - t0)
         failed = [r for r in rows if r.failed]

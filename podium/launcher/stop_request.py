@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import ConfigDict
 
-from podium.launcher.files import TeacherFiles
+from podium.launcher.files import FILE_MODE, TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.schema import VersionedFile
 
@@ -33,7 +33,7 @@ class StopRequest(VersionedFile):
 def request_stop(files: TeacherFiles, job_id: str) -> StopRequest:
     """Ask job ``job_id`` of this teacher to stop (replacing any earlier request)."""
     request = StopRequest(job_id=str(job_id), time=time.time(), pid=os.getpid())
-    atomic_write_json(files.stop_request, request.model_dump(mode="json"))
+    atomic_write_json(files.stop_request, request.model_dump(mode="json"), mode=FILE_MODE)
     return request
 
 

@@ -5,10 +5,11 @@ reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.
 numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
 ``job.json``. Every job carries the teacher's identity, so a job whose ``job.json`` was never
-written is found (``Scheduler.find_live``) and adopted rather than submitted again. While it submits, the
-SLURM_* / SBATCH_* / SUBMITIT_* variables of an enclosing job (``podium up`` inside an sbatch
-script) are cleared (:func:`clean_submit_env`; ``SLURM_CONF`` is kept so ``sbatch`` finds its
-cluster).
+written is found (``Scheduler.find_live``) and adopted rather than submitted again. A job submitted
+here starts a fresh restart ledger (``restarts.json``: no failures, no excluded nodes); an adopted
+or reattached one keeps its own. While it submits, the SLURM_* / SBATCH_* / SUBMITIT_* variables
+of an enclosing job (``podium up`` inside an sbatch script) are cleared (:func:`clean_submit_env`;
+``SLURM_CONF`` is kept so ``sbatch`` finds its cluster).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from podium.config.spec import TeacherSpec
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
 from podium.launcher.claims import try_claim
 from podium.launcher.faults import faults
-from podium.launcher.files import TeacherFiles
+from podium.launcher.files import FILE_MODE, TeacherFiles
 from podium.launcher.jobs import JobRecord
+from podium.launcher.restarts import RestartLedger
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
@@ -147,7 +149,12 @@ def ensure_submitted(spec: TeacherSpec, files: TeacherFiles, timeout_s: float = 
                 launcher = spec.launcher.model_dump(mode="json")
                 # Before sbatch: should this process die before job.json, whoever adopts the job
                 # knows what it was submitted with.
-                atomic_write_json(files.submitting, {"launcher": launcher, "time": time.time(), "by": _me()})
+                atomic_write_json(files.submitting, {"launcher": launcher, "time": time.time(), "by": _me()},
+                                  mode=FILE_MODE)
+                # A new job starts its own restart ledger: the failures and excluded nodes of the
+                # job before it (which may have failed for good) are not this one's. Written before
+                # sbatch, so the new job's head never reads the old one.
+                RestartLedger().write(files)
                 try:
                     job_id = submit(spec, files)
                 except SubmitError:  # refused: nothing was submitted, so no submission is in flight

@@ -6,7 +6,9 @@ This module owns what runs inside each worker process:
   count is set explicitly), the CPU shims when CUDA is absent, the device (Ray gives each GPU
   worker one visible GPU);
 - :func:`init_parallel`: ``torch.distributed`` (NCCL on GPU, gloo on CPU) from worker 0's
-  address/port, ``parallel_state`` with TP/PP/CP/EP/ETP, the inference RNG tracker;
+  address/port, ``parallel_state`` with TP/PP/CP/EP/ETP, the inference RNG tracker. Worker 0's
+  TCPStore listens on that address only (:func:`rendezvous_store`), not on every address of its
+  node (torch's default): the store has no authentication;
 - :class:`TeacherWorker`: the actor body (the group wraps it with ``ray.remote``). ``setup`` builds and
   loads the model stage (see ``checkpoint_loader``) and installs the :class:`LogprobHead`;
   ``get_logprobs`` runs this rank's data-parallel shard in micro-batches through the forward-only
@@ -66,13 +68,13 @@ def init_parallel(
         # GLOO_SOCKET_IFNAME is left to the site (pass it in the group's env_vars).
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if parsed.scheme == "tcp" and parsed.hostname and parsed.port:
+            store = rendezvous_store(parsed.hostname, parsed.port, rank=rank, world_size=world_size, timeout=timeout)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
+                                    timeout=timeout)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=int(parallel.get("tensor_model_parallel_size", 1)),
         pipeline_model_parallel_size=int(parallel.get("pipeline_model_parallel_size", 1)),
@@ -81,6 +83,26 @@ def init_parallel(
         expert_tensor_parallel_size=int(parallel.get("expert_tensor_parallel_size", 1)),
     )
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
+
+
+def rendezvous_store(host: str, port: int, *, rank: int, world_size: int, timeout: Any) -> Any:
+    """torch's ``TCPStore`` of a group: rank 0 serves it on ``host`` only (a socket bound to that
+    address, handed to the store), every rank connects to ``host:port``."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+        fd = listener.detach()  # the store's server owns the socket from here
+    try:
+        return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def destroy_parallel() -> None:

@@ -82,6 +82,7 @@ class NodeContext:
     num_nodes: int
     restart: int
     host: str
+    log_job_id: str = ""  # the id the task's log files are named by, when not ``job_id`` (local: the PID)
 
     @property
     def generation(self) -> Generation:

@@ -1,5 +1,12 @@
 """The ``local`` cluster kind inside the job: the one node task submitit's local controller runs,
-and the GPUs this machine gives it.
+its job id, and the GPUs this machine gives it.
+
+Job ids. A local job is its controller, known by its PID; PIDs do not grow (a reboot, a fresh
+container), and a job's generation must be newer than every one recorded in the run dir, or an
+older job's record would fence it and an older ``stop.request`` stop it. So a local job id is
+``sequence * PID_SPAN + PID`` (:func:`local_job_id`): the scheduler picks a sequence above every
+job id the teacher's folder records and hands it to the job in ``PODIUM_LOCAL_SEQUENCE``, and
+``id % PID_SPAN`` is the controller's PID again (:func:`controller_pid`).
 
 GPUs. A recipe asks for GPUs (``gpus_per_node``, with ``podium.slurm.gpus`` on, the default, as
 NeMo RL's recipes ship); on a machine without a CUDA device the local teacher runs on CPU instead
@@ -10,9 +17,24 @@ with some CUDA devices but fewer than asked is refused at ``up``, naming ``gpus_
 
 from __future__ import annotations
 
+import os
+
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import JobEnvironment, NodeContext, SubmitError, asked_gpus, host_name
 from podium.launcher.devices import cuda_device_count
+
+PID_SPAN = 1 << 22  # above Linux's largest pid_max (2**22)
+SEQUENCE_ENV = "PODIUM_LOCAL_SEQUENCE"
+
+
+def local_job_id(sequence: int, pid: int) -> str:
+    """The job id of the controller ``pid`` started with ``sequence``."""
+    return str(sequence * PID_SPAN + pid)
+
+
+def controller_pid(job_id: str) -> int:
+    """The PID of a local job's controller (a job id of an older podium is the PID itself)."""
+    return int(job_id) % PID_SPAN
 
 
 def local_gpu_use(teacher: str, wanted: int, found: int) -> tuple[int, str | None]:
@@ -47,7 +69,9 @@ class LocalEnvironment(JobEnvironment):
         from submitit.local.local import LocalJobEnvironment
 
         env = LocalJobEnvironment()
-        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name())
+        job_id = local_job_id(int(os.environ.get(SEQUENCE_ENV) or 0), int(env.job_id))
+        return NodeContext(job_id=job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name(),
+                           log_job_id=env.job_id)
 
     def node_address(self, interface: str | None) -> str:
         # One machine: Ray and the endpoint on loopback unless an interface is named.

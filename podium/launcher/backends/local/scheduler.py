@@ -3,7 +3,9 @@ node, no Slurm.
 
 The job is submitit's local ``Controller`` (``python -m submitit.local._local FOLDER``), which runs
 the same node entry as a Slurm task, with ``SUBMITIT_LOCAL_*`` describing it; its job id is the
-controller's PID. podium starts the controller itself rather than through
+controller's PID above a sequence newer than every job the teacher's folder records
+(:func:`~podium.launcher.backends.local.environment.local_job_id`, :func:`next_sequence`). podium
+starts the controller itself rather than through
 ``submitit.local.local.start_controller`` for two reasons: the controller must not hold its
 caller's stdin/stdout/stderr (``out=$(podium up --wait)`` would never see an end of file), and it
 runs in a session of its own, so a Ctrl-C at ``podium up --wait`` does not end the teachers (a
@@ -26,10 +28,17 @@ from pathlib import Path
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Scheduler, Submission, SubmitError, node_command
-from podium.launcher.backends.local.environment import gpu_use
-from podium.launcher.files import TeacherFiles
+from podium.launcher.backends.local.environment import (
+    PID_SPAN,
+    SEQUENCE_ENV,
+    controller_pid,
+    gpu_use,
+    local_job_id,
+)
+from podium.launcher.files import NODES_DIR, TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.slurm_state import JobState
+from podium.rendezvous.atomic import try_read_json
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +60,48 @@ def is_controller_of(pid: int, folder: str | Path) -> bool:
 
 def controller_alive(job: JobRecord) -> bool:
     """The job's controller still runs (its PID is a controller of the job's folder)."""
-    return is_controller_of(int(job.job_id), job.folder) if job.job_id.isdigit() else False
+    return is_controller_of(controller_pid(job.job_id), job.folder) if job.job_id.isdigit() else False
 
 
 def find_controllers(folder: str | Path) -> list[str]:
-    """PIDs of the running controllers of this submitit folder (a ``/proc`` scan)."""
-    return [name for name in os.listdir("/proc") if name.isdigit() and is_controller_of(int(name), folder)]
+    """Job ids of the running controllers of this submitit folder (a ``/proc`` scan; the sequence
+    from each controller's environment)."""
+    return [local_job_id(_sequence_of(int(name)), int(name)) for name in os.listdir("/proc")
+            if name.isdigit() and is_controller_of(int(name), folder)]
+
+
+def _sequence_of(pid: int) -> int:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return 0
+    prefix = f"{SEQUENCE_ENV}=".encode()
+    values = [item[len(prefix):] for item in environ if item.startswith(prefix)]
+    return int(values[0]) if values and values[0].isdigit() else 0
+
+
+def recorded_job_ids(files: TeacherFiles) -> list[int]:
+    """Every job id the teacher's folder names: ``job.json`` (and the jobs before it), the endpoint
+    record's generation, ``stop.request``, the generations' node folders."""
+    found: list[object] = []
+    job = try_read_json(files.job).data
+    if isinstance(job, dict):
+        found += [job.get("job_id"), *(job.get("previous_job_ids") or [])]
+    record = try_read_json(files.endpoint).data
+    if isinstance(record, dict) and isinstance(record.get("generation"), dict):
+        found.append(record["generation"].get("job_id"))
+    request = try_read_json(files.stop_request).data
+    if isinstance(request, dict):
+        found.append(request.get("job_id"))
+    nodes = files.folder / NODES_DIR
+    if nodes.is_dir():
+        found += [name.split("-", 1)[0] for name in os.listdir(nodes)]
+    return [int(str(value)) for value in found if str(value).isdigit()]
+
+
+def next_sequence(files: TeacherFiles) -> int:
+    """A sequence whose job ids are above every job id the teacher's folder records."""
+    return max(recorded_job_ids(files), default=0) // PID_SPAN + 1
 
 
 class LocalScheduler(Scheduler):
@@ -83,7 +128,9 @@ class LocalScheduler(Scheduler):
     def submit(self, submission: Submission) -> str:
         folder = submission.folder
         folder.mkdir(parents=True, exist_ok=True)
+        sequence = next_sequence(TeacherFiles(folder.parent))  # the submitit folder is in the teacher's
         env = dict(os.environ)
+        env[SEQUENCE_ENV] = str(sequence)
         env.update(
             SUBMITIT_EXECUTOR="local",
             SUBMITIT_LOCAL_NTASKS="1",
@@ -102,7 +149,7 @@ class LocalScheduler(Scheduler):
                                            start_new_session=True, close_fds=True)
         except OSError as exc:
             raise SubmitError(f"teacher {submission.teacher}: starting the local controller failed: {exc}") from exc
-        return str(process.pid)
+        return local_job_id(sequence, process.pid)
 
     def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
         return {job.job_id: JobState(job.job_id, "RUNNING" if controller_alive(job) else "COMPLETED")
@@ -126,11 +173,12 @@ class LocalScheduler(Scheduler):
                 _signal(job, signal.SIGKILL)
 
     def log_paths(self, files: TeacherFiles, job_id: str, ranks: Sequence[int]) -> list[Path]:
-        return [*super().log_paths(files, job_id, ranks), files.submitit / CONTROLLER_LOG]
+        # submitit names the task logs by the controller's PID
+        return [*super().log_paths(files, str(controller_pid(job_id)), ranks), files.submitit / CONTROLLER_LOG]
 
 
 def _signal(job: JobRecord, sig: signal.Signals) -> None:
     try:
-        os.kill(int(job.job_id), sig)
+        os.kill(controller_pid(job.job_id), sig)
     except ProcessLookupError:
         pass

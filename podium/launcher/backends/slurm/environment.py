@@ -60,7 +60,8 @@ class SlurmEnvironment(JobEnvironment):
 
         - ``Restarts`` above this generation's: Slurm requeues it itself (``scontrol requeue``);
         - ``PreemptTime`` set: preempted; ``EndTime`` is the end of the grace time;
-        - SIGTERM within ``signal_lead_s`` of ``EndTime``: the time limit (``--signal=TERM@lead``);
+        - SIGTERM within ``signal_lead_s`` of ``EndTime``: the time limit (``--signal=TERM@lead``),
+          which requeues only with ``restart.at_time_limit: requeue``;
         - a user signal: ``--signal`` at the time limit or a preemption with ``preempt_send_user_signal``;
         - any other SIGTERM/SIGINT: a cancel (``scancel``; KillWait's SIGKILL follows).
 
@@ -80,11 +81,15 @@ class SlurmEnvironment(JobEnvironment):
         if slurm_time(info.get("PreemptTime")) is not None:
             return StopIntent("preempt", True, until, "preempted")
         near_end = end is not None and end - now <= spec.launcher.slurm.signal_lead_s + TIME_LIMIT_SLACK_S
+        # A time limit requeues only when the recipe asks (restart.at_time_limit: requeue)
+        at_limit = spec.launcher.restart.at_time_limit == "requeue"
         if signal_name in ("SIGUSR1", "SIGUSR2"):
-            kind, why = ("time_limit", "near its time limit") if near_end else ("signal", "asked to stop by --signal")
-            return StopIntent(kind, True, min(until, now + spec.launcher.server.drain_s), why)
+            drain_until = min(until, now + spec.launcher.server.drain_s)
+            if near_end:
+                return StopIntent("time_limit", at_limit, drain_until, "near its time limit")
+            return StopIntent("signal", True, drain_until, "asked to stop by --signal")
         if signal_name == "SIGTERM" and near_end and info.get("JobState") == "RUNNING":
-            return StopIntent("time_limit", True, until, "near its time limit")
+            return StopIntent("time_limit", at_limit, until, "near its time limit")
         return StopIntent("cancel", False, now, "stopped by Slurm")
 
 

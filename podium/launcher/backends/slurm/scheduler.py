@@ -205,6 +205,7 @@ class SlurmScheduler(Scheduler):
         job_ids = [job.job_id for job in jobs]
         if not job_ids:
             return
-        proc = subprocess.run(["scancel", *job_ids], capture_output=True, text=True)
+        # --me: only this user's jobs, whatever a job.json names
+        proc = subprocess.run(["scancel", "--me", *job_ids], capture_output=True, text=True)
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise SlurmQueryError(f"scancel {' '.join(job_ids)}: {proc.stderr.strip()}")
