@@ -16,8 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fault_helpers import COMEBACK_S, serve_with_client, wait_until
-from launcher_helpers import job_ids, podium, write_recipe
+from harness.client_loop import COMEBACK_S
+from harness.faults import serve_with_client
+from harness.poll import SLOW_POLL_S, wait_for
+from harness.recipes import write_recipe
+from harness.slurm_run import job_ids, podium
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.restarts import RestartLedger
@@ -51,13 +54,16 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
             def warned() -> object:
                 return next((o for o in RestartLedger.read(s.files).outcomes if o.outcome == "time_limit"), None)
 
-            limit = wait_until(warned, COMEBACK_S * 3, f"{alias} reaching its time limit")
+            limit = wait_for(warned, f"{alias} reaching its time limit",
+                             timeout_s=COMEBACK_S * 3, interval_s=SLOW_POLL_S)
             assert "near its time limit" in limit.reason, limit.reason
             # the next generation, or (a start failing under load, and retried) the one after it
-            t_ready, ready = wait_until(lambda: s.watcher.ready_after(limit.generation), COMEBACK_S * 2,
-                                        f"a generation after {limit.generation} ready")
-            wait_until(lambda: s.client.answered_after(t_ready) >= 2, COMEBACK_S,
-                       f"answers after {limit.generation} (records seen: {s.watcher.summary()})")
+            t_ready, ready = wait_for(lambda: s.watcher.ready_after(limit.generation),
+                                      f"a generation after {limit.generation} ready",
+                                      timeout_s=COMEBACK_S * 2, interval_s=SLOW_POLL_S)
+            wait_for(lambda: s.client.answered_after(t_ready) >= 2,
+                     f"answers after {limit.generation} (records seen: {s.watcher.summary()})",
+                     timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
             measured[alias] = {"generation": f"{ready['generation']['job_id']}:{ready['generation']['restart']}",
                                "first_reason": limit.reason,
                                "task_start_to_ready_s": round(ready["timings"]["ready"]
@@ -93,7 +99,7 @@ def test_a_broken_checkpoint_fails_for_good_after_max_consecutive_failures(slurm
             (row,) = json.loads(podium("status", str(run_dir), "--json", check=False).stdout)
             return row if row["status"] == "failed" and row["final"] else None
 
-        row = wait_until(final_failure, COMEBACK_S * 2, "the teacher failing for good")
+        row = wait_for(final_failure, "the teacher failing for good", timeout_s=COMEBACK_S * 2, interval_s=SLOW_POLL_S)
         assert row["restart"]["consecutive_failures"] == 2 and "neither an HF directory" in row["reason"], row
         slurm_cluster.wait_for_state(job, "FAILED", timeout_s=60)
         ledger = RestartLedger.read(TeacherFiles.of(run_dir, "solo", row["key"]))

@@ -47,7 +47,8 @@ def test_preemptions_and_time_limits_requeue_at_once_up_to_max_requeues() -> Non
     ledger = RestartLedger()
     for outcome in ("preempted", "time_limit"):
         ledger = ledger.ended("1:0", outcome, "x")
-        decision = decide(ledger, outcome, RestartSettings(), can_requeue=True)
+        # a time limit requeues when the recipe asks (restart.at_time_limit: requeue; default: stop)
+        decision = decide(ledger, outcome, RestartSettings(at_time_limit="requeue"), can_requeue=True)
         assert decision.requeue and decision.delay_s == 0 and ledger.consecutive_failures == 0
     capped = decide(ledger, "preempted", RestartSettings(max_requeues=1), can_requeue=True)
     assert capped.final and not capped.requeue and "restart.max_requeues=1" in capped.why
