@@ -43,9 +43,9 @@ class TeacherRequestFailedError(TeacherServerError, TeacherRequestError):
         self.generation = generation
         self.status = status  # type: ignore[assignment]  # None: no answer, the generations died
         self.message = message
-        http = f"HTTP {status}: " if status is not None else ""
-        PodiumClientError.__init__(self, f"teacher {teacher} (generation {generation}) failed: {http}{message} "
-                                         "(this request is not sent again)")
+        cause = f"HTTP {status}: {message}" if status is not None else message
+        text = f"teacher {teacher} (generation {generation}) failed: {cause} (this request is not sent again)"
+        PodiumClientError.__init__(self, text)
 
 
 class TeacherUnavailableError(PodiumClientError, TimeoutError):

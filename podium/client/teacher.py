@@ -96,6 +96,9 @@ from podium.rendezvous.records import EndpointRecord, Status, read_record
 
 logger = logging.getLogger(__name__)
 
+# Why a request is not sent again: it may be what kills the generations (docs/troubleshooting.md quotes it).
+CRASHED = "{n} generations died under this request ({seen}); ClientOptions.max_retries_after_crash is {limit}"
+
 
 def _caller() -> str:
     """Who calls, for the endpoint's turns between callers: this process (read per call: a
@@ -274,9 +277,8 @@ class TeacherClient:
         crashes.append(how)
         limit = self.options.max_retries_after_crash
         if len(crashes) > limit:
-            raise TeacherRequestFailedError(
-                where, gen, None, f"{len(crashes)} generations died under this request ({'; '.join(crashes)}); "
-                f"it may be what kills them (ClientOptions.max_retries_after_crash={limit})")
+            why = CRASHED.format(n=len(crashes), seen="; ".join(crashes), limit=limit)
+            raise TeacherRequestFailedError(where, gen, None, why)
         logger.warning("teacher %s: generation %s died under this request (%s); sending it again (%d of at most %d)",
                        where, gen, how, len(crashes), limit)
 

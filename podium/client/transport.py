@@ -144,7 +144,7 @@ class HTTPTransport:
                 self._challenge(conn, self.identity, self._token, deadline)
             except ServerProofError as exc:
                 conn.close()
-                logger.warning("teacher endpoint %s: %s; no token sent, its answers are not used", self.url, exc)
+                logger.warning("%s; no token sent, its answers are not used", exc)
                 raise
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()

@@ -336,7 +336,7 @@ def test_a_request_that_kills_every_generation_is_not_replayed_forever(
         took = time.monotonic() - started
         killer = [status for _, size, status in infer_exchanges[1:]]
         text = str(info.value)
-        assert "3 generations died under this request" in text and "max_retries_after_crash=2" in text, text
+        assert "3 generations died under this request" in text and "max_retries_after_crash is 2" in text, text
         assert killer == ["TransportError"] * 3, infer_exchanges
         wait_for(lambda: len(generations) == 4, "the fourth generation")  # started after the third's death
         time.sleep(0.5)
