@@ -6,6 +6,7 @@ against the real Megatron group in ``test_real_teacher.py``.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.poll import wait_for
+from harness.run import TeacherDef, make_run
 
 import podium
 from podium.client import (
@@ -36,10 +41,6 @@ from podium.launcher.stop_request import request_stop
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
-
-from harness.fake_group import FakeGroup, Gate, fake_logprobs
-from harness.lifecycle import Teacher
-from harness.run import TeacherDef, make_run
 
 MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
 CHAT = TeacherDef("b2b2b2b2b2b2", "chat", ("chat",))
@@ -391,12 +392,7 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     assert final.timings["draining"] <= final.timings["stopped"]
 
 
-def _wait(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
+_wait = functools.partial(wait_for, timeout_s=30.0)
 
 
 def test_importing_the_client_stays_light() -> None:

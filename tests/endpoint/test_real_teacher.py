@@ -12,8 +12,8 @@ restarted where a test needs that.
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,9 @@ import pytest
 import requests
 import torch
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
+from harness.lifecycle import Teacher
+from harness.poll import wait_for
+from harness.run import LLAMA, QWEN, make_run
 
 import podium
 from podium.client import BatchError
@@ -30,8 +33,6 @@ from podium.client.errors import TeacherRequestError
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.rendezvous import Generation
 
-from harness.lifecycle import Teacher
-from harness.run import LLAMA, QWEN, make_run
 from .test_server import MAX_BODY, check_bad_requests_then_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -233,9 +234,4 @@ def test_two_real_teachers_at_once_rows_in_order(run: tuple[Path, Teacher], qwen
         assert tuple(out["topk_indices"].shape) == (7, 16, 2)
 
 
-def _wait(condition: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
+_wait = functools.partial(wait_for, timeout_s=120.0)

@@ -10,22 +10,22 @@ cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.poll import wait_for
+from harness.run import TeacherDef, make_run
 
 import podium
 from podium.client import TeacherFailedError
 from podium.rendezvous import Generation, Status, read_rendezvous, write_rendezvous
-
-from harness.fake_group import FakeGroup, Gate, fake_logprobs
-from harness.lifecycle import Teacher
-from harness.run import TeacherDef, make_run
 
 MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
 FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "refresh_s": 0.2,
@@ -34,11 +34,7 @@ DATA = {"input_ids": [[5, 9, 2, 7], [3, 1, 0, 0]], "input_lengths": [4, 2]}
 EXPECTED = fake_logprobs(np.array(DATA["input_ids"]), np.array(DATA["input_lengths"]))
 
 
-def until(predicate, timeout_s: float = 60.0, what: str = "a condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+until = functools.partial(wait_for, timeout_s=60.0)
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ table runs against the real Megatron group in ``test_real_teacher.py``.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import requests
 import torch
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.lifecycle import Teacher
+from harness.poll import wait_for
+from harness.run import TeacherDef, make_run
 
 from podium.config.launcher import ServerSettings
 from podium.net import listen_on_free_port as bind_socket
 from podium.teacher.endpoint import EndpointConfig, ServerThread
-
-from harness.fake_group import FakeGroup, Gate, fake_logprobs
-from harness.lifecycle import Teacher
-from harness.run import TeacherDef, make_run
 
 MAX_BODY = 256 * 1024
 
@@ -361,12 +361,7 @@ def _server(group: FakeGroup, token: str = "t0ken", settings: dict[str, Any] | N
     return server
 
 
-def _wait_until(condition: Any, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.005)
+_wait_until = functools.partial(wait_for, timeout_s=120.0, interval_s=0.005)
 
 
 @pytest.mark.parametrize("batch_requests", [False, True], ids=["fifo", "batched"])
