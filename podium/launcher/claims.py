@@ -33,7 +33,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from podium.launcher.files import CLAIM_STALE_S, FILE_MODE
+from podium.launcher.files import CLAIM_STALE_S, FILE_MODE, numbered_files
 from podium.launcher.procs import ProcRef
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
@@ -74,12 +73,7 @@ class ClaimSet:
         return self.folder / f"{self.prefix}{number}"
 
     def claim_numbers(self) -> list[int]:
-        try:
-            names = os.listdir(self.folder)
-        except FileNotFoundError:
-            return []
-        pattern = re.compile(re.escape(self.prefix) + r"(\d+)")
-        return [int(m.group(1)) for m in map(pattern.fullmatch, names) if m]
+        return numbered_files(self.folder, self.prefix)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,16 @@ TASK_LOG_NAME = "{job}_{rank}_log.{stream}"
 SBATCH_LOG_NAME = "%j_sbatch.out"  # sbatch's own output (the batch step), %j: the job id
 CLAIM_STALE_S = 120.0
 FILE_MODE = 0o600  # every file the launcher writes in the run dir (itself 0700)
-_CLAIM_NAME = re.compile(re.escape(CLAIM_PREFIX) + r"(\d+)")
+
+
+def numbered_files(folder: Path, prefix: str) -> list[int]:
+    """The numbers N of the files ``<prefix><N>`` in ``folder``, in no particular order."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    pattern = re.compile(re.escape(prefix) + r"(\d+)")
+    return [int(m.group(1)) for m in map(pattern.fullmatch, names) if m]
 
 
 @dataclass(frozen=True)
@@ -108,11 +117,7 @@ class TeacherFiles:
 
     def claim_numbers(self) -> list[int]:
         """Numbers of the claim files present (``submit.claim.<N>``), in no particular order."""
-        try:
-            names = os.listdir(self.folder)
-        except FileNotFoundError:
-            return []
-        return [int(m.group(1)) for m in map(_CLAIM_NAME.fullmatch, names) if m]
+        return numbered_files(self.folder, CLAIM_PREFIX)
 
     @property
     def submitting(self) -> Path:
