@@ -2,9 +2,9 @@
 
 This module owns every patch podium needs for megatron-core to run at all without CUDA, so that an
 upgrade has one place to look (the exact speed-ups of the local layer spec are
-:mod:`podium.teacher.megatron_patches`). They are applied only when CUDA is absent (``torch.cuda.is_available()`` is False;
-``te_general_gemm``: when TransformerEngine is), by the worker process before it builds a model,
-and by ``convert`` before it saves a checkpoint.
+:mod:`podium.teacher.megatron_patches`). They are applied only when CUDA is absent
+(``torch.cuda.is_available()`` is False; ``te_general_gemm``: when TransformerEngine is), by the
+worker process before it builds a model, and by ``convert`` before it saves a checkpoint.
 
 What megatron-core 0.16.1 needs on a CPU-only torch build (each shim is named; the test
 ``tests/teacher/test_cuda_shims.py`` runs, for each one, the megatron code path with all shims but
@@ -77,7 +77,7 @@ def _shim_synchronize() -> None:
         return None
 
     synchronize.__podium_shim__ = True  # type: ignore[attr-defined]
-    torch.cuda.synchronize = synchronize  # type: ignore[assignment]
+    torch.cuda.synchronize = synchronize
 
 
 def _shim_tied_embedding_cuda() -> None:
@@ -87,20 +87,20 @@ def _shim_tied_embedding_cuda() -> None:
     original: Callable[..., Any] = LanguageModule.setup_embeddings_and_output_layer
 
     @functools.wraps(original)
-    def setup_embeddings_and_output_layer(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def setup_embeddings_and_output_layer(module: Any, *args: Any, **kwargs: Any) -> Any:
         saved = torch.Tensor.cuda
 
-        def cuda_identity(tensor: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
-            return tensor
+        def cuda_identity(self: Any, *a: Any, **k: Any) -> torch.Tensor:  # Tensor.cuda's parameter names
+            return self
 
         torch.Tensor.cuda = cuda_identity  # type: ignore[method-assign]
         try:
-            return original(self, *args, **kwargs)
+            return original(module, *args, **kwargs)
         finally:
             torch.Tensor.cuda = saved  # type: ignore[method-assign]
 
     setup_embeddings_and_output_layer.__podium_shim__ = True  # type: ignore[attr-defined]
-    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer  # type: ignore[method-assign]
+    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
 
 
 def _shim_te_general_gemm() -> None:
@@ -140,7 +140,7 @@ def _shim_moe_dtoh_sync() -> None:
         return tokens_per_expert
 
     _maybe_dtoh_and_synchronize.__podium_shim__ = True  # type: ignore[attr-defined]
-    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize  # type: ignore[method-assign]
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize
 
 
 _SHIMS: dict[str, Callable[[], None]] = {

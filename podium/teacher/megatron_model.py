@@ -91,7 +91,8 @@ def _sdpa_core_attention_cls() -> type:
             if attention_mask is not None:
                 mask = ~attention_mask.to(torch.bool)  # Megatron: True = masked out
                 causal = False
-            elif self.window is not None and self.window[0] is not None and self.window[0] >= 0 and sk > self.window[0] + 1:
+            elif (self.window is not None and self.window[0] is not None and self.window[0] >= 0
+                  and sk > self.window[0] + 1):
                 i = torch.arange(sq, device=q.device)[:, None]
                 j = torch.arange(sk, device=q.device)[None, :]
                 mask = (j <= i) & (i - j <= self.window[0])

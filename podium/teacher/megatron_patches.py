@@ -45,7 +45,8 @@ def install_fast_rotary() -> None:
         return
     cache: dict[str, Any] = {"freqs": None}
 
-    def apply_rotary_pos_emb(t: Any, freqs: Any, config: Any, cu_seqlens: Any = None, mscale: float = 1.0, cp_group: Any = None) -> Any:
+    def apply_rotary_pos_emb(t: Any, freqs: Any, config: Any, cu_seqlens: Any = None, mscale: float = 1.0,
+                             cp_group: Any = None) -> Any:
         dim = t.shape[-1]
         if (
             cu_seqlens is not None
