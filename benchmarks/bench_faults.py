@@ -142,10 +142,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
 
+    from harness.cli import podium
     from harness.client_loop import ClientLoop
     from harness.faults import RecordWatcher
     from harness.recipes import write_recipe
-    from harness.slurm_run import job_ids, podium
+    from harness.slurm_run import job_ids
 
     from podium.launcher.run_dir import known_teachers
     from podium.tiny import hf_oracle_logprobs, make_tiny_checkpoint

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 
+from harness.cli import podium
 from harness.client_loop import COMEBACK_S, ClientLoop
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import TOL
-from harness.slurm_run import job_ids, podium
+from harness.slurm_run import job_ids
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
 

@@ -1,6 +1,6 @@
-"""What the launcher's tests on the real Slurm test cluster share (recipes: :mod:`harness.recipes`).
+"""What the launcher's tests on the real Slurm test cluster share (recipes: :mod:`harness.recipes`;
+the CLI: :mod:`harness.cli`).
 
-- :func:`podium`: run the ``podium`` CLI as a user would (a subprocess), failing with its output;
 - :func:`job_ids`, :func:`check_logprobs`, :func:`ray_processes_of`;
 - :func:`identity` (a teacher's job ``--comment``), :func:`queued_with` (the queued jobs carrying it).
 """
@@ -8,26 +8,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 
 from harness.recipes import TOL
-
-
-def podium(*args: str, env: dict | None = None, timeout: float = 240,
-           check: bool = True) -> subprocess.CompletedProcess:
-    """``podium *args`` as a user runs it; with ``check``, a non-zero exit fails with its output."""
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"podium {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return proc
 
 
 def job_ids(run_dir: Path) -> dict[str, str]:

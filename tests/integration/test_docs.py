@@ -49,7 +49,7 @@ EXPECTED_SKIPS = sorted([
     ("README.md", "installs packages; CI's .ci/run runs these two lines"),
     ("README.md", "every benchmark at full size (about 20 min here); tests/benchmarks/test_bench_quick.py runs "
                   "run_all --quick"),
-    ("README.md", "`podium demo` is run by tests/integration/test_local_cluster.py, the suite by .ci/run"),
+    ("README.md", "`podium demo` is run by tests/apps/test_demo.py, the suite by .ci/run"),
     ("docs/nemo_rl.md", "needs NeMo RL's trainer (setup, async_grpo_train)"),
     ("docs/nemo_rl.md", "needs NeMo RL's distillation setup"),
 ])

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from harness.faults import Served, comes_back, preempt, serve_with_client
 from harness.recipes import write_recipe
-from harness.slurm_run import podium
+from harness.cli import podium
 
 from podium.launcher.procs import ProcRef, session_alive
 from podium.launcher.restarts import RestartLedger

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from harness.recipes import write_recipe
-from harness.slurm_run import job_ids, podium
+from harness.cli import podium
+from harness.slurm_run import job_ids
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler, job_comment, job_name

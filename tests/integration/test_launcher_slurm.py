@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from harness.recipes import write_recipe
-from harness.slurm_run import check_logprobs, job_ids, podium, ray_processes_of
+from harness.cli import podium
+from harness.slurm_run import check_logprobs, job_ids, ray_processes_of
 
 pytestmark = pytest.mark.slurm
 

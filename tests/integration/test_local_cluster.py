@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from harness.cli import podium_cli
 from harness.recipes import RAY_PORTS
 from omegaconf import OmegaConf
 
@@ -31,13 +32,6 @@ from podium.rendezvous.token import read_token
 
 TOL = 2e-3
 TEMPERATURE = 0.9
-
-
-def podium_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The CLI with its stdout/stderr captured through pipes, as `out=$(podium ...)` does: it must
-    return (and its pipes close) although the teachers it started keep running."""
-    return subprocess.run([sys.executable, "-m", "podium.cli", *args], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _pipe_inodes(proc: subprocess.Popen) -> set[str]:
@@ -210,17 +204,6 @@ podium:
         down = podium_cli("down", str(run_dir))
     assert down.returncode == 0, down.stderr
     for _, files in known_teachers(run_dir):
-        assert run_processes(files) == {}
-
-
-def test_demo_the_readme_first_command(tmp_path: Path) -> None:
-    keep = tmp_path / "demo"
-    demo = podium_cli("demo", "--keep", str(keep), "--timeout", "400", timeout=900)
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert "all aliases match" in demo.stdout and "brought everything down" in demo.stdout
-    for alias in ("math", "code", "chat"):
-        assert f"│ {alias}" in demo.stdout  # one row per alias in the table
-    for _, files in known_teachers(keep / "run"):
         assert run_processes(files) == {}
 
 

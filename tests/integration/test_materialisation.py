@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from harness.recipes import write_recipe
-from harness.slurm_run import podium
+from harness.cli import podium
 
 pytestmark = pytest.mark.slurm
 

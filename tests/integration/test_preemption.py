@@ -39,7 +39,8 @@ from harness.client_loop import COMEBACK_S, ClientLoop
 from harness.faults import RecordWatcher, preempt
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import TOL, write_recipe
-from harness.slurm_run import job_ids, podium
+from harness.cli import podium
+from harness.slurm_run import job_ids
 
 from podium.launcher import status as status_view
 from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs

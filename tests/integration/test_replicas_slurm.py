@@ -30,7 +30,7 @@ from harness.client_loop import COMEBACK_S
 from harness.faults import RecordWatcher, preempt, serve_with_client
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
-from harness.slurm_run import podium
+from harness.cli import podium
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from harness.recipes import write_recipe
-from harness.slurm_run import identity, job_ids, podium, queued_with
+from harness.cli import podium
+from harness.slurm_run import identity, job_ids, queued_with
 
 from podium.launcher.sbatch_errors import one_line
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from harness.recipes import write_recipe
-from harness.slurm_run import identity, podium, queued_with
+from harness.cli import podium
+from harness.slurm_run import identity, queued_with
 
 pytestmark = pytest.mark.slurm
 
