@@ -8,8 +8,9 @@ Imported as ``harness.<module>`` (``tests/`` is on ``sys.path``); fixtures live 
 - :mod:`harness.fake_group`, :mod:`harness.run`, :mod:`harness.lifecycle`: a numpy worker group, a
   run directory, a group served and published by the real teacher lifecycle;
 - :mod:`harness.client_loop`: a trainer's checked ``get_logprobs`` loop in a thread;
-- :mod:`harness.slurm_run`, :mod:`harness.faults`: the ``podium`` CLI, job ids and preemption on the
-  Slurm test cluster;
+- :mod:`harness.cli`: the ``podium`` CLI run as a user runs it;
+- :mod:`harness.slurm_run`, :mod:`harness.faults`: job ids, oracle checks and preemption on the Slurm
+  test cluster;
 - :mod:`harness.teacher_groups`: a real worker group started for a test and its oracle checks;
 - :mod:`harness.nemo_rl_callers`: NeMo RL's distillation callers, as the drop-in tests drive them.
 """
