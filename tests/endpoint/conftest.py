@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from harness.run import LLAMA, QWEN, make_group
 
 

@@ -26,13 +26,12 @@ import numpy as np
 import pytest
 import requests
 from fixtures.checkpoints import hf_oracle_logprobs
+from harness.lifecycle import Teacher
+from harness.run import LLAMA, make_run
 from prometheus_client.parser import text_string_to_metric_families
 
 from podium.teacher.metrics import summary
 from podium.teacher.microbatch import bucket_length
-
-from harness.lifecycle import Teacher
-from harness.run import LLAMA, make_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

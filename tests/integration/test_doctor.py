@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 
 from podium.launcher.doctor import probe
 from podium.launcher.doctor.probe_job import PODIUM_FIX, _judge_probe

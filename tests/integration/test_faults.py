@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.cli import podium
 from harness.faults import Served, comes_back, preempt, serve_with_client
 from harness.recipes import write_recipe
-from harness.cli import podium
 
 from podium.launcher.procs import ProcRef, session_alive
 from podium.launcher.restarts import RestartLedger

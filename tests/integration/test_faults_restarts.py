@@ -16,11 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness.cli import podium
 from harness.client_loop import COMEBACK_S
 from harness.faults import serve_with_client
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
-from harness.cli import podium
 from harness.slurm_run import job_ids
 
 from podium.launcher.files import TeacherFiles

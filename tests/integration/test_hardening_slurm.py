@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 from harness.slurm_run import job_ids
 
 from podium.config.spec import TeacherSpec

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 from harness.slurm_run import check_logprobs, job_ids, ray_processes_of
 
 pytestmark = pytest.mark.slurm

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 
 pytestmark = pytest.mark.slurm
 

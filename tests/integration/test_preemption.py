@@ -35,11 +35,11 @@ from typing import Any
 
 import pytest
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from harness.cli import podium
 from harness.client_loop import COMEBACK_S, ClientLoop
 from harness.faults import RecordWatcher, preempt
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import TOL, write_recipe
-from harness.cli import podium
 from harness.slurm_run import job_ids
 
 from podium.launcher import status as status_view

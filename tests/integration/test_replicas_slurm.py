@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.cli import podium
 from harness.client_loop import COMEBACK_S
 from harness.faults import RecordWatcher, preempt, serve_with_client
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
-from harness.cli import podium
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 from harness.slurm_run import identity, job_ids, queued_with
 
 from podium.launcher.sbatch_errors import one_line

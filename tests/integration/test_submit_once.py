@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from harness.recipes import write_recipe
 from harness.cli import podium
+from harness.recipes import write_recipe
 from harness.slurm_run import identity, queued_with
 
 pytestmark = pytest.mark.slurm

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures.devices import cpu_only_env
+
 from podium.teacher.cuda_shims import SHIM_NAMES
 
 pytestmark = [pytest.mark.megatron]
