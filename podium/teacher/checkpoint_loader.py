@@ -1,8 +1,8 @@
 """Which checkpoint a teacher names, and this rank's model built and filled from it.
 
 This module owns the decision HF-directory vs ``torch_dist`` and the sequence
-"describe architecture → TransformerConfig → GPTModel stage → weights" for one rank, used by the
-Ray worker and by ``convert``. ``parallel_state`` must already be initialised.
+"describe architecture → TransformerConfig → GPTModel stage (hybrid: MambaModel) → weights" for one
+rank, used by the Ray worker and by ``convert``. ``parallel_state`` must already be initialised.
 
 Checkpoint forms accepted by :func:`resolve_checkpoint`: a local directory in a format of
 :mod:`podium.config.checkpoints` (HF, or ``torch_dist`` whose architecture comes from a
@@ -49,7 +49,8 @@ def _hub_cache_lookup(name: str) -> Path | None:
         return None
 
 
-def resolve_checkpoint(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None) -> ResolvedCheckpoint:
+def resolve_checkpoint(name: str | os.PathLike[str],
+                       hf_config: str | os.PathLike[str] | None = None) -> ResolvedCheckpoint:
     """The checkpoint a teacher names: a local directory (decided by
     :func:`podium.config.checkpoints.find_checkpoint`, the rule the planner uses) or a hub id
     already in the local HF cache."""
@@ -138,7 +139,12 @@ def build_and_load(
         divisor = int(options.get("make_vocab_size_divisible_by", megatron_config.DEFAULT_VOCAB_DIVISOR))
         padded = megatron_config.padded_vocab_size(desc.vocab_size, tp, divisor)
     config = megatron_config.build_transformer_config(desc, parallel, precision, overrides, where=where)
-    model = megatron_model.build_gpt_model(desc, config, padded)
+    if desc.is_hybrid:
+        from podium.teacher.hybrid_model import build_hybrid_model
+
+        model = build_hybrid_model(desc, config, padded)
+    else:
+        model = megatron_model.build_gpt_model(desc, config, padded)
     if resolved.kind == "torch_dist":
         from podium.teacher.torch_dist import load_torch_dist
 

@@ -145,6 +145,10 @@ def _activation(desc: ModelDescription) -> tuple[Any, bool]:
         return F.silu, True
     if desc.activation == "gelu_tanh":
         return functools.partial(F.gelu, approximate="tanh"), False
+    if desc.activation == "squared_relu":
+        from megatron.core.activations import squared_relu
+
+        return squared_relu, False
     return F.gelu, False
 
 
@@ -209,6 +213,8 @@ def build_transformer_config(
     )
     if desc.sliding_window:
         kwargs["window_size"] = (desc.sliding_window - 1, 0)
+    if desc.is_hybrid:
+        kwargs.update(hybrid_settings(desc))
     kwargs.update(config_overrides)
     if desc.is_moe:
         kwargs.update(moe_settings(desc, parallel, config_overrides, where))
@@ -216,6 +222,17 @@ def build_transformer_config(
         return TransformerConfig(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise ValueError(f"{desc.architecture}: invalid Megatron TransformerConfig ({exc})") from exc
+
+
+def hybrid_settings(desc: ModelDescription) -> dict[str, Any]:
+    """The Mamba-2 part of a hybrid model's config. Without CUDA the mixer takes the path that runs
+    the conv and the scan separately (``use_mamba_mem_eff_path=False``; the fused one needs
+    ``causal-conv1d`` and ``mamba-ssm`` on CUDA)."""
+    import torch
+
+    return dict(is_hybrid_model=True, mamba_num_heads=desc.mamba_num_heads, mamba_head_dim=desc.mamba_head_dim,
+                mamba_num_groups=desc.mamba_num_groups, mamba_state_dim=desc.mamba_state_dim,
+                use_mamba_mem_eff_path=torch.cuda.is_available())
 
 
 def moe_dispatcher(parallel: Mapping[str, int], requested: str | None) -> str:
@@ -264,12 +281,15 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
         # HF norm_topk_prob: top-k of the logits, softmax over those k (renormalised); without it,
         # softmax over all experts first, the top-k probabilities as they are
         "moe_router_pre_softmax": not desc.norm_topk_prob,
-        "moe_router_score_function": "softmax",
         "moe_layer_freq": [int(m) for m in desc.moe_layers],
         # Qwen2-MoE: sigmoid(x · gateᵀ) · shared_expert(x) added to the routed output (Megatron's
         # SharedExpertMLP with its gate computes exactly that)
         "moe_shared_expert_intermediate_size": desc.moe_shared_ffn_hidden_size or None,
         "moe_shared_expert_gate": desc.moe_shared_expert_gate,
+        # Nemotron-H: sigmoid scores, top-k picked with the checkpoint's per-expert bias
+        "moe_router_score_function": desc.moe_score_function,
+        "moe_router_enable_expert_bias": desc.moe_expert_bias,
+        "moe_latent_size": desc.moe_latent_size or None,
     }
     for key, value in from_checkpoint.items():
         if key in overrides and overrides[key] != value:
@@ -278,8 +298,13 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
     forced = dict(MOE_INFERENCE)
     if not te_available():
         forced.update(moe_grouped_gemm=False, moe_router_fusion=False, moe_permute_fusion=False)
-    if desc.moe_shared_ffn_hidden_size and not torch.cuda.is_available():
-        forced["moe_shared_expert_overlap"] = False  # it runs the shared expert on a CUDA stream
+    if desc.moe_shared_ffn_hidden_size and (desc.moe_latent_size or not torch.cuda.is_available()):
+        # it runs the shared expert on a CUDA stream; megatron refuses it with latent projections
+        forced["moe_shared_expert_overlap"] = False
+    # the top-k weights' scale is the checkpoint's (Nemotron-H routed_scaling_factor; None elsewhere)
+    forced["moe_router_topk_scaling_factor"] = desc.moe_routed_scaling_factor
+    if desc.moe_expert_bias:
+        forced["moe_router_dtype"] = "fp32"  # as HF's router: the bias-shifted choice in fp32
     for key, value in forced.items():
         if key in overrides and overrides[key] != value:
             logger.info("%s: %s=%r is a training setting; an inference teacher uses %r", where, key, overrides[key],

@@ -292,7 +292,8 @@ def _describe_nemotron_h(config: Mapping[str, Any], arch: str, family: str, chec
     pre-norm RMSNorm per layer; MTP heads (``mtp.*``) are not part of the teacher."""
     for key, supported, default in (("mamba_hidden_act", "silu", "silu"), ("mlp_hidden_act", "relu2", "relu2"),
                                     ("use_bias", False, False), ("mamba_proj_bias", False, False),
-                                    ("use_conv_bias", True, True), ("n_group", 1, 1), ("n_shared_experts", 1, 1)):
+                                    ("use_conv_bias", True, True), ("n_group", 1, 1), ("n_shared_experts", 1, 1),
+                                    ("attention_bias", False, False), ("mlp_bias", False, False)):
         _refuse(checkpoint, config, key, supported, default)
     pattern = hybrid_pattern(config, checkpoint)
     heads = int(config["num_attention_heads"])
@@ -328,9 +329,6 @@ def _describe_nemotron_h(config: Mapping[str, Any], arch: str, family: str, chec
         norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
         activation="squared_relu",
         position_embedding_type="none",
-        qkv_bias=bool(config.get("attention_bias", False)),
-        attn_out_bias=bool(config.get("attention_bias", False)),
-        mlp_bias=bool(config.get("mlp_bias", False)),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         hybrid_pattern=pattern,
         mamba_num_heads=mamba_heads,

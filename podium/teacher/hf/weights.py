@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from podium.teacher.hf.description import MOE_NAMES, ModelDescription
+from podium.teacher.hf.nemotron_h import nemotron_h_sources
 from podium.teacher.hf.safetensors_io import SafetensorsCheckpoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -292,7 +293,10 @@ def _gpt2_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | N
 _MAPS: dict[str, Callable[[_Reader, int | None, str], torch.Tensor | None]] = {
     "llama": _llama_sources,
     "gpt2": _gpt2_sources,
+    "nemotron_h": nemotron_h_sources,
 }
+# Buffers that hold checkpoint values (Nemotron-H's expert bias; fp32 whatever the parameters' dtype).
+_CHECKPOINT_BUFFERS = ("router.expert_bias",)
 
 def _global_layer_numbers(model: Any) -> dict[int, int]:
     """Local decoder layer index -> global 0-based layer index (PP stages hold a range)."""
@@ -317,8 +321,14 @@ def load_hf_weights(
     source = _MAPS[desc.family]
     layers = _global_layer_numbers(model)
     loaded = 0
+    skipped = [n for n in ckpt.names() if n.startswith("mtp.")]
+    if skipped:
+        logger.info("%s: %d multi-token-prediction tensors (mtp.*) not loaded: a teacher does not use them",
+                    checkpoint, len(skipped))
+    targets = list(model.named_parameters()) + [
+        (n, b) for n, b in model.named_buffers() if b is not None and n.endswith(_CHECKPOINT_BUFFERS)]
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in targets:
             layer: int | None = None
             local = name
             match = _LAYER_RE.match(name)
