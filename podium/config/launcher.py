@@ -10,7 +10,9 @@ podium:
            requeue, signal, signal_lead_s, python}
   ray:    {port_range, temp_dir_root, interface, object_store_memory_mb, nodes_timeout_s}
   server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s, max_queue,
-           max_tokens_per_microbatch, max_queue_delay_ms, batch_requests, idle_stop_s}
+           max_tokens_per_microbatch, max_queue_delay_ms, batch_requests, max_top_k,
+           max_request_tokens, max_response_mb, max_json_body_mb, header_timeout_s, idle_timeout_s,
+           body_timeout_s, max_connections, max_connections_per_peer, metrics_need_token, idle_stop_s}
   restart: {max_consecutive_failures, max_requeues, backoff_s, max_backoff_s, exclude_lost_nodes,
             at_time_limit}
   teachers:
@@ -131,6 +133,23 @@ class ServerSettings(_Strict):
     # A teacher nobody has called for this long stops (its job ends, its nodes go back); None: never.
     # For shared clusters, where a forgotten teacher would hold its nodes until its time limit.
     idle_stop_s: float | None = Field(default=None, gt=0)
+    # What one request may cost, refused (4xx naming the key) before anything is computed.
+    max_top_k: int = Field(default=256, gt=0)  # top-k width (NeMo RL distillation uses 64)
+    max_request_tokens: int = Field(default=2_097_152, gt=0)  # rows × padded width of one request
+    max_response_mb: int = Field(default=2048, gt=0)  # bytes of one answer, estimated before compute
+    max_json_body_mb: int = Field(default=16, gt=0)  # a JSON body (binary ones: max_body_mb)
+    # Connections: closed when a request's headers take longer than header_timeout_s, when idle
+    # longer than idle_timeout_s; a body with no byte for body_timeout_s is answered 408.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # Open connections, in all and per client address: at the cap, the oldest idle one is closed
+    # to make room (none idle: the new one is refused).
+    max_connections: int = Field(default=1024, gt=0)
+    max_connections_per_peer: int = Field(default=256, gt=0)
+    # /metrics: aggregate load figures, open to scrapers like Triton's and vLLM's; true: it needs
+    # the bearer token like every route but liveness (the generation's job id is in it).
+    metrics_need_token: bool = False
 
     @field_validator("port_range")
     @classmethod

@@ -39,6 +39,11 @@ from podium.protocol.names import (
 from podium.protocol.oip import brief
 
 MAX_CANDIDATES = 1024  # candidate ids per position a request may ask about
+# The temperatures a request may ask for: z / T stays finite and its softmax meaningful (a
+# subnormal T overflows the logits to inf and the logprobs to NaN; a huge one flattens them to
+# the uniform distribution). Sampling temperatures in practice are 0.1..10.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 1e3
 
 # Keys of a NeMo RL batch that cannot change a teacher's logit: accepted in a mapping and never
 # sent (NeMo RL's distillation loop hands the teacher its whole train batch). Only these: any
@@ -123,7 +128,7 @@ def batch_inputs(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """``input_ids`` and ``input_lengths`` of a NeMo RL-style mapping, as integer numpy arrays;
     a key that is neither an input nor in :data:`IGNORED_KEYS` is a :class:`BatchError` naming it."""
     try:
-        for key in data.keys():
+        for key in data:
             reason = refused_key(str(key))
             if reason:
                 raise BatchError(f"batch key {key!r} refused: {reason}")
@@ -228,14 +233,12 @@ def validate_options(*, top_k: Any = None, micro_batch_size: Any = None, tempera
                      values_datatype: Any = None, indices_datatype: Any = None,
                      vocab_size: int, max_top_k: int | None = None) -> Options:
     """The request's options checked: ``top_k`` in ``1..min(max_top_k, vocab)`` (larger or ``≤ 0``
-    is refused, never clamped), ``micro_batch_size ≥ 1``, ``temperature`` a finite number > 0,
+    is refused, never clamped), ``micro_batch_size ≥ 1``, ``temperature`` in
+    ``MIN_TEMPERATURE..MAX_TEMPERATURE``,
     the wire datatypes among the supported ones; ``None`` means not asked for."""
     limit = min(max_top_k, vocab_size) if max_top_k else vocab_size
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
-                or not math.isfinite(float(temperature)) or float(temperature) <= 0:
-            raise BatchError(f"parameter {TEMPERATURE!r} must be a finite number > 0, got {brief(temperature)}")
-        temperature = float(temperature)
+        temperature = _temperature(temperature)
     return Options(
         top_k=_int_option(top_k, TOP_K, 1, limit),
         micro_batch_size=_int_option(micro_batch_size, MICRO_BATCH_SIZE, 1, None),
@@ -243,6 +246,22 @@ def validate_options(*, top_k: Any = None, micro_batch_size: Any = None, tempera
         values_datatype=_choice(values_datatype, VALUES_DATATYPE, VALUE_DATATYPES),
         indices_datatype=_choice(indices_datatype, INDICES_DATATYPE, INDEX_DATATYPES),
     )
+
+
+def _temperature(value: Any) -> float:
+    """``value`` as a temperature in ``MIN_TEMPERATURE..MAX_TEMPERATURE`` (an integer too large
+    for a float is refused like any other value out of range)."""
+    number = None
+    if not isinstance(value, bool) and isinstance(value, (int, float, np.floating, np.integer)):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+    if number is None or not MIN_TEMPERATURE <= number <= MAX_TEMPERATURE:
+        raise BatchError(f"parameter {TEMPERATURE!r} must be a finite number > 0, got {brief(value)}; accepted: "
+                         f"{MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} (podium.protocol.batch MIN_TEMPERATURE.."
+                         "MAX_TEMPERATURE)")
+    return number
 
 
 def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:

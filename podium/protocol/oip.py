@@ -25,9 +25,11 @@ import math
 import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
+
+from podium.protocol.json_chunks import dumps_chunked
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ def from_bf16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (``uint16``) as float32 values (exact)."""
     return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 # The protocol's tensors have at most 3 dimensions; numpy's limit is 64. More than this is refused.
 MAX_RANK = 8
@@ -173,12 +175,15 @@ def _parse_json(raw: Buffer, binary_follows: bool) -> dict[str, Any]:
         raise OIPError("malformed JSON: nesting too deep (the protocol nests a few levels; this body "
                        "nests beyond what the parser allows)") from None
     except UnicodeDecodeError:
-        raise OIPError("body is not UTF-8 JSON (binary tensors need the Inference-Header-Content-Length header)") from None
+        raise OIPError("body is not UTF-8 JSON (binary tensors need the Inference-Header-Content-Length "
+                       "header)") from None
     except json.JSONDecodeError as exc:
         hint = ""
         if not binary_follows and exc.msg == "Extra data":
             hint = f" (binary tensors after the JSON need the {HEADER_LENGTH} header)"
         raise OIPError(f"malformed JSON: {exc.msg} at char {exc.pos}{hint}") from None
+    except ValueError as exc:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise OIPError(f"malformed JSON: {exc}") from None
     if not isinstance(header, dict):
         raise OIPError(f"body must be a JSON object, got {type(header).__name__}")
     return header
@@ -364,7 +369,8 @@ class RequestHead:
             if not isinstance(request_id, str):
                 raise OIPError("'id' must be a string")
             if len(request_id) > MAX_ID_LENGTH or not request_id.isprintable():
-                raise OIPError(f"'id' must be printable and at most {MAX_ID_LENGTH} characters, got {brief(request_id)}")
+                raise OIPError(f"'id' must be printable and at most {MAX_ID_LENGTH} characters, "
+                               f"got {brief(request_id)}")
         return InferRequest(request_id, inputs, outputs, parameters)
 
 
@@ -421,16 +427,16 @@ def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffe
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if binary:
         contiguous = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
-        raw = memoryview(contiguous).cast("B") if contiguous.size else memoryview(b"")
+        raw = contiguous.data.cast("B") if contiguous.size else memoryview(b"")
         entry["parameters"] = {"binary_data_size": raw.nbytes}
         chunks.append(raw)
     else:
-        entry["data"] = array.ravel().tolist()
+        entry["data"] = array.ravel()  # written by dumps_chunked, a chunk at a time
     return entry
 
 
 def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer], int | None]:
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head = dumps_chunked(header)
     if not chunks:
         return [head], None
     return [head, *chunks], len(head)

@@ -6,8 +6,10 @@ pads each to its own longest row and leaves the model mostly idle between calls;
 gives the group fewer, fuller calls instead:
 
 - one queue of :class:`Job` (a validated request and its future) from all callers;
-- a **call** is formed when the group is free, from the requests that share the oldest request's
-  options (:attr:`Job.key`: top-k, temperature, outputs, row cap, candidate count); it holds up to
+- a **call** is formed when the group is free: the caller whose turn it is (callers take turns,
+  whatever their options) picks the options of its oldest request (:attr:`Job.key`: top-k,
+  temperature, outputs, candidate count; not the row cap ``micro_batch_size``, which cannot change
+  an answer), and the call holds the queued requests with those options, up to
   ``call_tokens`` tokens (each row counted at its bucket length,
   :func:`podium.teacher.microbatch.bucket_length`), taken **round-robin across callers** (each
   caller's share of a call is the room left over the callers that still have rows, at least one
@@ -17,7 +19,10 @@ gives the group fewer, fuller calls instead:
 - each row's answer goes back to its own request, in its own order; a request is answered when its
   last row is, identical to its answer alone (see ``podium.teacher.microbatch``);
 - a request cancelled before its first row was sent leaves the queue; one cancelled mid-way sends
-  no more rows. The queue's bound (503 + Retry-After beyond it) is the endpoint's ``max_queue``.
+  no more rows. The queue's bound (503 + Retry-After beyond it) is the endpoint's ``max_queue``;
+- a call that fails while the group is not ``broken`` is computed again one request at a time, so
+  a request whose own computation fails (an out-of-memory, a bug) fails alone and the other
+  callers' rows of that call are answered.
 
 The group computes its own micro-batches from a call (token budget, length buckets, DP balance);
 the scheduler decides only which rows go together. :func:`form_call` is pure logic, tested
@@ -69,7 +74,7 @@ class Job:
     def key(self) -> tuple[Any, ...]:
         """Requests with equal keys may share a group call."""
         cands = self.batch.candidate_ids
-        return (self.opts.top_k, self.opts.temperature, self.opts.micro_batch_size, frozenset(self.outputs),
+        return (self.opts.top_k, self.opts.temperature, frozenset(self.outputs),
                 None if cands is None else int(cands.shape[-1]))
 
     @property
@@ -98,12 +103,15 @@ def form_call(queue: Sequence[Job], call_tokens: int, after_caller: str | None =
     live = [j for j in queue if j.remaining > 0 and not j.cancelled]
     if not live:
         return []
-    key = live[0].key
-    live = [j for j in live if j.key == key]
     callers = list(dict.fromkeys(j.caller for j in live))
     if after_caller in callers:
         turn = callers.index(after_caller) + 1
         callers = callers[turn:] + callers[:turn]
+    # The caller whose turn it is picks the call's options (its oldest request's), so a caller with
+    # other options takes its turn too instead of waiting until no request with the oldest's is left.
+    key = next(j for j in live if j.caller == callers[0]).key
+    live = [j for j in live if j.key == key]
+    callers = [c for c in callers if any(j.caller == c for j in live)]
     segments: list[Segment] = []
     used = 0
     offset = 0
@@ -119,9 +127,9 @@ def form_call(queue: Sequence[Job], call_tokens: int, after_caller: str | None =
                 start = job.next_row
                 while job.remaining > 0:
                     cost = job.costs[job.next_row]
-                    if segments or job.next_row > start:  # the call's first row always goes
-                        if taken + cost > share or used + cost > call_tokens:
-                            break
+                    # the call's first row always goes
+                    if (segments or job.next_row > start) and (taken + cost > share or used + cost > call_tokens):
+                        break
                     job.next_row += 1
                     taken += cost
                     used += cost
@@ -149,7 +157,7 @@ def call_batch(segments: Sequence[Segment]) -> Batch:
         src = s.job.batch
         w = min(width, src.input_ids.shape[1])
         ids[s.offset:s.offset + s.end - s.start, :w] = src.input_ids[s.start:s.end, :w]
-        if cands is not None:
+        if cands is not None and src.candidate_ids is not None:  # a call's requests all have them (Job.key)
             cands[s.offset:s.offset + s.end - s.start, :w] = src.candidate_ids[s.start:s.end, :w]
     return Batch(input_ids=ids, input_lengths=lengths, width=width, candidate_ids=cands)
 
@@ -181,13 +189,15 @@ class Scheduler:
 
     ``compute(batch, job)`` runs a call (``job``: the call's first job, whose options it uses) and
     returns its outputs as numpy ``[rows, width, ...]``; ``on_call(segments, seconds, waits)``
-    observes each call (metrics). ``batch_requests=False``: one whole request per call, in
+    observes each call (metrics); ``broken()`` says whether the group can serve no more (then a
+    failed call is not computed again). ``batch_requests=False``: one whole request per call, in
     arrival order."""
 
     def __init__(self, compute: Compute, *, call_tokens: int, max_delay_s: float, batch_requests: bool = True,
                  on_call: Callable[[Sequence[Segment], float], None] | None = None,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, broken: Callable[[], bool] | None = None) -> None:
         self.compute = compute
+        self.broken = broken or (lambda: False)
         self.call_tokens = max(1, int(call_tokens))
         self.max_delay_s = max(0.0, float(max_delay_s))
         self.batch_requests = batch_requests
@@ -302,20 +312,48 @@ class Scheduler:
                 self.on_change()
 
     async def _run_call(self, segments: list[Segment]) -> None:
-        started = time.perf_counter()
         try:
-            result = await self.compute(call_batch(segments), segments[0].job)
+            await self._compute(segments)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # every request of the call fails with the group's error
-            self.calls += 1
-            for job in self.in_flight:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
+        except Exception as exc:
+            jobs = list(dict.fromkeys(s.job for s in segments))
+            if len(jobs) == 1 or self.broken():  # the group's error is every request's
+                self._fail(jobs, exc)
+                return
+            logger.warning("scheduler: a call of %d requests failed (%s: %s); computing them one at a time",
+                           len(jobs), type(exc).__name__, exc)
+            for i, job in enumerate(jobs):
+                if job.cancelled:
+                    continue
+                if self.broken():
+                    self._fail(jobs[i:], exc)
+                    return
+                mine = [s for s in segments if s.job is job]
+                alone, offset = [], 0
+                for s in mine:
+                    alone.append(Segment(job, s.start, s.end, offset))
+                    offset += s.end - s.start
+                try:
+                    await self._compute(alone)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as own:  # this request's own failure
+                    self._fail([job], own)
+
+    async def _compute(self, segments: list[Segment]) -> None:
+        """One group call of ``segments``; its rows delivered, its finished jobs answered."""
+        started = time.perf_counter()
         self.calls += 1
+        result = await self.compute(call_batch(segments), segments[0].job)
         if self.on_call is not None:
             self.on_call(segments, time.perf_counter() - started)
         for job in deliver(segments, result):
             if not job.future.done():
                 job.future.set_result(job.results)
+
+    @staticmethod
+    def _fail(jobs: Sequence[Job], exc: Exception) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)

@@ -1,6 +1,6 @@
 """What an endpoint is handed: its :class:`EndpointConfig`, and the :class:`LogprobGroup` it serves.
 
-The tunables a recipe sets (port range, body limit, queue size, queue delay, batching) are the
+The tunables a recipe sets (port range, limits, deadlines, queue size, batching) are the
 recipe's ``podium.server`` section itself, :class:`~podium.config.launcher.ServerSettings`, which
 owns their defaults; :class:`EndpointConfig` adds who the endpoint is (names, token, generation,
 the model facts it publishes) and the few knobs no recipe sets.
@@ -50,7 +50,6 @@ class EndpointConfig:
     advertise_host: str | None = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
     retry_after_s: int = 5  # the Retry-After of a 503
     call_tokens: int | None = None  # tokens of one group call; default: the group's budget × DP × 2
-    max_top_k: int | None = None  # default: the vocabulary size
     max_body_bytes: int | None = None  # a body limit in bytes (under 1 MiB: tests); default: server.max_body_mb
     model_name: str | None = None
     tokenizer_fingerprint: str | None = None
@@ -65,3 +64,12 @@ class EndpointConfig:
     def body_limit(self) -> int:
         """The largest request body, in bytes."""
         return self.max_body_bytes or self.server.max_body_mb * MIB
+
+    @property
+    def json_body_limit(self) -> int:
+        """The largest JSON request body, in bytes (never above :attr:`body_limit`)."""
+        return min(self.body_limit, self.server.max_json_body_mb * MIB)
+
+    def max_top_k(self, vocab_size: int) -> int:
+        """The largest ``top_k`` a request may ask for."""
+        return min(self.server.max_top_k, vocab_size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from podium.protocol.batch import MAX_TEMPERATURE, MIN_TEMPERATURE
 from podium.protocol.names import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
@@ -87,9 +88,9 @@ def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, 
             "aliases": list(config.aliases),
             "generation": None if gen is None else {"job_id": gen.job_id, "restart": gen.restart},
             "accepted_input_datatypes": list(ID_DATATYPES),
-            "parameters": {TOP_K: f"1..{config.max_top_k or info.vocab_size}", MICRO_BATCH_SIZE: ">= 1",
-                           TEMPERATURE: "> 0", VALUES_DATATYPE: list(VALUE_DATATYPES),
-                           INDICES_DATATYPE: list(INDEX_DATATYPES)},
+            "parameters": {TOP_K: f"1..{config.max_top_k(info.vocab_size)}", MICRO_BATCH_SIZE: ">= 1",
+                           TEMPERATURE: f"{MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}",
+                           VALUES_DATATYPE: list(VALUE_DATATYPES), INDICES_DATATYPE: list(INDEX_DATATYPES)},
             **state,
         },
     }

@@ -3,8 +3,10 @@
 Every response carries ``X-Request-ID`` (the request's header, else a new one; an infer request's
 JSON ``id`` replaces it) and ``X-Podium-Generation`` (errors too: a client tells which generation
 answered). An exception a route raises becomes a JSON ``{"error": ...}`` answer (500 for an
-unexpected one: one request never takes the server down). Every route but liveness and metrics
-needs ``Authorization: Bearer <token>``.
+unexpected one: one request never takes the server down) with ``X-Podium-Error-Kind``: ``refused``
+for every 4xx, ``request-failed`` for a 500 (a 503 names its own kind where it is made). Every
+route but liveness and metrics (metrics too with ``podium.server.metrics_need_token``) needs
+``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from podium.protocol import oip
-from podium.protocol.names import AUTHORIZATION, GENERATION_HEADER, HEALTH_LIVE, METRICS, REQUEST_ID_HEADER
+from podium.protocol.names import (
+    AUTHORIZATION,
+    ERROR_KIND_HEADER,
+    ERROR_REFUSED,
+    ERROR_REQUEST_FAILED,
+    GENERATION_HEADER,
+    HEALTH_LIVE,
+    METRICS,
+    REQUEST_ID_HEADER,
+)
 from podium.rendezvous.token import tokens_equal
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.errors import RequestError, json_error
@@ -61,6 +72,9 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
         except Exception as exc:  # never let one request take the server down
             logger.exception("request %s %s failed", request.method, request.path)
             response = json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+        if response.status >= 400 and ERROR_KIND_HEADER not in response.headers and response.status != 503:
+            # every refusal says so; an unexpected failure is this request's (a 503 names its own kind)
+            response.headers[ERROR_KIND_HEADER] = ERROR_REFUSED if response.status < 500 else ERROR_REQUEST_FAILED
         if request.method == "POST" and request.path.endswith("/infer"):
             metrics.answered(response.status)
         response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
@@ -71,12 +85,14 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
     return middleware
 
 
-def auth_middleware(token: str) -> Middleware:
-    """401 for a request without the bearer ``token`` (liveness and metrics need none)."""
+def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
+    """401 for a request without the bearer ``token`` (liveness needs none, nor metrics unless
+    ``metrics_need_token``)."""
+    open_paths = (HEALTH_LIVE,) if metrics_need_token else (HEALTH_LIVE, METRICS)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in (HEALTH_LIVE, METRICS):
+        if request.path not in open_paths:
             header = request.headers.get(AUTHORIZATION, "")
             scheme, _, given = header.partition(" ")
             if not header:

@@ -1,10 +1,15 @@
 """The endpoint's aiohttp server: its routes, readiness, admission and draining.
 
 :class:`EndpointServer` serves one group (the route table is in :mod:`podium.teacher.endpoint`).
-It admits at most ``server.max_queue`` infer requests at once (reading their body, queued or
-computing; beyond it 503 + ``Retry-After``); the requests of all callers are batched into group
-calls by :mod:`podium.teacher.scheduler` (run by :mod:`~podium.teacher.endpoint.calls`); a request
-whose client went away leaves the queue and never reaches the group. Readiness is set by the owner
+Its connections are bounded by :mod:`~podium.teacher.endpoint.connections` (deadlines, caps). An
+infer request's body is read first (at most 2 × ``server.max_queue`` at once, each within its size and
+time limits: :mod:`~podium.teacher.endpoint.body`), decoded and checked off the event loop, and
+refused when it would cost too much (:mod:`~podium.teacher.endpoint.cost`); only then does it take
+one of ``server.max_queue`` queue slots (queued or computing; beyond it 503 + ``Retry-After``), so
+a stalled upload holds no slot. The requests of all callers are batched into group calls by
+:mod:`podium.teacher.scheduler` (run by :mod:`~podium.teacher.endpoint.calls`); a request whose
+client went away leaves the queue and never reaches the group. Every error answer names its kind
+(``X-Podium-Error-Kind``, :meth:`EndpointServer.failure`). Readiness is set by the owner
 of the teacher's lifecycle, with a reason when it is false; :meth:`EndpointServer.failure` says
 what a group failure is answered with; draining answers 503 + ``Retry-After`` while queued
 requests finish. It binds the first free port of ``server.port_range``.
@@ -13,6 +18,7 @@ requests finish. It binds the first free port of ``server.port_range``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import socket
 import time
@@ -21,10 +27,15 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from podium.fds import connection_budget, raise_nofile_limit
 from podium.net import http_url, listen_on_free_port
+from podium.protocol import oip
 from podium.protocol.batch import Batch, Options
 from podium.protocol.names import (
     CALLER_HEADER,
+    ERROR_GROUP_BROKEN,
+    ERROR_KIND_HEADER,
+    ERROR_QUEUE_FULL,
     HEALTH_LIVE,
     HEALTH_READY,
     METRICS,
@@ -34,9 +45,11 @@ from podium.protocol.names import (
 from podium.rendezvous.records import ModelInfo
 from podium.teacher.endpoint import metadata, proof
 from podium.teacher.endpoint.answer import infer_response, wire
-from podium.teacher.endpoint.body import read_request
+from podium.teacher.endpoint.body import BodyLimits, RawRequest, read_request
 from podium.teacher.endpoint.calls import GroupCalls, call_tokens
 from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, guard_middleware
+from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
 from podium.teacher.endpoint.validation import validate_request
@@ -45,6 +58,9 @@ from podium.teacher.metrics import EndpointMetrics
 from podium.teacher.scheduler import Job, Scheduler
 
 logger = logging.getLogger(__name__)
+
+READING_PER_SLOT = 2  # bodies being read at once per queue slot: slow uploads wait for no slot
+LISTEN_BACKLOG = 1024  # handshakes the kernel completes before the endpoint accepts (a burst of connections)
 
 
 class EndpointServer:
@@ -60,7 +76,8 @@ class EndpointServer:
         self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
         self._not_ready_reason = "starting"
         self._draining = False
-        self._admitted = 0  # requests holding a queue slot: reading their body, queued or computing
+        self._admitted = 0  # requests holding a queue slot: queued or computing
+        self._reading = 0  # requests reading their body (no queue slot yet)
         self._served = 0
         self.abandoned = 0  # requests whose client went away before its answer
         self._idle: asyncio.Event | None = None
@@ -70,6 +87,14 @@ class EndpointServer:
         if config.generation is not None:
             self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
         self._calls = GroupCalls(group, self.metrics)
+        # decoding, checking and encoding bodies: CPU work that would stall health probes on the loop
+        self._codec = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="podium-codec")
+        settings = config.server
+        self._body_limits = BodyLimits(config.body_limit, config.json_body_limit, settings.body_timeout_s)
+        self.connections = ConnectionGuard(header_timeout_s=settings.header_timeout_s,
+                                           idle_timeout_s=settings.idle_timeout_s,
+                                           max_connections=settings.max_connections,
+                                           max_connections_per_peer=settings.max_connections_per_peer)
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
         self.port: int | None = None
@@ -113,7 +138,7 @@ class EndpointServer:
 
     def _update_idle(self) -> None:
         if self._idle is not None:
-            if self._admitted == 0 and self.queue_depth == 0:
+            if self._admitted == 0 and self._reading == 0 and self.queue_depth == 0:
                 self._idle.set()
             else:
                 self._idle.clear()
@@ -135,6 +160,7 @@ class EndpointServer:
             "draining": self._draining,
             "queue_depth": self.queue_depth,
             "admitted": self._admitted,
+            "reading": self._reading,
             "max_queue": self.config.server.max_queue,
             "abandoned": self.abandoned,
             "served": self._served,
@@ -143,7 +169,8 @@ class EndpointServer:
     def build_app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.body_limit,
-            middlewares=[error_middleware(self.config, self.metrics), auth_middleware(self.config.token)],
+            middlewares=[guard_middleware(self.connections), error_middleware(self.config, self.metrics),
+                         auth_middleware(self.config.token, self.config.server.metrics_need_token)],
         )
         app.router.add_get(HEALTH_LIVE, self._live)
         app.router.add_get(METRICS, self._metrics)
@@ -163,16 +190,25 @@ class EndpointServer:
         self._scheduler = Scheduler(self._calls.call, call_tokens=call_tokens(self.group, self.config.call_tokens),
                                     max_delay_s=self.config.server.max_queue_delay_ms / 1000.0,
                                     batch_requests=self.config.server.batch_requests, on_call=self._calls.observe,
-                                    on_change=self._update_idle)
+                                    on_change=self._update_idle, broken=lambda: self.broken is not None)
         self._scheduler.start()
-        self._sock = listen_on_free_port(self.config.host, self.config.server.port_range)
+        raise_nofile_limit()
+        budget = connection_budget()
+        if budget is not None and budget < self.connections.max_connections:
+            logger.warning("teacher %r: at most %d connections (the open-files limit allows no more than "
+                           "podium.server.max_connections %d)", self.config.served_name, budget,
+                           self.connections.max_connections)
+            self.connections.max_connections = budget
+            self.connections.max_connections_per_peer = min(self.connections.max_connections_per_peer, budget)
+        self.connections.start()
+        self._sock = listen_on_free_port(self.config.host, self.config.server.port_range, backlog=LISTEN_BACKLOG)
         self.port = self._sock.getsockname()[1]
         # handler_cancellation: a request whose client went away is cancelled (aiohttp >= 3.9 does
         # not by default), so a queued one leaves the queue instead of computing for nobody.
         self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
                                      handler_cancellation=True)
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        await GuardedSite(self._runner, self._sock, self.connections, backlog=LISTEN_BACKLOG).start()
         host = self.config.advertise_host or self.config.host
         if host in ("0.0.0.0", "::", ""):
             host = socket.getfqdn()
@@ -207,7 +243,9 @@ class EndpointServer:
             self._runner = None
         if self._scheduler is not None:
             await self._scheduler.stop()
+        await self.connections.stop()
         self._calls.shutdown()
+        self._codec.shutdown(wait=False, cancel_futures=True)
         logger.info("teacher %r stopped serving at %s after %d requests",
                     self.config.served_name, self.url, self._served)
 
@@ -229,19 +267,29 @@ class EndpointServer:
     def _not_ready(self) -> RequestError:
         why = self._why_not_ready()
         what = "draining" if why == "draining" else f"not ready ({why})"
-        return RequestError(503, f"teacher {self.config.served_name!r} is {what}", self._retry_after())
+        headers = self._retry_after()
+        if self.broken is not None:
+            headers[ERROR_KIND_HEADER] = ERROR_GROUP_BROKEN
+        return RequestError(503, f"teacher {self.config.served_name!r} is {what}", headers)
+
+    def _queue_full(self, what: str) -> RequestError:
+        return RequestError(503, f"teacher {self.config.served_name!r} queue is full: {what}; retry later",
+                            {**self._retry_after(), ERROR_KIND_HEADER: ERROR_QUEUE_FULL})
 
     def failure(self, exc: Exception) -> RequestError:
-        """What a group call that raised ``exc`` is answered with.
+        """What a group call that raised ``exc`` is answered with (the scheduler has computed a
+        failed call's requests again one at a time, so ``exc`` is this request's own unless the
+        group broke).
 
-        - ``ValueError``: 400, the group refuses what it cannot serve (a layout's limit, say);
-        - any other error while the teacher is no longer ready (the lifecycle said so with
+        - any error while the teacher is no longer ready (the lifecycle said so with
           :meth:`set_ready`, it is draining, or the group says it is ``broken``): 503 +
-          ``Retry-After``, "teacher ... is unavailable: <cause>". The group broke under the request
-          (a worker died, a node was lost); the same request succeeds on the next generation, and
-          the client retries it there;
-        - any other error while the teacher is still ready: 500. The group still works, so this
-          request itself failed it (a bug): retrying it would fail the same way.
+          ``Retry-After``, kind ``group-broken`` when the group is broken, "teacher ... is
+          unavailable: <cause>". The group broke under the request (a worker died, a node was
+          lost); the same request succeeds on the next generation, and the client retries it there;
+        - ``ValueError`` while ready: 400 (kind ``refused``), the group refuses what it cannot serve
+          (a layout's limit, say);
+        - any other error while ready: 500, kind ``request-failed``. The group still works, so this
+          request itself failed it (an out-of-memory, a bug): retrying it would fail the same way.
 
         Readiness is read when the failure is answered, so a lifecycle that marks the teacher not
         ready while the call is failing (or a group that marks itself broken as it raises, as
@@ -249,11 +297,14 @@ class EndpointServer:
         """
         name = self.config.served_name
         cause = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, ValueError):
-            return RequestError(400, f"rejected by the teacher: {exc}")
         why = self._why_not_ready()
         if why is not None:
-            return RequestError(503, f"teacher {name!r} is unavailable ({why}): {cause}", self._retry_after())
+            headers = self._retry_after()
+            if self.broken is not None:
+                headers[ERROR_KIND_HEADER] = ERROR_GROUP_BROKEN
+            return RequestError(503, f"teacher {name!r} is unavailable ({why}): {cause}", headers)
+        if isinstance(exc, ValueError):
+            return RequestError(400, f"rejected by the teacher: {exc}")
         return RequestError(500, f"teacher {name!r} failed: {cause}")
 
     async def _live(self, request: web.Request) -> web.Response:
@@ -284,13 +335,22 @@ class EndpointServer:
         if not self.ready:
             raise self._not_ready()
         limit = self.config.server.max_queue
-        if self._admitted >= limit:
-            raise RequestError(503, f"teacher {self.config.served_name!r} queue is full: {self._admitted} requests "
-                               f"queued or running (max_queue {limit}); retry later", self._retry_after())
-        self._admitted += 1  # a slot from before the body is read: at most max_queue bodies in memory
+        if self._reading >= READING_PER_SLOT * limit:  # bodies being read at once (each bounded in time)
+            raise self._queue_full(f"{self._reading} request bodies being read ({READING_PER_SLOT} × max_queue "
+                                   f"{limit})")
+        self._reading += 1
         self._update_idle()
         try:
-            return await self._admitted_infer(request)
+            raw = await read_request(request, self._body_limits)
+        finally:
+            self._reading -= 1
+            self._update_idle()
+        if self._admitted >= limit:
+            raise self._queue_full(f"{self._admitted} requests queued or running (max_queue {limit})")
+        self._admitted += 1  # a slot once the body is here: a stalled upload holds none
+        self._update_idle()
+        try:
+            return await self._admitted_infer(request, raw)
         finally:
             self._admitted -= 1
             self._update_idle()
@@ -328,15 +388,22 @@ class EndpointServer:
             raise answer from None
         finally:
             self._update_idle()
-        return {name: wire(name, array, opts) for name, array in result.items()}
+        return result
 
-    async def _admitted_infer(self, request: web.Request) -> web.Response:
-        req = await read_request(request, self.config.body_limit)
+    def _check(self, req: oip.InferRequest) -> tuple[Batch, Options, list[str]]:
+        """The request checked against the model and its cost (on a codec thread)."""
+        batch, opts, outputs = validate_request(req, vocab_size=self.vocab_size,
+                                               max_sequence_length=self.max_sequence_length, max_top_k=None)
+        check_cost(self.config, batch, opts, outputs, {name: req.wants_binary(name) for name in outputs},
+                   self.vocab_size)
+        return batch, opts, outputs
+
+    async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.Response:
+        loop = asyncio.get_running_loop()
+        req = await loop.run_in_executor(self._codec, raw.decode)
         request_id = req.id or request[REQUEST_ID]
         request[REQUEST_ID] = request_id
-        batch, opts, outputs = validate_request(req, vocab_size=self.vocab_size,
-                                               max_sequence_length=self.max_sequence_length,
-                                               max_top_k=self.config.max_top_k)
+        batch, opts, outputs = await loop.run_in_executor(self._codec, self._check, req)
         started = time.perf_counter()
         caller = request.headers.get(CALLER_HEADER) or request.remote or "?"
         result = await self._run(batch, opts, outputs, request_id, caller)
@@ -346,5 +413,11 @@ class EndpointServer:
         missing = [name for name in outputs if name not in result]
         if missing:
             raise RequestError(500, f"teacher {self.config.served_name!r} returned no {missing}")
-        return infer_response(self.config, req, result, outputs, opts, request_id)
+        return await loop.run_in_executor(self._codec, self._encode, req, result, outputs, opts, request_id)
+
+    def _encode(self, req: oip.InferRequest, result: dict[str, np.ndarray], outputs: list[str], opts: Options,
+                request_id: str) -> web.Response:
+        """The answer, each output in its wire dtype (on a codec thread)."""
+        wired = {name: wire(name, array, opts) for name, array in result.items()}
+        return infer_response(self.config, req, wired, outputs, opts, request_id)
 
