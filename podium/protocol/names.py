@@ -20,9 +20,10 @@ name                       meaning
 ``candidate_logprobs``     FP32/BF16 ``[B, S, C]``: ``log_softmax(z / T)`` of those ids
 =========================  =========================================================================
 
-Request parameters: ``top_k`` (``1..vocab``), ``micro_batch_size``, ``temperature`` (> 0; default:
-the teacher's), ``values_datatype`` (``FP32`` or ``BF16``: top-k logits and candidate logprobs)
-and ``indices_datatype`` (``INT64`` or ``INT32``). BF16 travels only as binary data.
+Request parameters: ``top_k`` (``1..min(vocab, server.max_top_k)``), ``micro_batch_size``,
+``temperature`` (``0.001..1000``; default: the teacher's), ``values_datatype`` (``FP32`` or
+``BF16``: top-k logits and candidate logprobs) and ``indices_datatype`` (``INT64`` or ``INT32``).
+BF16 travels only as binary data.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ ERROR_KINDS = (ERROR_REQUEST_FAILED, ERROR_GROUP_BROKEN, ERROR_QUEUE_FULL, ERROR
 HEALTH_LIVE = "/v2/health/live"
 HEALTH_READY = "/v2/health/ready"
 SERVER_METADATA = "/v2"
-METRICS = "/metrics"  # Prometheus text format, no auth (as Triton's and vLLM's)
+METRICS = "/metrics"  # Prometheus text format, no auth (as Triton's and vLLM's) unless server.metrics_need_token
 # The server's proof that it holds the run's token and is the record's generation (no auth: podium's
 # client asks it on each new connection before it sends the token there).
 PROOF = "/v2/podium/proof"
