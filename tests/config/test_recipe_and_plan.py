@@ -50,7 +50,8 @@ def test_recipes_are_found_through_the_variable_or_fail_naming_what_was_tried(
     monkeypatch.setenv(ENV_VAR, str(nemo_rl_configs))
     assert find_nemo_rl_configs(tmp_path / "repo") == nemo_rl_configs
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere"))
-    with pytest.raises(pytest.fail.Exception, match=rf"(?s)Tried \${ENV_VAR}:.*{re.escape(str(tmp_path))}/nowhere \(does not exist\)"):
+    missing = rf"(?s)Tried \${ENV_VAR}:.*{re.escape(str(tmp_path))}/nowhere \(does not exist\)"
+    with pytest.raises(pytest.fail.Exception, match=missing):
         find_nemo_rl_configs(tmp_path / "repo")
     monkeypatch.delenv(ENV_VAR)
     (tmp_path / "repo").mkdir()
@@ -188,7 +189,8 @@ def test_home_relative_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_without_dedup_each_alias_gets_and_is_routed_to_its_own_teacher(tmp_path: Path) -> None:
-    text = MINI.replace("default_teacher_alias: a", "default_teacher_alias: a\n  deduplicate_shared_teacher_checkpoints: false")
+    text = MINI.replace("default_teacher_alias: a",
+                        "default_teacher_alias: a\n  deduplicate_shared_teacher_checkpoints: false")
     plan = load_plan(write(tmp_path, "r.yaml", text))
     assert [t.aliases for t in plan.teachers] == [("a",), ("b",), ("c",)]
     assert len({t.key for t in plan.teachers}) == 3
@@ -236,7 +238,8 @@ def test_key_is_stable_and_changes_with_what_makes_a_teacher(tmp_path: Path) -> 
 
 def test_launcher_file_merges_over_recipe_section(tmp_path: Path) -> None:
     recipe = write(tmp_path, "r.yaml", MINI + "podium: {slurm: {partition: a, qos: q}}\n")
-    launcher = write(tmp_path, "l.yaml", "podium:\n  slurm: {partition: b}\n  teachers: {c: {slurm: {time: '1:00:00'}}}\n")
+    launcher = write(tmp_path, "l.yaml",
+                     "podium:\n  slurm: {partition: b}\n  teachers: {c: {slurm: {time: '1:00:00'}}}\n")
     plan = load_plan(recipe, [], launcher)
     slurm = plan.teacher("a").launcher.slurm
     assert (slurm.partition, slurm.qos, slurm.time) == ("b", "q", "04:00:00")

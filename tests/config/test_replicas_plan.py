@@ -104,7 +104,8 @@ def test_a_rendezvous_of_an_older_podium_reads_as_one_replica(tmp_path: Path) ->
                                                       "endpoint": "teachers/math-kkkkkkkk/endpoint.json"}}}
     rdv = Rendezvous.model_validate(older)
     assert rdv.teachers["k" * 12].replicas == ("teachers/math-kkkkkkkk/endpoint.json",)
-    two = rdv.with_replicas("k" * 12, ["teachers/math-kkkkkkkk/endpoint.json", "teachers/math-kkkkkkkk-r1/endpoint.json"])
+    two = rdv.with_replicas("k" * 12, ["teachers/math-kkkkkkkk/endpoint.json",
+                                       "teachers/math-kkkkkkkk-r1/endpoint.json"])
     assert two.teachers["k" * 12].endpoint == "teachers/math-kkkkkkkk/endpoint.json"
     assert rdv.teachers["k" * 12].replicas == ("teachers/math-kkkkkkkk/endpoint.json",)  # unchanged: frozen
     with pytest.raises(ValueError, match="at least one replica"):

@@ -2,8 +2,8 @@
 
 The fenced ```bash and ```python blocks of ``README.md`` and then ``docs/*.md`` (sorted) run in
 order, in one scratch folder, as a user would type them: ``podium`` is this checkout's CLI, the
-shell variables a block sets reach the next blocks (``set -a``: as in one shell). One teacher comes up once (the README's
-``podium up --wait``, one tiny Llama on one emulated node) and serves every later block; the
+shell variables a block sets reach the next blocks (``set -a``: as in one shell). One teacher comes up
+once (the README's ``podium up --wait``, one tiny Llama on one emulated node) and serves every later block; the
 blocks marked ``last`` (``podium down``) run after all the others. Each block must exit 0.
 
 An HTML comment on the line before a fence tells the test what a block is:
@@ -184,7 +184,8 @@ def test_the_field_tables_name_every_field_of_the_records() -> None:
 
 def substitutions(scratch: Path, checkpoint: Path, nemo_rl_configs: Path) -> dict[str, str]:
     """The pages' example paths -> this test's."""
-    return {"/shared/me": str(scratch), "/ckpt/math": str(checkpoint), "../shared/nemo-rl-configs": str(nemo_rl_configs)}
+    return {"/shared/me": str(scratch), "/ckpt/math": str(checkpoint),
+            "../shared/nemo-rl-configs": str(nemo_rl_configs)}
 
 
 def _substituted(text: str, subs: dict[str, str]) -> str:

@@ -141,7 +141,8 @@ def _tokenizer(tmp: Path) -> str:
     from podium.client.teacher import check_tokenizer_against
 
     with pytest.raises(TokenizerMismatchError) as err:
-        check_tokenizer_against("math_agent", "4711:0", {"vocab_size": 256, "tokenizer_fingerprint": "vocab-sha256:1a2b"},
+        check_tokenizer_against("math_agent", "4711:0",
+                                {"vocab_size": 256, "tokenizer_fingerprint": "vocab-sha256:1a2b"},
                                 "vocab-sha256:9f8e", 256)
     return str(err.value)
 

@@ -34,7 +34,8 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
     """``time: 7 min`` with the signal 280 s ahead: each teacher is warned ~140 s after it starts
     (two teachers starting at once on 2 cores took up to ~150 s to be ready in CI, a first start
     failing under that load and being retried), requeues and serves again as a next generation."""
-    recipe = write_recipe(tmp_path / "recipe.yaml", {"usr2": (tiny_llama_checkpoint, 1), "term": (tiny_qwen2_checkpoint, 1)},
+    recipe = write_recipe(tmp_path / "recipe.yaml",
+                          {"usr2": (tiny_llama_checkpoint, 1), "term": (tiny_qwen2_checkpoint, 1)},
                           slurm={"time": "00:07:00", "signal_lead_s": 280},
                           restart={"at_time_limit": "requeue"},  # the default, stop: test_hardening_slurm.py
                           teachers={"usr2": {"slurm": {"signal": "USR2"}}, "term": {"slurm": {"signal": "TERM"}}})
@@ -45,8 +46,10 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
                timeout=COMEBACK_S * 2 + 60)
         # The warning may come before a client's first answer (a slow start leaves little of the
         # 140 s): the loops only start here; every call they make, before or after, is checked.
-        served["usr2"] = serve_with_client(recipe, run_dir, "usr2", tiny_llama_checkpoint, up=False, first_answers=False)
-        served["term"] = serve_with_client(recipe, run_dir, "term", tiny_qwen2_checkpoint, up=False, first_answers=False)
+        served["usr2"] = serve_with_client(recipe, run_dir, "usr2", tiny_llama_checkpoint, up=False,
+                                           first_answers=False)
+        served["term"] = serve_with_client(recipe, run_dir, "term", tiny_qwen2_checkpoint, up=False,
+                                           first_answers=False)
         measured = {}
         for alias, s in served.items():
             # A generation that served is warned, requeues and the next one serves. Which generation

@@ -186,7 +186,8 @@ def test_moe_teacher_with_experts_on_two_nodes(slurm_cluster, tiny_qwen3_moe_che
         assert record.model.parallel_sizes["expert_model_parallel_size"] == 2 and record.model.data_parallel_size == 2
         data = random_batch(256, [9, 4], seed=8)
         ids = data["input_ids"].numpy()
-        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"), triton.InferInput("input_lengths", [2], "INT64")]
+        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+                  triton.InferInput("input_lengths", [2], "INT64")]
         inputs[0].set_data_from_numpy(ids)
         inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
         http = triton.InferenceServerClient(record.url.split("//", 1)[1])

@@ -194,7 +194,8 @@ podium:
         token = read_token(run_dir / "auth_token")
         http = triton.InferenceServerClient(record.url.split("//", 1)[1])
         ids = data["input_ids"].numpy()
-        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"), triton.InferInput("input_lengths", [3], "INT64")]
+        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+                  triton.InferInput("input_lengths", [3], "INT64")]
         inputs[0].set_data_from_numpy(ids)
         inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
         result = http.infer("moe", inputs, headers={"Authorization": f"Bearer {token}"})

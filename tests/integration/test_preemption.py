@@ -202,7 +202,8 @@ def test_signal_before_handlers_still_comes_back(
         slurm_jobs.append(preempt(node, slurm_scratch))
         # Back: generation 1's task got past its own delay and publishes its record.
         wait_for(lambda: (json.loads(files.endpoint.read_text()) if files.endpoint.exists() else {})
-                   .get("generation") == {"job_id": int(job), "restart": 1}, f"generation {job}:1", timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
+                 .get("generation") == {"job_id": int(job), "restart": 1}, f"generation {job}:1",
+                 timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
         [first] = [r for r in node_records(files) if r.generation == (job, 0)]
         assert first.node.state == "ended" and "SIGUSR2" in (first.node.stop or ""), first.node
         assert slurm_cluster.scontrol_job(job)["Restarts"] == "1"

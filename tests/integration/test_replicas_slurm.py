@@ -150,7 +150,8 @@ FAKE_SBATCH = """#!/bin/bash
 # started: this test needs none), every later one refused as Slurm 22.05 refuses it
 n=$(cat "{count}" 2>/dev/null || echo 0); echo $((n + 1)) > "{count}"
 if [ "$n" = 0 ]; then echo "Submitted batch job 999001"; exit 0; fi
-echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)" >&2
+echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy \
+(job submit limit, user's size and/or time limits)" >&2
 exit 1
 """
 

@@ -21,7 +21,8 @@ DATA = Path(__file__).parent / "data" / "ray_start"
     ("object_store_too_small.log", "ValueError: Attempting to cap object store memory usage at 1048576 bytes, "
                                    "but the minimum allowed is 78643200 bytes."),
     # `CUDA_VISIBLE_DEVICES= ray start --num-gpus=2` (issue 13's first run on a machine without GPUs)
-    ("gpus_not_visible.log", "ValueError: Attempting to start raylet with 2 GPU, but CUDA_VISIBLE_DEVICES contains []."),
+    ("gpus_not_visible.log",
+     "ValueError: Attempting to start raylet with 2 GPU, but CUDA_VISIBLE_DEVICES contains []."),
 ])
 def test_first_cause_of_captured_ray_start_logs(log: str, cause: str) -> None:
     assert first_cause((DATA / log).read_text()) == cause
@@ -48,4 +49,5 @@ def test_describe_death_of_a_real_process(tmp_path: Path) -> None:
     line = describe_death("`child`", 42, code, log)
     assert line == f"`child` (pid 42) exited with 1: Error: no such file: /x; log {log}"
     assert exit_status(-9) == "was killed by SIGKILL" and exit_status(None) == "is still running"
-    assert describe_death("x", 1, 1, tmp_path / "missing.log").endswith(f"its log is empty; log {tmp_path / 'missing.log'}")
+    missing = tmp_path / "missing.log"
+    assert describe_death("x", 1, 1, missing).endswith(f"its log is empty; log {missing}")

@@ -40,7 +40,8 @@ def test_a_node_state_is_written_whole_and_read_back(tmp_path: Path) -> None:
 
 def test_one_done_set() -> None:
     assert {NodeStatus.STOPPED, NodeStatus.ENDED, NodeStatus.FAILED} == DONE_STATES
-    assert not any(NodeState(state=s, rank=1, host="n").done for s in ("starting", "ray_starting", "started", "serving"))
+    assert not any(NodeState(state=s, rank=1, host="n").done
+                   for s in ("starting", "ray_starting", "started", "serving"))
 
 
 def test_a_file_without_a_version_reads_as_before_and_a_damaged_one_as_not_there(tmp_path: Path) -> None:

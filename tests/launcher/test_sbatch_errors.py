@@ -1,8 +1,8 @@
 """The table of sbatch refusals (:mod:`podium.launcher.sbatch_errors`) on sbatch's own answers.
 
-``CAPTURED`` (``data/sbatch_refusals.json``): what ``sbatch`` printed on the Slurm 22.05 test cluster (``sbatch OPTION --wrap true``),
-kept in sync with the cluster by ``tests/integration/test_sbatch_refusals.py``. ``SLURM_TABLE``:
-refusals that cluster cannot produce (no accounting enforcement, no time limits), in sbatch's form
+``CAPTURED`` (``data/sbatch_refusals.json``): what ``sbatch`` printed on the Slurm 22.05 test cluster
+(``sbatch OPTION --wrap true``), kept in sync with the cluster by ``tests/integration/test_sbatch_refusals.py``.
+``SLURM_TABLE``: refusals that cluster cannot produce (no accounting enforcement, no time limits), in sbatch's form
 ``sbatch: error: Batch job submission failed: <text>``, the text as Slurm 22.05's error table has
 it (``strings libslurmfull.so``).
 """
@@ -64,7 +64,8 @@ podium:
 
 
 def _messages() -> list[tuple[str, str]]:
-    return [(CAPTURED_KIND[o], m) for o, m in CAPTURED.items()] + [(k, FAILED + t + "\n") for k, t in SLURM_TABLE.items()]
+    return ([(CAPTURED_KIND[o], m) for o, m in CAPTURED.items()]
+            + [(k, FAILED + t + "\n") for k, t in SLURM_TABLE.items()])
 
 
 @pytest.mark.parametrize("kind, message", _messages())

@@ -91,7 +91,8 @@ def two_teacher_run(tmp_path: Path) -> Path:
     ({"teacher_model_by_agent_name": {"math": "/ckpt/llama-70b"}},
      r"teacher_model_by_agent_name.math: the recipe names '/ckpt/llama-70b' but run 'r' .* serves '/ckpt/llama-8b'"),
 ])
-def test_wiring_a_recipe_the_run_does_not_serve_names_the_key(two_teacher_run: Path, section: dict, message: str) -> None:
+def test_wiring_a_recipe_the_run_does_not_serve_names_the_key(two_teacher_run: Path, section: dict,
+                                                              message: str) -> None:
     with pytest.raises(NemoRLWiringError, match=message):
         teacher_worker_groups(two_teacher_run, section, ready_timeout_s=0.1)
 

@@ -34,7 +34,8 @@ def _build(pp: int):
         num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
         pipeline_model_parallel_size=pp, use_cpu_initialization=True, hidden_dropout=0.0,
         attention_dropout=0.0, activation_func=F.silu, gated_linear_unit=True, normalization="RMSNorm",
-        params_dtype=torch.float32, pipeline_dtype=torch.float32, bias_activation_fusion=False, masked_softmax_fusion=False,
+        params_dtype=torch.float32, pipeline_dtype=torch.float32, bias_activation_fusion=False,
+        masked_softmax_fusion=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
     )
     from podium.teacher.megatron_model import _sdpa_core_attention_cls

@@ -54,7 +54,8 @@ def test_mistral_and_rope_scaling_configs():
     assert desc.rope_scaling == {"rope_type": "llama3", "factor": 8.0} and desc.rotary_base == 500000.0
     # transformers 4.x style fields
     old = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-           "intermediate_size": 96, "vocab_size": 10, "rope_theta": 123.0, "rope_scaling": {"type": "yarn", "factor": 4}}
+           "intermediate_size": 96, "vocab_size": 10, "rope_theta": 123.0,
+           "rope_scaling": {"type": "yarn", "factor": 4}}
     with pytest.raises(ValueError, match="checkpoint ckpt-x: rope scaling type 'yarn' is not supported"):
         describe_hf_config(old, "ckpt-x")
     old["rope_scaling"] = None
@@ -88,7 +89,8 @@ def test_llama_fused_qkv_layout_matches_hf(tiny_llama_checkpoint):
         assert torch.equal(per_group[g, qpg * hd : (qpg + 1) * hd], k[g])
         assert torch.equal(per_group[g, (qpg + 1) * hd :], v[g])
     fc1 = _llama_sources(reader(tiny_llama_checkpoint), 1, "mlp.linear_fc1.weight")
-    assert torch.equal(fc1, torch.cat([sd["model.layers.1.mlp.gate_proj.weight"], sd["model.layers.1.mlp.up_proj.weight"]]))
+    assert torch.equal(fc1, torch.cat([sd["model.layers.1.mlp.gate_proj.weight"],
+                                       sd["model.layers.1.mlp.up_proj.weight"]]))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
@@ -140,7 +142,8 @@ def test_gpt2_conv1d_weights_are_transposed(tiny_gpt2_checkpoint):
     sd = load_file(str(tiny_gpt2_checkpoint / "model.safetensors"))
     r = reader(tiny_gpt2_checkpoint)
     assert torch.equal(_gpt2_sources(r, 0, "mlp.linear_fc1.weight"), sd["transformer.h.0.mlp.c_fc.weight"].t())
-    assert torch.equal(_gpt2_sources(r, 0, "self_attention.linear_proj.weight"), sd["transformer.h.0.attn.c_proj.weight"].t())
+    assert torch.equal(_gpt2_sources(r, 0, "self_attention.linear_proj.weight"),
+                       sd["transformer.h.0.attn.c_proj.weight"].t())
     qkv = _gpt2_sources(r, 0, "self_attention.linear_qkv.weight").view(4, 3, 16, 64)  # [head, (q,k,v), hd, in]
     q, k, v = sd["transformer.h.0.attn.c_attn.weight"].t().view(3, 4, 16, 64)
     assert torch.equal(qkv[:, 0], q) and torch.equal(qkv[:, 1], k) and torch.equal(qkv[:, 2], v)
@@ -158,7 +161,8 @@ def test_sharded_index_reads_the_same_tensors(tiny_llama_checkpoint, tiny_llama_
     assert torch.equal(_llama_sources(a, None, "output_layer.weight"), _llama_sources(b, None, "output_layer.weight"))
 
 
-def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_checkpoint, tiny_llama_sharded_checkpoint, tmp_path):
+def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_checkpoint, tiny_llama_sharded_checkpoint,
+                                                                   tmp_path):
     from safetensors.torch import load_file, save_file
 
     broken = tmp_path / "broken"
@@ -173,5 +177,6 @@ def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_che
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     shard = index["weight_map"]["model.norm.weight"]
     (sharded / shard).unlink()
-    with pytest.raises(ValueError, match=f"checkpoint {sharded}: shard {shard} \\(for tensor 'model.norm.weight'\\) is missing"):
+    missing = f"checkpoint {sharded}: shard {shard} \\(for tensor 'model.norm.weight'\\) is missing"
+    with pytest.raises(ValueError, match=missing):
         _llama_sources(reader(sharded), None, "decoder.final_layernorm.weight")

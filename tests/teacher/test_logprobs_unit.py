@@ -169,6 +169,7 @@ def test_layout_errors_come_before_ray(tiny_llama_checkpoint):
 
     from podium.config.spec import TeacherSpec
 
-    with pytest.raises(ValidationError, match=r"teacher 'math': 1 nodes × 3 GPUs = 3 GPUs is not divisible by TP2 × PP1 × CP1 = 2"):
+    with pytest.raises(ValidationError,
+                       match=r"teacher 'math': 1 nodes × 3 GPUs = 3 GPUs is not divisible by TP2 × PP1 × CP1 = 2"):
         TeacherSpec(key="k", name="math", aliases=("math",), model_name=str(tiny_llama_checkpoint),
                     num_nodes=1, gpus_per_node=3, tensor_model_parallel_size=2)

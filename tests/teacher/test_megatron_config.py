@@ -30,7 +30,8 @@ def test_overrides_applied_and_unknown_keys_reported(tiny_llama_checkpoint):
     desc = describe_model(tiny_llama_checkpoint)
     cfg = build_transformer_config(desc, {}, "fp32", {"layernorm_zero_centered_gamma": True, "optimizer": {"lr": 1}})
     assert cfg.layernorm_zero_centered_gamma is True
-    with pytest.raises(ValueError, match=r"teacher 'x': unknown key\(s\) \['hidden_sise'\].*similar fields: .*hidden_size"):
+    with pytest.raises(ValueError,
+                       match=r"teacher 'x': unknown key\(s\) \['hidden_sise'\].*similar fields: .*hidden_size"):
         build_transformer_config(desc, {}, "fp32", {"hidden_sise": 3}, where="teacher 'x'")
     with pytest.raises(ValueError, match="tensor_model_parallel_size=4 contradicts the planned layout"):
         build_transformer_config(desc, {"tensor_model_parallel_size": 2}, "fp32", {"tensor_model_parallel_size": 4})
@@ -49,7 +50,8 @@ def test_moe_routing_comes_from_the_checkpoint_and_inference_settings_are_forced
         no_cuda, tiny_qwen3_moe_checkpoint, tiny_qwen3_moe_unnormed_checkpoint, tiny_mixtral_checkpoint, caplog):
     """On CPU/gloo (``no_cuda``: a GPU node's devices hidden), as the dispatcher checks below assume."""
     qwen = describe_model(tiny_qwen3_moe_checkpoint)
-    assert (qwen.num_experts, qwen.moe_topk, qwen.moe_ffn_hidden_size, qwen.moe_layers) == (4, 2, 32, (True, False, True))
+    assert (qwen.num_experts, qwen.moe_topk, qwen.moe_ffn_hidden_size, qwen.moe_layers) == (4, 2, 32,
+                                                                                           (True, False, True))
     # a recipe trained with capacity, sinkhorn and a flex dispatcher: an inference teacher is dropless
     recipe = {"moe_expert_capacity_factor": 1.0, "moe_router_load_balancing_type": "sinkhorn",
               "moe_token_dispatcher_type": "flex", "moe_router_dtype": "fp32"}
@@ -73,13 +75,15 @@ def test_moe_routing_comes_from_the_checkpoint_and_inference_settings_are_forced
     assert wide.moe_token_dispatcher_type == "allgather"
 
 
-def test_moe_layouts_and_overrides_that_cannot_work_name_the_arithmetic(tiny_qwen3_moe_checkpoint, tiny_llama_checkpoint):
+def test_moe_layouts_and_overrides_that_cannot_work_name_the_arithmetic(tiny_qwen3_moe_checkpoint,
+                                                                        tiny_llama_checkpoint):
     qwen = describe_model(tiny_qwen3_moe_checkpoint)
     with pytest.raises(ValueError, match=r"EP3 must divide the experts \(4\): 4 experts / EP3 is not a whole number"):
         build_transformer_config(qwen, {"expert_model_parallel_size": 3}, "fp32")
     with pytest.raises(ValueError, match=r"expert-TP3 must divide the experts' MLP size \(32\)"):
         build_transformer_config(qwen, {"expert_tensor_parallel_size": 3}, "fp32")
-    with pytest.raises(ValueError, match=r"moe_router_topk=4 contradicts the checkpoint \(Qwen3MoeForCausalLM: moe_router_topk=2\)"):
+    contradicts = r"moe_router_topk=4 contradicts the checkpoint \(Qwen3MoeForCausalLM: moe_router_topk=2\)"
+    with pytest.raises(ValueError, match=contradicts):
         build_transformer_config(qwen, {}, "fp32", {"moe_router_topk": 4})
     with pytest.raises(ValueError, match="LlamaForCausalLM: has no routed experts; expert_model_parallel_size=2"):
         build_transformer_config(describe_model(tiny_llama_checkpoint), {"expert_model_parallel_size": 2}, "fp32")
@@ -90,10 +94,12 @@ def test_qwen2_moe_shared_expert_and_its_gate_come_from_the_checkpoint(tiny_qwen
 
     desc = describe_model(tiny_qwen2_moe_checkpoint)
     assert (desc.moe_shared_ffn_hidden_size, desc.moe_shared_expert_gate) == (48, True)
-    assert desc.qkv_bias and not desc.attn_out_bias and not desc.norm_topk_prob and desc.moe_layers == (True, False, True)
+    assert desc.qkv_bias and not desc.attn_out_bias and not desc.norm_topk_prob
+    assert desc.moe_layers == (True, False, True)
     cfg = build_transformer_config(desc, {"expert_model_parallel_size": 2}, "fp32")
     assert (cfg.moe_shared_expert_intermediate_size, cfg.moe_shared_expert_gate) == (48, True)
-    assert cfg.add_qkv_bias and not cfg.add_bias_linear and cfg.moe_router_pre_softmax and not cfg.moe_shared_expert_overlap
+    assert cfg.add_qkv_bias and not cfg.add_bias_linear
+    assert cfg.moe_router_pre_softmax and not cfg.moe_shared_expert_overlap
     import dataclasses
 
     odd = dataclasses.replace(desc, moe_shared_ffn_hidden_size=49)

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.megatron]
 VOCAB = 256
 
 
-def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True, ep: int = 1) -> subprocess.CompletedProcess:
+def run_convert(src: Path, dst: Path, tp: int = 1, pp: int = 1, expect_ok: bool = True,
+                ep: int = 1) -> subprocess.CompletedProcess:
     """``podium convert`` as a user runs it (the CLI in a subprocess)."""
     proc = subprocess.run(
         [sys.executable, "-m", "podium.cli", "convert", str(src), str(dst), "--tp", str(tp), "--pp", str(pp),
