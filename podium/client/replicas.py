@@ -99,7 +99,7 @@ class Replica:
 
     path: Path
     endpoint: Endpoint | None = None
-    transport: HTTPTransport | None = None  # kept across generations at the same URL
+    transport: HTTPTransport | None = None  # kept while the URL and the generation stay the same
     outstanding: int = 0  # calls of this client in flight there
     final: EndpointRecord | None = None  # its record says failed for good
     probe_after: float = 0.0  # monotonic: a background look probes it again no sooner

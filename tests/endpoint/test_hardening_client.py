@@ -171,10 +171,10 @@ def test_a_probe_answer_that_names_no_generation_is_not_accepted() -> None:
 
     record = type("Record", (), {"generation": Generation(7, 1), "url": "http://127.0.0.1:1"})()
     probe = ReplicaSet._probe
-    assert probe(record, Answers(b'{"ready": true, "generation": "7:1"}'), 1.0) is None  # type: ignore[arg-type]
+    assert probe(record, Answers(b'{"ready": true, "generation": "7:1"}'), 1.0) is None
     for body in (b'{"ready": true}', b'{"ready": true, "generation": null}', b"ready",
                  b'{"ready": true, "generation": "7:0"}'):
-        assert probe(record, Answers(body), 1.0) is not None, body  # type: ignore[arg-type]
+        assert probe(record, Answers(body), 1.0) is not None, body
 
 
 # --------------------------------------------------------------------------- finding 7: Retry-After
