@@ -9,6 +9,7 @@ behind another's long run) are printed (``-s``).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from harness.fake_group import FakeGroup, Gate, fake_logprobs
 
 from podium.config.launcher import ServerSettings
 from podium.protocol.names import (
@@ -34,7 +36,6 @@ from podium.protocol.names import (
 )
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
-from harness.fake_group import FakeGroup, Gate, fake_logprobs
 from .test_server import binary_body, infer_body
 
 AUTH = {"Authorization": "Bearer t0ken"}
@@ -139,7 +140,8 @@ def test_a_flood_of_idle_connections_leaves_health_metrics_and_callers_answered(
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 4096:
         pytest.fail(f"this test needs a hard open-files limit of 4096 or more (it is {hard})")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    # a soft limit the flood exceeds (1,024, or what this process holds already and a margin)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(1024, len(os.listdir("/proc/self/fd")) + 128), hard))
     server = None
     flood = None
     try:
@@ -160,7 +162,7 @@ def test_a_flood_of_idle_connections_leaves_health_metrics_and_callers_answered(
                               outcome, i) for i in range(16)]
         for t in threads:
             t.join(60)
-        assert outcome == {i: 200 for i in range(16)}, outcome
+        assert outcome == dict.fromkeys(range(16), 200), outcome
         assert guard.open <= guard.max_connections
     finally:
         if flood is not None:
@@ -281,7 +283,8 @@ def test_costly_requests_are_refused_before_compute_naming_the_setting() -> None
             (infer_body([[1, 2]], [2], parameters={"top_k": 5}), "podium.server.max_top_k"),
             (infer_body(np.ones((2, 6000), int), [6000, 6000]), "podium.server.max_request_tokens"),
             (infer_body(np.ones((1, 9000), int), [9000], parameters={"top_k": 4},  # ~1.1 MB of JSON values
-                        outputs=[{"name": "topk_logprobs"}, {"name": "topk_indices"}]), "podium.server.max_response_mb"),
+                        outputs=[{"name": "topk_logprobs"}, {"name": "topk_indices"}]),
+             "podium.server.max_response_mb"),
         ]
         for body, setting in cases:
             resp = _post(server, body)
@@ -431,7 +434,7 @@ def test_a_caller_with_other_options_takes_turns_with_a_long_run() -> None:
         assert outcome["a"].status_code == 200 and b_resp.status_code == 200 and outcome["c"].status_code == 200
         firsts = [int(got["input_ids"][0, 0]) for got in group.received]
         b_call = firsts.index(2)
-        print(f"\nB (other top_k) answered after {b_wait * 1000:.0f} ms, in call {b_call + 1} of {len(firsts)}: {firsts[:6]}")
+        print(f"\nB (other top_k) answered after {b_wait * 1000:.0f} ms, in call {b_call + 1} of {len(firsts)}")
         assert len(firsts) > 20 and b_call <= 3, firsts
         assert any({1, 3} <= set(got["input_ids"][:, 0].tolist()) for got in group.received)  # C shares A's calls
     finally:
