@@ -1,0 +1,65 @@
+"""The hybrid-model code path that needs each Mamba CPU shim (run as a script by test_mamba_shims.py).
+
+``python mamba_shim_scenarios.py --skip NAME``: applies every CPU shim (podium's CUDA shims and the
+Mamba shims) except the Mamba shim ``NAME``, then builds a tiny Nemotron-H-shaped hybrid model
+(``MEM*-E``: Mamba-2, latent MoE with a shared expert, attention, MLP) as podium builds it and runs
+one forward on one rank; exit status 0 when it worked, 3 when it failed (the error is printed). Run
+it with CUDA hidden (``CUDA_VISIBLE_DEVICES=``, as the test does); TransformerEngine is hidden here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import traceback
+
+CONFIG = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 64, "hidden_size": 32,
+    "hybrid_override_pattern": "MEM*-E", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "intermediate_size": 48, "mamba_num_heads": 4, "mamba_head_dim": 8, "n_groups": 2, "ssm_state_size": 8,
+    "conv_kernel": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    "moe_shared_expert_intermediate_size": 24, "moe_latent_size": 16, "routed_scaling_factor": 2.0,
+    "layer_norm_epsilon": 1e-5, "max_position_embeddings": 32,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args()
+    # A CPU-only build has no TransformerEngine; a GPU node's may (its test hides CUDA, this hides TE).
+    sys.modules["transformer_engine"] = None  # type: ignore[assignment]
+    try:
+        import torch
+
+        from podium.teacher.cuda_shims import apply_cuda_shims
+        from podium.teacher.hf import describe_hf_config
+        from podium.teacher.mamba_shims import apply_mamba_shims
+        from podium.teacher.megatron_config import build_transformer_config
+        from podium.teacher.worker import destroy_parallel, init_parallel
+
+        apply_cuda_shims()
+        apply_mamba_shims(skip=[args.skip] if args.skip else [])
+        from podium.teacher.hybrid_model import build_hybrid_model
+
+        init_parallel(0, 1, f"file://{tempfile.mkdtemp()}/store", {})
+        try:
+            desc = describe_hf_config(CONFIG)
+            model = build_hybrid_model(desc, build_transformer_config(desc, {}, "fp32"), 128)
+            for param in model.parameters():  # the weights are not initialised: any finite values
+                param.data.normal_(0, 0.1)
+            ids = torch.randint(0, 64, (2, 12))
+            with torch.no_grad():
+                out = model(ids, torch.arange(12)[None].expand(2, 12), None)
+            assert torch.isfinite(out).all(), "non-finite logits"
+        finally:
+            destroy_parallel()
+    except Exception:
+        traceback.print_exc()
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
