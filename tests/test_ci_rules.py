@@ -86,7 +86,7 @@ def output(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
 
-@pytest.mark.parametrize("source, reason", [
+@pytest.mark.parametrize(("source", "reason"), [
     (MODULE_SKIP, "no frobnicator on this machine"),
     (IMPORTORSKIP, "could not import 'podium_no_such_module_for_ci_rules'"),
 ], ids=["module-level-skip", "importorskip"])

@@ -264,14 +264,14 @@ def test_launcher_overrides_that_differ_within_a_teacher_are_an_error(tmp_path: 
 
 def test_login_node_commands_import_nothing_heavy(ultra: Path) -> None:
     code = (
-        "import sys, runpy; sys.argv = ['podium', 'plan', %r, '--json'];"
+        f"import sys, runpy; sys.argv = ['podium', 'plan', {str(ultra)!r}, '--json'];"
         "from podium.cli import app\n"
         "try: app()\n"
         "except SystemExit: pass\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'megatron', 'transformers')]\n"
-        "sys.stderr.write('HEAVY=' + ','.join(heavy))" % str(ultra)
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))"
     )
-    for argv_code in (code, code.replace("'plan', %r, '--json'" % str(ultra), "'--help'")):
+    for argv_code in (code, code.replace(f"'plan', {str(ultra)!r}, '--json'", "'--help'")):
         out = subprocess.run([sys.executable, "-c", argv_code], capture_output=True, text=True,
                              env={**os.environ, "COLUMNS": "120"})
         assert "HEAVY=" in out.stderr, out.stderr

@@ -93,7 +93,7 @@ def _ray_ports(tmp: Path) -> str:
     lo = _free_range(2 * BLOCK_SIZE)
     held = [socket.socket() for _ in range(2)]
     try:
-        for sock, port in zip(held, (lo, lo + BLOCK_SIZE)):  # one port of each block taken
+        for sock, port in zip(held, (lo, lo + BLOCK_SIZE), strict=True):  # one port of each block taken
             sock.bind(("", port))
         with pytest.raises(RayStartError) as err:
             choose_ports((lo, lo + 2 * BLOCK_SIZE - 1), 1, 0, 0)
@@ -117,10 +117,10 @@ def _server_ports(tmp: Path) -> str:
     lo = _free_range(2, 18500)
     held = [socket.socket() for _ in range(2)]
     try:
-        for sock, port in zip(held, (lo, lo + 1)):
+        for sock, port in zip(held, (lo, lo + 1), strict=True):
             sock.bind(("127.0.0.1", port))
             sock.listen()
-        with pytest.raises(OSError) as err:
+        with pytest.raises(OSError, match="no free port") as err:
             listen_on_free_port("127.0.0.1", (lo, lo + 1))
     finally:
         for sock in held:
@@ -246,7 +246,7 @@ def test_the_refusals_table_holds_every_known_refusal() -> None:
     table = PAGE.read_text().split("<!-- refusals-table -->", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Slurm")]
     assert len(rows) == len(REFUSALS)
-    for row, refusal in zip(rows, REFUSALS):
+    for row, refusal in zip(rows, REFUSALS, strict=True):
         said, fix = (cell.strip() for cell in row.strip("|").split(" | "))
         assert refusal.matches(said) and fix == refusal.fix, row
 

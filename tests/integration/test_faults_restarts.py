@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from harness.cli import podium
 from harness.client_loop import COMEBACK_S
-from harness.faults import serve_with_client
+from harness.faults import Served, serve_with_client
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 from harness.slurm_run import job_ids
@@ -55,17 +55,17 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
             # A generation that served is warned, requeues and the next one serves. Which generation
             # that is depends on the load (a first start may fail and be retried): the ledger says
             # how each ended, the watcher that the next one served.
-            def warned() -> object:
+            def warned(s: Served = s) -> object:  # (bound: the wait ends within this iteration)
                 return next((o for o in RestartLedger.read(s.files).outcomes if o.outcome == "time_limit"), None)
 
             limit = wait_for(warned, f"{alias} reaching its time limit",
                              timeout_s=COMEBACK_S * 3, interval_s=SLOW_POLL_S)
             assert "near its time limit" in limit.reason, limit.reason
             # the next generation, or (a start failing under load, and retried) the one after it
-            t_ready, ready = wait_for(lambda: s.watcher.ready_after(limit.generation),
+            t_ready, ready = wait_for(lambda s=s, limit=limit: s.watcher.ready_after(limit.generation),
                                       f"a generation after {limit.generation} ready",
                                       timeout_s=COMEBACK_S * 2, interval_s=SLOW_POLL_S)
-            wait_for(lambda: s.client.answered_after(t_ready) >= 2,
+            wait_for(lambda s=s, t_ready=t_ready: s.client.answered_after(t_ready) >= 2,
                      f"answers after {limit.generation} (records seen: {s.watcher.summary()})",
                      timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
             measured[alias] = {"generation": f"{ready['generation']['job_id']}:{ready['generation']['restart']}",

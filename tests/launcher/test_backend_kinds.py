@@ -45,6 +45,6 @@ def test_a_kind_replaced_for_a_block_comes_back() -> None:
 
 
 def test_the_classes_must_carry_the_name() -> None:
-    with pytest.raises(ValueError, match="FakeScheduler.name is 'fake'"):
+    with pytest.raises(ValueError, match=r"FakeScheduler.name is 'fake'"):
         register("slurm", FakeScheduler, SlurmEnvironment)
     assert type(scheduler_for("slurm")) is SlurmScheduler

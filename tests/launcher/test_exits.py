@@ -14,7 +14,7 @@ from podium.launcher.exits import describe_death, exit_status, first_cause
 DATA = Path(__file__).parent / "data" / "ray_start"
 
 
-@pytest.mark.parametrize("log, cause", [
+@pytest.mark.parametrize(("log", "cause"), [
     # `ray start --num-gpus=x`: click's refusal, after its usage lines
     ("bad_argument.log", "Error: Invalid value for '--num-gpus': 'x' is not a valid integer."),
     # `ray start --object-store-memory=1048576`: INFO lines, then a traceback

@@ -29,7 +29,7 @@ def fake_slurm(monkeypatch):
 
 
 def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
-    jobs, calls, _ = fake_slurm
+    _jobs, calls, _ = fake_slurm
     files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
     files.folder.mkdir(parents=True)
     results = []
@@ -46,7 +46,7 @@ def test_concurrent_ensure_submits_once(tmp_path: Path, fake_slurm) -> None:
 
 
 def test_ended_job_is_resubmitted(tmp_path: Path, fake_slurm) -> None:
-    jobs, calls, _ = fake_slurm
+    jobs, _calls, _ = fake_slurm
     files = TeacherFiles(tmp_path / "t")
     files.folder.mkdir(parents=True)
     record, action = submission.ensure_submitted(SPEC, files)

@@ -19,7 +19,7 @@ def test_gpus_asked_for_on_machines_with_none_some_and_enough() -> None:
         local_gpu_use("math", 2, 1)
 
 
-@pytest.mark.parametrize("value, admitted", [
+@pytest.mark.parametrize(("value", "admitted"), [
     (None, None), ("", 0), ("-1", 0), ("0", 1), ("0,1", 2), ("1,-1,2", 1), ("GPU-8f2a,GPU-77c1", 2), ("0,x,1", 1),
 ])
 def test_cuda_visible_devices_cuts_the_list_as_cuda_does(value, admitted) -> None:

@@ -119,12 +119,13 @@ def test_golden_rule_refuses_to_write_under_ci(tmp_path: Path) -> None:
     env = {**os.environ, "CI": "true", "PODIUM_UPDATE_GOLDEN": "1"}
     golden = GOLDEN / "gpu_two_nodes.sbatch"
     before = golden.read_text()
+    paths = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
     script = (
-        "import sys; sys.path[:0] = [%r, %r]\n"
+        f"import sys; sys.path[:0] = {paths!r}\n"
         "import pytest, test_render as t\n"
         "try:\n    t.compare_golden('gpu_two_nodes', 'not the golden\\n')\n"
         "except pytest.fail.Exception as exc:\n    print('FAILED', str(exc)[:60])\n"
-    ) % (str(Path(__file__).parent), str(Path(__file__).parents[1]))
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert "FAILED rendered script differs" in out.stdout, out.stdout + out.stderr
     assert golden.read_text() == before
@@ -159,9 +160,9 @@ def test_each_replica_is_a_job_of_its_own() -> None:
     first, third = CASES["gpu_two_nodes"], CASES["gpu_two_nodes_replica2"]
     files = [TeacherFiles.of_spec(RUN_DIR, case) for case in (first, third)]
     assert [f.folder.name for f in files] == ["math-01234567", "math-01234567-r2"]
-    requests = [sbatch_request(case, f) for case, f in zip((first, third), files)]
+    requests = [sbatch_request(case, f) for case, f in zip((first, third), files, strict=True)]
     assert [r.option("job-name") for r in requests] == ["podium-math-01234567", "podium-math-01234567-r2"]
-    assert [job_comment(case, f).split(":")[1] for case, f in zip((first, third), files)] == \
+    assert [job_comment(case, f).split(":")[1] for case, f in zip((first, third), files, strict=True)] == \
         ["0123456789ab", "0123456789ab-r2"]
     differ = {name for name, value in requests[0].options if requests[1].option(name) != value}
     assert differ == {"job-name", "comment", "output"}, differ

@@ -82,7 +82,7 @@ def test_replace_cancels_and_resubmits_with_the_new_settings(tmp_path: Path, fak
 
 
 def test_unrecorded_settings_are_said_and_not_replaced(tmp_path: Path, fake_slurm) -> None:
-    jobs, cancelled = fake_slurm
+    _jobs, cancelled = fake_slurm
     run_dir = tmp_path / "run"
     plan = load_plan(recipe(tmp_path))
     commands.up(plan, run_dir)

@@ -98,7 +98,7 @@ def test_a_stop_is_classified_once_and_urgency_follows_its_kind() -> None:
     assert fault.urgent.is_set() and fault.requeue and fault.intent().drain_s() == 0
 
 
-@pytest.mark.parametrize("name, kind", [("SIGUSR2", "signal"), ("SIGTERM", "cancel")])
+@pytest.mark.parametrize(("name", "kind"), [("SIGUSR2", "signal"), ("SIGTERM", "cancel")])
 def test_without_a_classifier_a_user_signal_drains_and_a_term_cancels(name: str, kind: str) -> None:
     import signal as sig
 

@@ -68,7 +68,7 @@ def _messages() -> list[tuple[str, str]]:
             + [(k, FAILED + t + "\n") for k, t in SLURM_TABLE.items()])
 
 
-@pytest.mark.parametrize("kind, message", _messages())
+@pytest.mark.parametrize(("kind", "message"), _messages())
 def test_each_refusal_names_its_setting_and_fix_and_keeps_sbatch_words(spec, kind: str, message: str) -> None:
     assert find_refusal(message).kind == kind
     line = explain(message, spec)

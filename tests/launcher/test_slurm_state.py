@@ -55,7 +55,7 @@ def test_squeue() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, names",
+    ("text", "names"),
     [
         ("n[1-3,5]", ["n1", "n2", "n3", "n5"]),
         ("gpu[007-009],login1", ["gpu007", "gpu008", "gpu009", "login1"]),
@@ -109,5 +109,5 @@ def test_squeue_comments_and_live_jobs_of_one_identity() -> None:
 
 
 def test_squeue_comment_line_without_its_fields_is_an_error() -> None:
-    with pytest.raises(ss.SlurmQueryError, match="JOBID|STATE|COMMENT"):
+    with pytest.raises(ss.SlurmQueryError, match=r"JOBID|STATE|COMMENT"):
         ss.parse_squeue_comments("57|PENDING\n")

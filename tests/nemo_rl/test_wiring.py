@@ -33,7 +33,7 @@ def test_a_nemo_rl_training_batch_is_read_and_its_other_keys_ignored() -> None:
     assert ids.tolist() == IDS.tolist() and lengths.tolist() == [3, 2]
 
 
-@pytest.mark.parametrize("key, reason", [
+@pytest.mark.parametrize(("key", "reason"), [
     ("pixel_values", "multimodal inputs are not supported"),
     ("image_grid_thw", "multimodal inputs are not supported"),
     ("routed_experts", "router replay"),
@@ -83,7 +83,7 @@ def two_teacher_run(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("section, message", [
+@pytest.mark.parametrize(("section", "message"), [
     ({}, r"on_policy_distillation.teacher_model_by_agent_name: missing or empty; pass the recipe's"),
     ({"teacher_model_by_agent_name": {"math": "/ckpt/llama-8b", "swe": "/ckpt/swe"}},
      r"teacher_model_by_agent_name.swe: run 'r' .* serves no alias 'swe' \(it serves chat, code, math\); "
@@ -110,7 +110,7 @@ def test_the_section_may_come_as_nemo_rl_holds_it(two_teacher_run: Path) -> None
 
     section = {"teacher_model_by_agent_name": {"swe": "/ckpt/swe"}}
     for form in (section, OmegaConf.create(section), OnPolicyDistillationConfig(**section)):
-        with pytest.raises(NemoRLWiringError, match="teacher_model_by_agent_name.swe: run 'r'"):
+        with pytest.raises(NemoRLWiringError, match=r"teacher_model_by_agent_name.swe: run 'r'"):
             teacher_worker_groups(two_teacher_run, form, ready_timeout_s=0.1)
 
 

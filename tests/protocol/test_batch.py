@@ -23,7 +23,7 @@ def test_a_full_int64_batch_is_not_copied() -> None:
     assert np.shares_memory(batch.input_ids, ids)
 
 
-@pytest.mark.parametrize("ids, lengths, message", [
+@pytest.mark.parametrize(("ids", "lengths", "message"), [
     ([[1, 2]], [3], r"input_lengths\[0\] = 3 not in 1..2"),
     ([[1, 2]], [0], r"input_lengths\[0\] = 0 not in 1..2"),
     ([[1, 12]], [2], r"input_ids\[0, 1\] = 12 not in 0..9"),

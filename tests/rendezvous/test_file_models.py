@@ -46,7 +46,7 @@ def test_a_schema_1_record_reads_with_its_verdict_as_fields(tmp_path: Path) -> N
     assert read.extra == {"seq": 7}  # what schema 2 does not know stays where it was
 
 
-@pytest.mark.parametrize("reader, path_of, what", [
+@pytest.mark.parametrize(("reader", "path_of", "what"), [
     (read_record, lambda d: d / "endpoint.json", "an endpoint record"),
     (lambda p: read_rendezvous(p), lambda d: d / "rendezvous.json", "a rendezvous file"),
 ])

@@ -35,7 +35,7 @@ def test_dry_run_builds_both_models_and_reports(capsys):
     assert dense["flops_per_token"] > 2 * dense["active_parameters"]  # + attention
 
 
-@pytest.mark.parametrize("args, message", [(["--models", "huge"], "--models: unknown ['huge']"),
+@pytest.mark.parametrize(("args", "message"), [(["--models", "huge"], "--models: unknown ['huge']"),
                                            (["--seq", "0"], "--seq must be >= 1")])
 def test_bad_arguments_exit_2_naming_them(args, message):
     proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120)

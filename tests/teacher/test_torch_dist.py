@@ -82,7 +82,7 @@ def test_converted_loads_at_tp2_and_equals_direct_hf_load(hf_tp2, dist_tp1_at_tp
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", [dict(nodes=2, pp=2), dict()], ids=["PP2", "TP1"])
+@pytest.mark.parametrize("layout", [{"nodes": 2, "pp": 2}, {}], ids=["PP2", "TP1"])
 def test_saved_at_tp2_loads_at_other_layouts(ray_cluster, converted_tp2, tiny_llama_checkpoint, layout):
     provenance = json.loads((converted_tp2 / "podium_convert.json").read_text())
     assert provenance["saved_layout"]["tensor_model_parallel_size"] == 2
