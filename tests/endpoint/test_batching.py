@@ -62,7 +62,8 @@ def _requests(seed: int, n: int) -> list[dict[str, Any]]:
         ids = np.zeros((len(lengths), width), dtype=np.int64)
         for r, length in enumerate(lengths):
             ids[r, :length] = [rng.randrange(1, 256) for _ in range(length)]
-        out.append({"id": f"q{k}", "ids": ids, "lengths": np.array(lengths, dtype=np.int64), "top_k": 3 if k % 3 == 0 else None})
+        out.append({"id": f"q{k}", "ids": ids, "lengths": np.array(lengths, dtype=np.int64),
+                    "top_k": 3 if k % 3 == 0 else None})
     return out
 
 
@@ -91,11 +92,12 @@ def _metrics(teacher: Teacher) -> dict[str, float]:
     return values
 
 
-def test_answers_are_bit_identical_batched_or_alone_and_metrics_add_up(teacher: Teacher, tiny_llama_checkpoint: Path) -> None:
+def test_answers_are_bit_identical_batched_or_alone_and_metrics_add_up(teacher: Teacher,
+                                                                       tiny_llama_checkpoint: Path) -> None:
     reqs = _requests(seed=5, n=18)
     before = _metrics(teacher)
     alone = [_infer(teacher, r, "solo") for r in reqs]  # one at a time: nothing to batch with
-    for r, answer in zip(reqs, alone[:6]):
+    for r, answer in zip(reqs[:6], alone[:6], strict=True):
         expected = hf_oracle_logprobs(tiny_llama_checkpoint, r["ids"], r["lengths"]).numpy()
         np.testing.assert_allclose(answer["logprobs"], expected, atol=ATOL)
     endpoint = teacher.server.server
@@ -108,7 +110,8 @@ def test_answers_are_bit_identical_batched_or_alone_and_metrics_add_up(teacher: 
         errors: list[str] = []
         callers = 6
 
-        def caller(c: int) -> None:
+        def caller(c: int, order: list[int] = order, got: dict[int, dict[str, np.ndarray]] = got,
+                   errors: list[str] = errors, callers: int = callers) -> None:  # bound: this round's
             try:
                 for i in order[c::callers]:
                     got[i] = _infer(teacher, reqs[i], f"caller-{c}")

@@ -90,7 +90,8 @@ def test_routing_and_concurrent_multi_teacher_order(two_teachers: tuple[Path, Te
         assert client.resolve("code") == MATH.key and client.resolve("some_agent") == CHAT.key
         ids, lengths = batch(1, rows=9)
         agents = ["math", "chat", "code", "unlisted_agent", "math", "chat", "code", "math", "chat"]
-        expected = np.stack([shifted(ids[i:i + 1], lengths[i:i + 1], 100.0 if a in ("chat", "unlisted_agent") else 0.0)[0]
+        expected = np.stack([shifted(ids[i:i + 1], lengths[i:i + 1],
+                                     100.0 if a in ("chat", "unlisted_agent") else 0.0)[0]
                              for i, a in enumerate(agents)])
         # Each teacher's call waits in its group until the other teacher's call is there too: only
         # calls in flight at the same time get through (one after the other, the first times out).
@@ -98,7 +99,8 @@ def test_routing_and_concurrent_multi_teacher_order(two_teachers: tuple[Path, Te
         math.group.hold = chat.group.hold = both_in_a_call.wait
         try:
             for _ in range(2):  # the first call also connects
-                out = client.get_logprobs_by_agent({"input_ids": torch.from_numpy(ids), "input_lengths": torch.from_numpy(lengths)}, agents)
+                out = client.get_logprobs_by_agent({"input_ids": torch.from_numpy(ids),
+                                                    "input_lengths": torch.from_numpy(lengths)}, agents)
                 assert out["logprobs"].dtype == torch.float32 and out["logprobs"].shape == ids.shape
                 np.testing.assert_array_equal(out["logprobs"].numpy(), expected)
             topk = client.get_logprobs_by_agent({"input_ids": ids, "input_lengths": lengths}, agents, top_k=3)
@@ -119,9 +121,9 @@ def test_routing_and_concurrent_multi_teacher_order(two_teachers: tuple[Path, Te
 
 def test_strict_routing_refuses_unknown_agents(tmp_path: Path) -> None:
     layout, _ = make_run(tmp_path, [MATH, CHAT], default_alias="chat", strict=True)
-    with podium.connect(layout.rendezvous_path) as client:
-        with pytest.raises(RoutingError, match="'unlisted' has no teacher and strict"):
-            client.get_logprobs("unlisted", {"input_ids": [[1]], "input_lengths": [1]})
+    with podium.connect(layout.rendezvous_path) as client, \
+            pytest.raises(RoutingError, match="'unlisted' has no teacher and strict"):
+        client.get_logprobs("unlisted", {"input_ids": [[1]], "input_lengths": [1]})
 
 
 def test_facade_has_nemo_rl_shape(two_teachers: tuple[Path, Teacher, Teacher]) -> None:
@@ -248,7 +250,7 @@ def test_timeout_says_which_teacher_generation_and_what_was_seen(tmp_path: Path)
     writer = RecordWriter(layout.endpoint_path(MATH.name, MATH.key), teacher_key=MATH.key, teacher_name="math",
                           generation=Generation(1000, 1))
     writer.publish(Status.FAILED, reason="checkpoint not found: /ckpt/x")
-    with pytest.raises(TeacherFailedError, match="'math' .* generation 1000:1 failed: checkpoint not found"):
+    with pytest.raises(TeacherFailedError, match=r"'math' .* generation 1000:1 failed: checkpoint not found"):
         client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
     client.close()
 
@@ -330,7 +332,7 @@ def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any,
         client = podium.connect(layout.rendezvous_path, **FAST)
         info = client.check_tokenizer("code", teacher_tok, vocab_size=64)
         assert info["tokenizer_fingerprint"] == fp
-        with pytest.raises(TokenizerMismatchError, match="'math' .*generation 1000:0: tokenizer fingerprint"):
+        with pytest.raises(TokenizerMismatchError, match=r"'math' .*generation 1000:0: tokenizer fingerprint"):
             client.check_tokenizer("code", other_tok)
         with pytest.raises(TokenizerMismatchError, match="vocab size 64 != trainer's vocab size 65"):
             client.check_tokenizer("code", teacher_tok, vocab_size=65)
@@ -346,7 +348,8 @@ def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any,
         teacher.stop()
 
 
-def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
+def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path,
+                                                                      tokenizers: tuple[Any, Any, Path]) -> None:
     """The launcher's lifecycle around a served group: the one publisher of the endpoint record."""
     teacher_tok, _, saved = tokenizers
     layout, token = make_run(tmp_path, [MATH], default_alias="math")
@@ -402,7 +405,8 @@ def test_importing_the_client_stays_light() -> None:
 
     code = ("import sys, podium; assert callable(podium.connect); heavy = {'torch', 'ray', 'megatron', 'aiohttp'}; "
             "assert not heavy & set(sys.modules), heavy & set(sys.modules); import podium.client; "
-            "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), {'torch', 'ray', 'megatron'} & set(sys.modules)")
+            "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), "
+            "{'torch', 'ray', 'megatron'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
@@ -529,9 +533,9 @@ def test_a_5xx_from_the_same_generation_is_raised_not_retried(tmp_path: Path, ex
     layout, token = make_run(tmp_path, [MATH], default_alias="math")
     teacher = Teacher(BreakingGroup(), layout, MATH, token).start()
     try:
-        with podium.connect(layout.rendezvous_path, **FAST) as client:
-            with pytest.raises(TeacherServerError) as info:
-                client.get_logprobs("math", {"input_ids": [[13, 4]], "input_lengths": [2]})
+        with podium.connect(layout.rendezvous_path, **FAST) as client, \
+                pytest.raises(TeacherServerError) as info:
+            client.get_logprobs("math", {"input_ids": [[13, 4]], "input_lengths": [2]})
         text = str(info.value)
         assert "'math' (a1a1a1a1a1a1) (generation 1000:0) failed: HTTP 500" in text and "worker 3 died" in text
         assert [status for *_, status in exchanges] == [500]  # once: the same generation would fail it again

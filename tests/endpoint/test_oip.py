@@ -55,12 +55,14 @@ def test_json_nested_data_and_binary_output_default() -> None:
 
 
 @pytest.mark.parametrize(
-    "header, binary, header_len, message",
+    ("header", "binary", "header_len", "message"),
     [
-        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1, 2, 3]}]}, b"", None, "needs 2 values"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1, 2, 3]}]}, b"", None,
+         "needs 2 values"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1.5, 2]}]}, b"", None, "non-integer"),
         ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [2**40]}]}, b"", None, "do not fit"),
-        ({"inputs": [{"name": "a", "datatype": "STRING", "shape": [1], "data": [1]}]}, b"", None, "unsupported datatype"),
+        ({"inputs": [{"name": "a", "datatype": "STRING", "shape": [1], "data": [1]}]}, b"", None,
+         "unsupported datatype"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": "2", "data": [1]}]}, b"", None, "shape must be"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2]}]}, b"", None, "neither"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "parameters": {"binary_data_size": 8}}]},
@@ -70,7 +72,8 @@ def test_json_nested_data_and_binary_output_default() -> None:
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "parameters": {"binary_data_size": 8}}]},
          b"\0" * 12, 0, "add up to 8"),
         ({"outputs": []}, b"", None, "no 'inputs'"),
-        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3]]}]}, b"", None, "regular"),
+        ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3]]}]}, b"", None,
+         "regular"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [[1]]}]}, b"", None,
          r"data nests deeper than its shape \[1\]"),
         ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1] * 65, "data": [1]}]}, b"", None,
@@ -92,7 +95,8 @@ def test_malformed_requests(header: dict, binary: bytes, header_len, message: st
 
 
 def test_deep_nesting_is_a_400_not_a_recursion_error() -> None:
-    deep = b'{"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": ' + b"[" * 10_000 + b"]" * 10_000 + b"}]}"
+    deep = (b'{"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": '
+            + b"[" * 10_000 + b"]" * 10_000 + b"}]}")
     with pytest.raises(oip.OIPError, match="nesting too deep") as info:
         oip.decode_request(deep)
     assert info.value.status == 400

@@ -98,21 +98,25 @@ def test_tritonclient_matches_the_oracle(run: tuple[Path, Teacher], tiny_llama_c
     lengths = batch["input_lengths"].numpy().astype(np.int32)  # INT32 lengths are accepted too
     auth = {"Authorization": f"Bearer {teacher.token}"}
     client = triton.InferenceServerClient(teacher.url.split("//", 1)[1])
-    assert client.is_server_live() and client.is_server_ready(headers=auth) and client.is_model_ready("llama", headers=auth)
+    assert client.is_server_live() and client.is_server_ready(headers=auth)
+    assert client.is_model_ready("llama", headers=auth)
     meta = client.get_model_metadata("llama", headers=auth)
     assert meta["podium"]["vocab_size"] == 256 and meta["podium"]["teacher_key"] == LLAMA.key
-    inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"), triton.InferInput("input_lengths", [3], "INT32")]
+    inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+              triton.InferInput("input_lengths", [3], "INT32")]
     inputs[0].set_data_from_numpy(ids, binary_data=binary)
     inputs[1].set_data_from_numpy(lengths, binary_data=binary)
-    outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("logprobs", "topk_logprobs", "topk_indices")]
-    result = client.infer("llama", inputs, outputs=outputs, headers=auth, parameters={"top_k": 3}, request_id="triton-1")
+    outputs = [triton.InferRequestedOutput(name, binary_data=binary)
+               for name in ("logprobs", "topk_logprobs", "topk_indices")]
+    result = client.infer("llama", inputs, outputs=outputs, headers=auth, parameters={"top_k": 3},
+                          request_id="triton-1")
     assert result.get_response()["id"] == "triton-1"
     np.testing.assert_allclose(result.as_numpy("logprobs"), oracle(tiny_llama_checkpoint, ids, lengths), atol=ATOL)
     check_topk(tiny_llama_checkpoint, ids, lengths, result.as_numpy("topk_logprobs"), result.as_numpy("topk_indices"))
     client.close()
 
 
-@pytest.mark.parametrize("binary, values, indices", [
+@pytest.mark.parametrize(("binary", "values", "indices"), [
     (True, "FP32", "INT64"), (False, "FP32", "INT64"), (True, "BF16", "INT32"),
     (False, "BF16", "INT64"),  # a JSON client still gets BF16 as binary data (JSON has no bfloat16)
 ], ids=["binary", "json", "bf16-int32", "json-bf16"])
@@ -129,7 +133,8 @@ def test_topk_logits_and_candidate_logprobs_match_the_oracle(run: tuple[Path, Te
     # bfloat16 keeps 8 significant bits: the oracle's value rounded, within one step of it
     atol = ATOL if values == "FP32" else float(ref_vals.abs().max()) * 2 ** -8
     with podium.connect(path, binary=binary, **FAST) as client:
-        top = client.get_topk_logits("math", batch, k=8, temperature=0.8, values_datatype=values, indices_datatype=indices)
+        top = client.get_topk_logits("math", batch, k=8, temperature=0.8, values_datatype=values,
+                                     indices_datatype=indices)
         assert top["topk_logits"].dtype == torch.float32 and top["topk_indices"].dtype == torch.int64
         assert tuple(top["topk_logits"].shape) == (4, 14, 8)
         np.testing.assert_allclose(top["topk_logits"][valid].numpy(), ref_vals[valid].numpy(), atol=atol)
@@ -156,8 +161,8 @@ def test_k_out_of_range_is_refused_and_the_teacher_keeps_serving(run: tuple[Path
 def test_every_bad_request_gets_its_4xx_then_a_good_one_succeeds(run: tuple[Path, Teacher], llama_group: Any,
                                                                  tiny_llama_checkpoint: Path) -> None:
     _, teacher = run
-    check_bad_requests_then_good(teacher.url, "llama", teacher.token, 256, int(llama_group.max_sequence_length), MAX_BODY,
-                                 lambda ids, lens: oracle(tiny_llama_checkpoint, ids, lens))
+    check_bad_requests_then_good(teacher.url, "llama", teacher.token, 256, int(llama_group.max_sequence_length),
+                                 MAX_BODY, lambda ids, lens: oracle(tiny_llama_checkpoint, ids, lens))
 
 
 def test_auth_on_the_real_teacher(run: tuple[Path, Teacher]) -> None:

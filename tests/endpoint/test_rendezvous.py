@@ -71,7 +71,7 @@ def test_token_readable_by_others_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "auth_token"
     create_token(path)
     os.chmod(path, 0o644)
-    with pytest.raises(FileReadError, match="0644.*chmod 600"):
+    with pytest.raises(FileReadError, match=r"0644.*chmod 600"):
         read_token(path)
 
 
@@ -89,7 +89,7 @@ def test_rendezvous_roundtrip_and_routing(tmp_path: Path) -> None:
     assert back.resolve("code") == "aaaa11112222"
     assert back.resolve("some_other_agent") == "bbbb33334444"  # default alias
     strict = build_rendezvous("r", teachers, layout=layout, default_alias="chat", strict=True)
-    with pytest.raises(RoutingError, match="'some_other_agent' has no teacher and strict.*code, math"):
+    with pytest.raises(RoutingError, match=r"'some_other_agent' has no teacher and strict.*code, math"):
         strict.resolve("some_other_agent")
     no_default = build_rendezvous("r", teachers, layout=layout)
     with pytest.raises(RoutingError, match="no default alias"):
@@ -104,7 +104,7 @@ def test_stale_generation_writer_does_not_overwrite(tmp_path: Path) -> None:
     old.publish(Status.READY, url="http://127.0.0.1:23001")
     new = _writer(path, Generation(500, 1))
     new.publish(Status.LOADING)
-    with pytest.raises(StaleGenerationError, match="500:0 must not overwrite .* 500:1"):
+    with pytest.raises(StaleGenerationError, match=r"500:0 must not overwrite .* 500:1"):
         old.publish(Status.DRAINING)
     with pytest.raises(StaleGenerationError):
         old.heartbeat()
@@ -164,7 +164,7 @@ def test_heartbeat_refreshes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "content, kind, detail",
+    ("content", "kind", "detail"),
     [
         (None, "missing", "no such file"),
         (b"", "corrupt", "empty file"),
@@ -191,7 +191,7 @@ def test_truncated_record_heals_when_rewritten(tmp_path: Path) -> None:
     writer.publish(Status.READY, url="http://x")
     full = path.read_bytes()
     path.write_bytes(full[: len(full) // 2])  # what a non-atomic writer or a crashed copy leaves
-    with pytest.raises(FileReadError, match="endpoint.json: corrupt"):
+    with pytest.raises(FileReadError, match=r"endpoint.json: corrupt"):
         read_record(path)
     writer.heartbeat()  # the owner's next write replaces it whole
     assert read_record(path).url == "http://x"
@@ -246,8 +246,8 @@ def test_concurrent_writers_and_readers_processes(tmp_path: Path) -> None:
     done = tmp_path / "writers_done"
     oks = [tmp_path / f"reader{k}.ok" for k in range(3)]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    readers = [subprocess.Popen([sys.executable, str(WORKER), "read", str(done), str(ok), str(MIN_CHANGES), *map(str, paths)],
-                                stdout=subprocess.PIPE, text=True, env=env) for ok in oks]
+    readers = [subprocess.Popen([sys.executable, str(WORKER), "read", str(done), str(ok), str(MIN_CHANGES),
+                                 *map(str, paths)], stdout=subprocess.PIPE, text=True, env=env) for ok in oks]
     writers = [subprocess.Popen([sys.executable, str(WORKER), "write", str(p), str(20 + i), "200", *map(str, oks)],
                                 stdout=subprocess.PIPE, text=True, env=env) for i, p in enumerate(paths)]
 

@@ -89,7 +89,7 @@ def test_rendezvous_lists_every_replica_and_the_first_is_the_endpoint(replicas) 
 def test_concurrent_calls_go_to_the_replica_with_fewest_outstanding(replicas) -> None:
     path, started = replicas
     gates = [Gate(), Gate()]
-    for teacher, gate in zip(started, gates):
+    for teacher, gate in zip(started, gates, strict=True):
         teacher.group.hold = gate
     with podium.connect(path, **FAST) as client:
         results: list[np.ndarray] = []
@@ -98,7 +98,7 @@ def test_concurrent_calls_go_to_the_replica_with_fewest_outstanding(replicas) ->
         # one at a time into the client, each held at its server: each picks the replica with fewer in flight
         for n, thread in enumerate(threads, start=1):
             thread.start()
-            until(lambda: sum(in_flight(t) for t in started) == n, what=f"call {n} at a server")
+            until(lambda n=n: sum(in_flight(t) for t in started) == n, what=f"call {n} at a server")
         assert [in_flight(t) for t in started] == [2, 2]
         for gate in gates:
             gate.release(2)

@@ -45,7 +45,8 @@ def binary_body(ids: np.ndarray, lengths: np.ndarray, *, sizes: tuple[int, int] 
     sa, sb = sizes or (len(a), len(b))
     head = json.dumps({"inputs": [
         {"name": "input_ids", "datatype": "INT64", "shape": list(ids.shape), "parameters": {"binary_data_size": sa}},
-        {"name": "input_lengths", "datatype": "INT64", "shape": list(lengths.shape), "parameters": {"binary_data_size": sb}},
+        {"name": "input_lengths", "datatype": "INT64", "shape": list(lengths.shape),
+         "parameters": {"binary_data_size": sb}},
     ], "outputs": [{"name": "logprobs", "parameters": {"binary_data": True}}]}).encode()
     return head + a + b + trailing, len(head)
 
@@ -74,7 +75,7 @@ def declared_body(shape: list[int], size: int, payload: bytes) -> tuple[bytes, i
 def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str, str, dict, bytes, int, str]]:
     """(case, method, path suffix, headers, body, status, message) for every kind of bad request."""
     ok_ids, ok_lens = GOOD_IDS, GOOD_LENS
-    bin_ok, hl = binary_body(ok_ids, ok_lens)
+    bin_ok, _ = binary_body(ok_ids, ok_lens)
     bad_sizes, hl_bad = binary_body(ok_ids, ok_lens, sizes=(8, 16))
     trailing, hl_tr = binary_body(ok_ids, ok_lens, trailing=b"\0" * 8)
     short, hl_short = binary_body(ok_ids, ok_lens)
@@ -85,7 +86,8 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
     hdr = "Inference-Header-Content-Length"
     infer = "/infer"
     return [
-        ("unknown model", "POST", "/v2/models/nope/infer", {}, infer_body(ok_ids, ok_lens), 404, "unknown model 'nope'"),
+        ("unknown model", "POST", "/v2/models/nope/infer", {}, infer_body(ok_ids, ok_lens), 404,
+         "unknown model 'nope'"),
         ("unknown version", "POST", "/versions/7/infer", {}, infer_body(ok_ids, ok_lens), 404, "no version '7'"),
         ("wrong datatype", "POST", infer, {}, infer_body(ok_ids.astype(float), ok_lens, id_type="FP32"), 400,
          "datatype FP32 not accepted"),
@@ -110,7 +112,8 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
             {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [1]}]}).encode(), 400,
          "missing input 'input_lengths'"),
         ("unknown input", "POST", infer, {}, json.dumps({"inputs": [
-            {"name": "foo", "datatype": "INT64", "shape": [1], "data": [1]}]}).encode(), 400, "unknown input(s) ['foo']"),
+            {"name": "foo", "datatype": "INT64", "shape": [1], "data": [1]}]}).encode(), 400,
+         "unknown input(s) ['foo']"),
         ("non-integer data", "POST", infer, {}, json.dumps({"inputs": [
             {"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1.5, 2]},
             {"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}]}).encode(), 400, "non-integer"),
@@ -130,8 +133,8 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
          "'micro_batch_size' = 0"),
         ("unknown output", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "logits"}]), 400,
          "unknown output(s) ['logits']"),
-        ("top-k output without top_k", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_indices"}]),
-         400, "need the request parameter 'top_k'"),
+        ("top-k output without top_k", "POST", infer, {},
+         infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_indices"}]), 400, "need the request parameter 'top_k'"),
         ("topk_logits without top_k", "POST", infer, {}, infer_body(ok_ids, ok_lens, outputs=[{"name": "topk_logits"}]),
          400, "need the request parameter 'top_k'"),
         ("temperature zero", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"temperature": 0}), 400,
@@ -141,8 +144,9 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
         ("values datatype unknown", "POST", infer, {},
          infer_body(ok_ids, ok_lens, parameters={"top_k": 2, "values_datatype": "FP16"}), 400,
          "'values_datatype' must be one of FP32, BF16, got 'FP16'"),
-        ("BF16 asked in JSON", "POST", infer, {}, infer_body(ok_ids, ok_lens, parameters={"top_k": 2, "values_datatype": "BF16"},
-                                                             outputs=[{"name": "topk_logits"}]), 400,
+        ("BF16 asked in JSON", "POST", infer, {},
+         infer_body(ok_ids, ok_lens, parameters={"top_k": 2, "values_datatype": "BF16"},
+                    outputs=[{"name": "topk_logits"}]), 400,
          "values_datatype=BF16 travels only as binary data"),
         ("candidate logprobs without candidates", "POST", infer, {},
          infer_body(ok_ids, ok_lens, outputs=[{"name": "candidate_logprobs"}]), 400, "needs the input 'candidate_ids'"),
@@ -154,7 +158,8 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
         ("candidate outside vocab", "POST", infer, {}, json_tensors(
             {"datatype": "INT64", "shape": [2, 4], "data": ok_ids.ravel().tolist()},
             {"datatype": "INT64", "shape": [2], "data": ok_lens.tolist()},
-            more=({"name": "candidate_ids", "datatype": "INT64", "shape": [2, 4, 1], "data": [1, vocab] + [1] * 6},)), 400,
+            more=({"name": "candidate_ids", "datatype": "INT64", "shape": [2, 4, 1],
+                   "data": [1, vocab] + [1] * 6},)), 400,
          f"candidate_ids outside the vocabulary: candidate_ids[0, 1, 0] = {vocab}"),
         ("body over the limit", "POST", infer, {}, b"{" + b" " * (max_body + 10) + b"}", 413,
          f"larger than the limit of {max_body} bytes"),
@@ -167,8 +172,8 @@ def bad_requests(vocab: int, max_len: int, max_body: int) -> list[tuple[str, str
         ("shape product past the body", "POST", infer, {},
          json_tensors({"datatype": "INT64", "shape": [2**40, 2**40], "data": [1]}), 400,
          f"'input_ids': shape [{2**40}, {2**40}] has {2**80} elements, more than the"),
-        ("shape past int64", "POST", infer, {}, json_tensors({"datatype": "INT64", "shape": [0, 2**70], "data": []}), 400,
-         "more than the"),
+        ("shape past int64", "POST", infer, {}, json_tensors({"datatype": "INT64", "shape": [0, 2**70], "data": []}),
+         400, "more than the"),
         ("10 GB declared, 64 bytes sent", "POST", infer, {hdr: str(hl_10g)}, ten_gb, 400,
          "'input_ids': shape [1, 1342177280] has 1342177280 elements, more than the"),
         ("binary body shorter than declared", "POST", infer, {hdr: str(hl_short)}, short, 400,
@@ -273,12 +278,14 @@ def test_request_id_is_echoed(served: Teacher) -> None:
     url = f"{served.url}/v2/models/math/infer"
     resp = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS, id="req-42"), headers=headers, timeout=10)
     assert resp.json()["id"] == "req-42" and resp.headers["X-Request-ID"] == "req-42"
-    resp = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers={**headers, "X-Request-ID": "hdr-7"}, timeout=10)
+    resp = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers={**headers, "X-Request-ID": "hdr-7"},
+                         timeout=10)
     assert resp.headers["X-Request-ID"] == "hdr-7"
     bad = requests.post(url, data=b"{", headers={**headers, "X-Request-ID": "bad-1"}, timeout=10)
     assert bad.status_code == 400 and bad.headers["X-Request-ID"] == "bad-1"
     assert resp.headers["X-Podium-Generation"] == "1000:0"
-    assert len(requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=10).headers["X-Request-ID"]) >= 16
+    generated = requests.post(url, data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=10)
+    assert len(generated.headers["X-Request-ID"]) >= 16
 
 
 def test_padding_values_do_not_matter() -> None:
@@ -400,7 +407,7 @@ def test_requests_queue_in_order_behind_a_busy_group_and_none_is_dropped(batch_r
             if i == 0:
                 group.wait_for_calls(1)  # request 0 is in the group, held there
             # request i is queued (0 runs, 1..i wait) before request i + 1 is sent: arrival order 0, 1, 2, ...
-            _wait_until(lambda: endpoint.queue_depth == i + 1 or errors, f"request {i} in the queue")
+            _wait_until(lambda i=i: endpoint.queue_depth == i + 1 or errors, f"request {i} in the queue")
             assert not errors, errors
         # health probes answer while the group is provably busy: call 0 is held, the rest queued
         assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
@@ -445,7 +452,8 @@ def test_draining_answers_503_with_retry_after_and_finishes_queued_work() -> Non
         server.drain()
         ready = requests.get(f"{server.url}/v2/health/ready", headers=headers, timeout=60)
         assert ready.status_code == 503 and "draining" in ready.json()["error"]
-        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers, timeout=60)
+        resp = requests.post(f"{server.url}/v2/models/m/infer", data=infer_body(GOOD_IDS, GOOD_LENS), headers=headers,
+                             timeout=60)
         assert resp.status_code == 503 and resp.headers["Retry-After"] == "3" and "draining" in resp.json()["error"]
         assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
         assert server.server.queue_depth == 1 and queued.is_alive()  # still held: not answered, not dropped
@@ -475,7 +483,8 @@ def test_port_collision_takes_the_next_port() -> None:
 
 def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
     class Flaky(FakeGroup):
-        def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
+        def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None,
+                         **kw: Any) -> dict:
             if int(data.input_ids[0, 0]) == 13:
                 raise RuntimeError("worker 3 died")
             if int(data.input_ids[0, 0]) == 14:
@@ -502,7 +511,8 @@ def test_config_refuses_no_token() -> None:
 
 def test_readiness_is_the_lifecycles_to_set_and_says_why_not() -> None:
     """A server answers ready only once its owner says so, and 503 names the reason otherwise."""
-    server = ServerThread(FakeGroup(), EndpointConfig(served_name="m", token="t0ken", server=ServerSettings(port_range=(23000, 23999))))
+    server = ServerThread(FakeGroup(), EndpointConfig(served_name="m", token="t0ken",
+                                                      server=ServerSettings(port_range=(23000, 23999))))
     server.start()
     headers = {"Authorization": "Bearer t0ken"}
     try:
@@ -604,7 +614,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_are_a
             threads.append(_post_in_thread(server, _tagged(i), outcome, i))
             if i == 0:
                 group.wait_for_calls(1)  # request 0 is in the group, held there
-            _wait_until(lambda: endpoint.queue_depth == i + 1 or outcome, f"request {i} in the queue")
+            _wait_until(lambda i=i: endpoint.queue_depth == i + 1 or outcome, f"request {i} in the queue")
         full = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(99), headers=AUTH, timeout=60)
         assert full.status_code == 503 and full.headers["Retry-After"] == "4"
         assert "queue is full: 3 requests queued or running (max_queue 3)" in full.json()["error"]
@@ -702,7 +712,8 @@ def test_a_failure_after_the_teacher_was_marked_not_ready_is_a_503_to_retry_else
         call.join(120)
         status, text = outcome[13]
         assert status == 503, text
-        assert "teacher 'm' is unavailable (node n2 (rank 1) lost): RuntimeError: worker 3 died" in json.loads(text)["error"]
+        error = json.loads(text)["error"]
+        assert "teacher 'm' is unavailable (node n2 (rank 1) lost): RuntimeError: worker 3 died" in error
         assert requests.get(f"{server.url}/v2/health/live", timeout=60).status_code == 200
     finally:
         gate.release(2)
