@@ -42,7 +42,7 @@ tasks have ended. Worker ranks end their Ray only once the head has finished dra
 bound), so queued requests keep their workers. Never ``ray stop``, never pkill: only the processes
 this task started, by recorded ID.
 
-Fault injection for tests: ``PODIUM_FAULTS`` (:mod:`podium.launcher.faults`).
+Fault injection for tests: ``PODIUM_FAULTS`` (:mod:`podium.faults`).
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ import time
 from pathlib import Path
 
 from podium.config.spec import TeacherSpec
+from podium.faults import faults
+from podium.fds import raise_nofile_limit
 from podium.launcher import procs
 from podium.launcher.backends import environment_for
-from podium.launcher.faults import faults
 from podium.launcher.files import TeacherFiles
 from podium.launcher.head_run import request_next, run_head
 from podium.launcher.node_run import NodeRun
@@ -88,6 +89,7 @@ def run_node(teacher_dir: str) -> None:
     signals.install()
     procs.unblock_stop_signals()  # a signal that came before now is delivered to the handler here
     procs.set_child_subreaper()
+    raise_nofile_limit()  # before Ray starts: its processes and the endpoint inherit the limit
     files = TeacherFiles(Path(teacher_dir))
     spec = TeacherSpec.read(files.spec)
     environment = environment_for(spec.launcher.cluster)

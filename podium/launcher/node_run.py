@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podium.config.spec import TeacherSpec
+from podium.faults import Faults
 from podium.launcher import procs
 from podium.launcher import ray_bootstrap as rb
 from podium.launcher.backends import JobEnvironment, NodeContext
 from podium.launcher.cleanup import sweep_temp_dirs
-from podium.launcher.faults import Faults
 from podium.launcher.files import TeacherFiles
 from podium.launcher.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
 from podium.launcher.signals import Signals

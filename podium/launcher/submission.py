@@ -23,9 +23,9 @@ from collections.abc import Iterator, Mapping
 from typing import TypeGuard
 
 from podium.config.spec import TeacherSpec
+from podium.faults import faults
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
 from podium.launcher.claims import try_claim
-from podium.launcher.faults import faults
 from podium.launcher.files import FILE_MODE, TeacherFiles
 from podium.launcher.jobs import JobRecord
 from podium.launcher.restarts import RestartLedger
@@ -33,7 +33,7 @@ from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)
 
-# Fault injection for tests (podium.launcher.faults): PODIUM_FAULTS=exit_after_submit
+# Fault injection for tests (podium.faults): PODIUM_FAULTS=exit_after_submit
 # ends `up` with os._exit(FAULT_EXIT_CODE) right after the backend returned a job id, before
 # job.json is written (what a crash, a kill or a lost login session does at the worst moment).
 FAULT_EXIT_CODE = 17

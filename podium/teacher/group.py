@@ -52,6 +52,9 @@ class GroupOptions:
     placement_timeout_s: float = 600.0
     setup_timeout_s: float | None = None
     dist_timeout_s: float = 600.0
+    # After a call raised: how long the other workers get to come back before the group counts as
+    # broken (one stuck in a collective its peers left never does).
+    failed_call_settle_s: float = 30.0
     master_port_range: tuple[int, int] | None = None
     env_vars: Mapping[str, str] = field(default_factory=dict)  # e.g. NCCL_*, GLOO_SOCKET_IFNAME
     hf_config: str | None = None  # config.json for a torch_dist checkpoint that lacks one
@@ -268,7 +271,8 @@ class TeacherWorkerGroup:
             try:
                 results = _get_first_error([f for _, _, f in futures], None)
             except Exception as exc:
-                self._broken = f"{type(exc).__name__}: {exc}"[:2000]
+                if not _workers_settled([f for _, _, f in futures], self.options.failed_call_settle_s):
+                    self._broken = f"{type(exc).__name__}: {exc}"[:2000]
                 raise
             answer: dict[str, Any] = {}
             for (d, is_output, _), out in zip(futures, results, strict=True):
@@ -352,6 +356,26 @@ def _take(array: Any, rows: Sequence[int], filler_length: bool) -> Any:
     if (index < 0).any():
         picked[index < 0] = 1 if filler_length else 0
     return np.ascontiguousarray(picked)
+
+
+def _workers_settled(futures: list[Any], settle_s: float) -> bool:
+    """After a call failed: whether the group is still whole, i.e. every worker of the call is alive
+    and finished (with its answer or its own exception) within ``settle_s``. A call that raised on
+    live workers that all came back failed alone (the next call starts afresh); a dead worker, or
+    one still stuck (in a collective its peers left), means the group is broken."""
+    import ray
+
+    _, pending = ray.wait(futures, num_returns=len(futures), timeout=settle_s)
+    if pending:
+        return False
+    for future in futures:
+        try:
+            ray.get(future)
+        except ray.exceptions.RayActorError:
+            return False
+        except Exception:  # the task's own error, on a live worker
+            pass
+    return True
 
 
 def _get_first_error(futures: list[Any], timeout: float | None) -> list[Any]:

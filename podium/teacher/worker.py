@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from podium.faults import faults
 from podium.net import find_free_port, is_loopback
 from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS
 
@@ -314,6 +315,9 @@ class TeacherWorker:
         lengths = torch.as_tensor(input_lengths, dtype=torch.long)
         cands_all = torch.as_tensor(candidate_ids, dtype=torch.long) if candidate_ids is not None else None
         batch, width = ids_all.shape
+        fail_token = faults().fail_call_token
+        if fail_token is not None and batch and int(ids_all[0, 0]) == fail_token:
+            raise RuntimeError(f"worker {self.rank}: fault injected by {faults().injected('fail_call_token')}")
         spans, start = [], 0
         for rows, seq_len in plan:
             spans.append((start, start + int(rows), int(seq_len)))

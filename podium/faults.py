@@ -18,7 +18,12 @@ key                    read by      what it does
 ``ray_start_args``     node tasks   these arguments (shell words) are appended to every node's
                                     ``ray start`` (a bad one makes it die: what the head must notice
                                     at once, and report by its log's cause)
+``fail_call_token``    workers      every rank of the teacher's group raises in a call whose first
+                                    row starts with this token id (a request whose own computation
+                                    fails, as an out-of-memory would: the group must survive it)
 =====================  ===========  ==================================================================
+
+Light (pydantic and the standard library): the launcher and the teacher's workers both read it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Faults(BaseModel):
     fail_node_rank: int | None = Field(default=None, ge=0)
     delay_start_s: float = Field(default=0.0, ge=0)
     ray_start_args: str = ""
+    fail_call_token: int | None = Field(default=None, ge=0)
 
     def injected(self, key: str) -> str:
         """How logs and errors name one injected fault: ``PODIUM_FAULTS fail_node_rank=1``."""
