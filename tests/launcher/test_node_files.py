@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from podium.launcher.cleanup import node_records
 from podium.faults import Faults, faults, parse_faults
+from podium.launcher.cleanup import node_records
 from podium.launcher.files import TeacherFiles
 from podium.launcher.node_files import (
     DONE_STATES,
