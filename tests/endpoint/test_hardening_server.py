@@ -25,6 +25,7 @@ import pytest
 import requests
 import torch
 from harness.fake_group import FakeGroup, Gate, fake_logprobs
+from harness.infer_requests import binary_body, infer_body
 
 from podium.config.launcher import ServerSettings
 from podium.protocol.names import (
@@ -35,8 +36,6 @@ from podium.protocol.names import (
     ERROR_REQUEST_FAILED,
 )
 from podium.teacher.endpoint import EndpointConfig, ServerThread
-
-from .test_server import binary_body, infer_body
 
 AUTH = {"Authorization": "Bearer t0ken"}
 

@@ -23,6 +23,7 @@ import pytest
 import requests
 import torch
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
+from harness.infer_requests import MAX_BODY, check_bad_requests_then_good
 from harness.lifecycle import Teacher
 from harness.poll import wait_for
 from harness.run import LLAMA, QWEN, make_run
@@ -32,8 +33,6 @@ from podium.client import BatchError
 from podium.client.errors import TeacherRequestError
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.rendezvous import Generation
-
-from .test_server import MAX_BODY, check_bad_requests_then_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
