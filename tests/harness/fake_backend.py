@@ -5,12 +5,14 @@ it as it holds the real one) over a :class:`FakeJobs` the test reads and changes
 Submitting (``podium.launcher.submission.submit``, patched) numbers jobs from 100 and enters them in
 ``jobs`` with the state asked for; ``states`` answers from ``jobs``; ``find_live`` lists the
 ``unrecorded`` jobs (the scheduler runs them, no ``job.json`` names them) that are ``RUNNING``;
-``cancel`` records the job and marks it ``CANCELLED``. The real cluster: ``tests/integration/``.
+``cancel`` records the job and marks it ``CANCELLED``; each ``states`` query is timed in ``queries``.
+The real cluster: ``tests/integration/``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ class FakeJobs:
     submitted: list[str] = field(default_factory=list)  # job ids, in submission order
     cancelled: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)  # jobs that find_live reports while RUNNING
+    queries: list[float] = field(default_factory=list)  # time.monotonic() of each states() query
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # submissions number jobs under it
 
 
 class FakeScheduler(SlurmScheduler):
@@ -46,6 +50,7 @@ class FakeScheduler(SlurmScheduler):
     fake: ClassVar[FakeJobs]
 
     def states(self, jobs: Sequence[JobRecord]) -> dict[str, JobState]:
+        self.fake.queries.append(time.monotonic())
         known = self.fake.jobs
         return {r.job_id: JobState(r.job_id, known[r.job_id]) for r in jobs if r.job_id in known}
 
@@ -68,9 +73,10 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, *, state: str = "RUNNING",
     def submit(spec: TeacherSpec, files: TeacherFiles) -> str:
         if submit_delay_s:
             time.sleep(submit_delay_s)
-        job_id = str(FIRST_JOB_ID + len(fake.submitted))
-        fake.submitted.append(job_id)
-        fake.jobs[job_id] = state
+        with fake.lock:
+            job_id = str(FIRST_JOB_ID + len(fake.submitted))
+            fake.submitted.append(job_id)
+            fake.jobs[job_id] = state
         return job_id
 
     scheduler = type("FakeSlurm", (FakeScheduler,), {"fake": fake})
