@@ -67,10 +67,11 @@ RETRY_AFTER = "Retry-After"
 # What kind of failure an error answer is (the client's retry rule reads it, never the text):
 ERROR_KIND_HEADER = "X-Podium-Error-Kind"
 ERROR_REQUEST_FAILED = "request-failed"  # 500: this request's own computation failed; retried nowhere
-ERROR_GROUP_BROKEN = "group-broken"  # 503: the group can serve no more; the next generation can
+ERROR_GROUP_BROKEN = "group-broken"  # 503: the group broke under this request; the next generation can
+ERROR_UNAVAILABLE = "unavailable"  # 503: not computed (starting, draining, broken before it came): elsewhere
 ERROR_QUEUE_FULL = "queue-full"  # 503 + Retry-After: try later (or another replica)
 ERROR_REFUSED = "refused"  # 4xx: the request itself is refused (malformed, over a bound); retried nowhere
-ERROR_KINDS = (ERROR_REQUEST_FAILED, ERROR_GROUP_BROKEN, ERROR_QUEUE_FULL, ERROR_REFUSED)
+ERROR_KINDS = (ERROR_REQUEST_FAILED, ERROR_GROUP_BROKEN, ERROR_UNAVAILABLE, ERROR_QUEUE_FULL, ERROR_REFUSED)
 
 # Routes.
 HEALTH_LIVE = "/v2/health/live"

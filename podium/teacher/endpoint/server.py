@@ -36,6 +36,7 @@ from podium.protocol.names import (
     ERROR_GROUP_BROKEN,
     ERROR_KIND_HEADER,
     ERROR_QUEUE_FULL,
+    ERROR_UNAVAILABLE,
     HEALTH_LIVE,
     HEALTH_READY,
     METRICS,
@@ -267,9 +268,8 @@ class EndpointServer:
     def _not_ready(self) -> RequestError:
         why = self._why_not_ready()
         what = "draining" if why == "draining" else f"not ready ({why})"
-        headers = self._retry_after()
-        if self.broken is not None:
-            headers[ERROR_KIND_HEADER] = ERROR_GROUP_BROKEN
+        # Never computed: the client goes elsewhere and counts no crash against this request.
+        headers = {**self._retry_after(), ERROR_KIND_HEADER: ERROR_UNAVAILABLE}
         return RequestError(503, f"teacher {self.config.served_name!r} is {what}", headers)
 
     def _queue_full(self, what: str) -> RequestError:
