@@ -1,5 +1,6 @@
 """Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints, NeMo RL recipes,
-a machine without CUDA (on a GPU node too).
+a machine without CUDA (on a GPU node too), the real teacher groups and tokenizers the client,
+NeMo RL and endpoint tests share.
 
 Each lives in its own module under tests/fixtures/ and is registered here as a pytest plugin.
 Under CI (``CI=true``) a skip is a failure, at collection too (``fixtures.ci_rules``): a missing
@@ -15,4 +16,6 @@ pytest_plugins = [
     "fixtures.checkpoints",
     "fixtures.recipes",
     "fixtures.devices",
+    "fixtures.groups",
+    "fixtures.tokenizers",
 ]

@@ -119,3 +119,18 @@ def test_a_trainer_without_the_extras_connects_and_gets_numpy_logprobs(tmp_path:
     np.testing.assert_array_equal(np.load(out / "topk_indices.npy"), (np.arange(2) + sent[:, :, None]) % 128)
     np.testing.assert_array_equal(np.load(out / "topk_logprobs.npy"), np.broadcast_to(-np.arange(2.0), (4, 12, 2)))
     assert int(np.load(out / "data_parallel.npy")) == 3
+
+
+def test_importing_the_client_stays_light() -> None:
+    """``import podium`` and ``import podium.client`` pull neither torch nor ray (trainer login nodes, CLIs)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, podium; assert callable(podium.connect); heavy = {'torch', 'ray', 'megatron', 'aiohttp'}; "
+            "assert not heavy & set(sys.modules), heavy & set(sys.modules); import podium.client; "
+            "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), "
+            "{'torch', 'ray', 'megatron'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+# --------------------------------------------------------------------------- deadlines and retry rules

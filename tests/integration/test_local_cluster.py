@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from endpoint.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from harness.cli import podium_cli
+from harness.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from harness.recipes import RAY_PORTS
 from omegaconf import OmegaConf
 

@@ -1,7 +1,7 @@
 """podium.nemo_rl logic that needs no teacher: the batch keys a NeMo RL batch carries, the
 sharding NeMo RL reads, what a pickled facade carries, the wiring's errors, and the classic
 distillation recipe planned as NeMo RL ships it. The same facades against a real teacher:
-``tests/endpoint/test_nemo_rl_dropin.py``."""
+``tests/nemo_rl/test_dropin.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How rows become micro-batches and group calls, as pure logic (no processes): length buckets,
 the token budget, DP balance and lockstep, and the scheduler's calls (fair turns, splitting, rows
 back to their own request). The real group and endpoint run the same code in
-``tests/endpoint/test_batching.py``."""
+``tests/teacher/test_endpoint_batching.py``."""
 
 from __future__ import annotations
 

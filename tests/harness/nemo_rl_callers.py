@@ -3,7 +3,7 @@
 NeMo RL itself is not installed in CI (it needs CUDA builds and vLLM); these functions make the
 same calls on the teacher objects, in the same order, with the same arguments and the same
 handling of the results, as the upstream lines each one cites. They are written from reading that
-code, not copied from it. ``tests/endpoint/test_nemo_rl_dropin.py`` runs them against podium's
+code, not copied from it. ``tests/nemo_rl/test_dropin.py`` runs them against podium's
 facades on real teachers.
 """
 

@@ -9,7 +9,7 @@ a small token budget so that requests are split across micro-batches and calls:
 - ``/metrics`` parses with Prometheus' own parser and its counters add up to what was sent.
 
 The fairness, splitting and ordering rules themselves are tested as logic in
-``tests/unit/test_scheduling.py`` and against the endpoint with a stand-in group in
+``tests/teacher/test_scheduler.py`` and against the endpoint with a stand-in group in
 ``test_server.py``.
 """
 

@@ -27,14 +27,13 @@ import pytest
 import torch
 from fixtures.checkpoints import hf_oracle_logits, hf_oracle_logprobs, random_batch
 from harness.lifecycle import Teacher
+from harness.nemo_rl_callers import Timer, TrajectoryCollector, distillation_step, pad_to_multiple, readiness_refs
 from harness.run import LLAMA, QWEN, TeacherDef, make_run
 from omegaconf import OmegaConf
 
 import podium.nemo_rl as pnr
 from podium.client.options import ClientOptions
 from podium.rendezvous import Generation
-
-from .nemo_rl_callers import Timer, TrajectoryCollector, distillation_step, pad_to_multiple, readiness_refs
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import rdv_worker  # its folder is on sys.path: it is this test's
 
 from podium.rendezvous import (
     FileReadError,
@@ -32,8 +33,6 @@ from podium.rendezvous import (
     write_rendezvous,
 )
 from podium.rendezvous.atomic import file_mode
-
-from . import rdv_worker
 
 WORKER = Path(rdv_worker.__file__)
 

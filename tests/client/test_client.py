@@ -31,13 +31,6 @@ from podium.client import (
     tokenizer_fingerprint,
 )
 from podium.client.transport import HTTPTransport
-from podium.config.launcher import TeacherLauncherSettings
-from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.lifecycle import TeacherLifecycle
-from podium.launcher.restarts import Decision, RestartLedger
-from podium.launcher.signals import Signals
-from podium.launcher.stop_request import request_stop
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.protocol.tokenizer import fingerprint_from_pretrained
 from podium.rendezvous import Generation, RecordWriter, RoutingError, Status, read_record
@@ -301,24 +294,6 @@ def test_stale_record_is_not_used_even_if_its_url_answers(tmp_path: Path) -> Non
         teacher.stop()
 
 
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    def make(words: list[str]) -> Any:
-        vocab = {w: i for i, w in enumerate(words)}
-        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-
-    teacher_tok = make(["[UNK]"] + [f"w{i}" for i in range(60)])
-    other_tok = make(["[UNK]"] + [f"w{i}" for i in range(59)] + ["different"])
-    saved = tmp_path_factory.mktemp("tok")
-    teacher_tok.save_pretrained(str(saved))
-    return teacher_tok, other_tok, saved
-
-
 def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any, Path]) -> None:
     teacher_tok, other_tok, saved = tokenizers
     fp = tokenizer_fingerprint(teacher_tok)
@@ -348,69 +323,7 @@ def test_tokenizer_fingerprint_check(tmp_path: Path, tokenizers: tuple[Any, Any,
         teacher.stop()
 
 
-def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path,
-                                                                      tokenizers: tuple[Any, Any, Path]) -> None:
-    """The launcher's lifecycle around a served group: the one publisher of the endpoint record."""
-    teacher_tok, _, saved = tokenizers
-    layout, token = make_run(tmp_path, [MATH], default_alias="math")
-    server = {"heartbeat_s": 0.1, "stale_after_s": 5, "port_range": [23000, 23999]}
-    spec = TeacherSpec(key=MATH.key, name=MATH.name, aliases=MATH.aliases, model_name=str(saved), num_nodes=1,
-                       gpus_per_node=1, launcher=TeacherLauncherSettings.model_validate({"server": server}))
-    files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
-    signals = Signals()
-    lifecycle = TeacherLifecycle(spec, files, Generation(77, 2), signals)
-    lifecycle.publish(Status.LOADING)
-    group = FakeGroup(vocab_size=64)
-    group.checkpoint_path = str(saved)  # the lifecycle finds the tokenizer next to the checkpoint
-    urls: list[str] = []
-    thread = threading.Thread(target=lifecycle.serve, args=(group,),
-                              kwargs=dict(host="127.0.0.1", token=token, on_ready=urls.append))
-    thread.start()
-    try:
-        _wait(lambda: urls)
-        record = read_record(files.endpoint)
-        assert record.status is Status.READY and record.url == urls[0] and record.generation == Generation(77, 2)
-        assert record.model.tokenizer_fingerprint == tokenizer_fingerprint(teacher_tok)
-        assert record.stale_after_s == 5 and {"loading", "ready"} <= set(record.timings)
-        with podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST) as client:
-            out = client.get_logprobs("math", {"input_ids": [[1, 2, 3]], "input_lengths": [3]})
-            np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2, 3]], [3]))
-        beat = record.heartbeat_at
-        _wait(lambda: read_record(files.endpoint).heartbeat_at > beat)
-        # A stop request left for another (older) job does not stop this one; one for this job does.
-        request_stop(files, "76")
-        lifecycle._check_stop_file()
-        assert not signals.stop.is_set()
-        request_stop(files, "77")
-        thread.join(30)
-        assert not thread.is_alive()
-    finally:
-        signals.request_stop("test over")
-        thread.join(30)
-    assert read_record(files.endpoint).status is Status.DRAINING  # serve drained; how it ended comes next
-    lifecycle.end("stopped", signals.describe(), Decision(False, False, 0.0, "stopped"), RestartLedger())
-    final = read_record(files.endpoint)
-    assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
-    assert final.final is False and final.will_retry is False
-    assert final.timings["draining"] <= final.timings["stopped"]
-
-
 _wait = functools.partial(wait_for, timeout_s=30.0)
-
-
-def test_importing_the_client_stays_light() -> None:
-    """``import podium`` and ``import podium.client`` pull neither torch nor ray (trainer login nodes, CLIs)."""
-    import subprocess
-    import sys
-
-    code = ("import sys, podium; assert callable(podium.connect); heavy = {'torch', 'ray', 'megatron', 'aiohttp'}; "
-            "assert not heavy & set(sys.modules), heavy & set(sys.modules); import podium.client; "
-            "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), "
-            "{'torch', 'ray', 'megatron'} & set(sys.modules)")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
-
-
-# --------------------------------------------------------------------------- deadlines and retry rules
 
 
 class BreakingGroup(FakeGroup):

@@ -1,0 +1,77 @@
+"""The launcher's lifecycle around a served group, the one publisher of the endpoint record: ready
+with the tokenizer's fingerprint, heartbeats, a stop request for this job (not an older one), the
+drain, and how the generation ended."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from harness.fake_group import FakeGroup, fake_logprobs
+from harness.poll import wait_for
+from harness.run import TeacherDef, make_run
+
+import podium
+from podium.client import tokenizer_fingerprint
+from podium.config.launcher import TeacherLauncherSettings
+from podium.config.spec import TeacherSpec
+from podium.launcher.files import TeacherFiles
+from podium.launcher.lifecycle import TeacherLifecycle
+from podium.launcher.restarts import Decision, RestartLedger
+from podium.launcher.signals import Signals
+from podium.launcher.stop_request import request_stop
+from podium.rendezvous import Generation, Status, read_record
+
+MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
+FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2}
+_wait = functools.partial(wait_for, timeout_s=30.0)
+
+
+def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path,
+                                                                      tokenizers: tuple[Any, Any, Path]) -> None:
+    """The launcher's lifecycle around a served group: the one publisher of the endpoint record."""
+    teacher_tok, _, saved = tokenizers
+    layout, token = make_run(tmp_path, [MATH], default_alias="math")
+    server = {"heartbeat_s": 0.1, "stale_after_s": 5, "port_range": [23000, 23999]}
+    spec = TeacherSpec(key=MATH.key, name=MATH.name, aliases=MATH.aliases, model_name=str(saved), num_nodes=1,
+                       gpus_per_node=1, launcher=TeacherLauncherSettings.model_validate({"server": server}))
+    files = TeacherFiles.of(layout.run_dir, spec.name, spec.key)
+    signals = Signals()
+    lifecycle = TeacherLifecycle(spec, files, Generation(77, 2), signals)
+    lifecycle.publish(Status.LOADING)
+    group = FakeGroup(vocab_size=64)
+    group.checkpoint_path = str(saved)  # the lifecycle finds the tokenizer next to the checkpoint
+    urls: list[str] = []
+    thread = threading.Thread(target=lifecycle.serve, args=(group,),
+                              kwargs=dict(host="127.0.0.1", token=token, on_ready=urls.append))
+    thread.start()
+    try:
+        _wait(lambda: urls)
+        record = read_record(files.endpoint)
+        assert record.status is Status.READY and record.url == urls[0] and record.generation == Generation(77, 2)
+        assert record.model.tokenizer_fingerprint == tokenizer_fingerprint(teacher_tok)
+        assert record.stale_after_s == 5 and {"loading", "ready"} <= set(record.timings)
+        with podium.connect(layout.rendezvous_path, tokenizer=teacher_tok, **FAST) as client:
+            out = client.get_logprobs("math", {"input_ids": [[1, 2, 3]], "input_lengths": [3]})
+            np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2, 3]], [3]))
+        beat = record.heartbeat_at
+        _wait(lambda: read_record(files.endpoint).heartbeat_at > beat)
+        # A stop request left for another (older) job does not stop this one; one for this job does.
+        request_stop(files, "76")
+        lifecycle._check_stop_file()
+        assert not signals.stop.is_set()
+        request_stop(files, "77")
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        signals.request_stop("test over")
+        thread.join(30)
+    assert read_record(files.endpoint).status is Status.DRAINING  # serve drained; how it ended comes next
+    lifecycle.end("stopped", signals.describe(), Decision(False, False, 0.0, "stopped"), RestartLedger())
+    final = read_record(files.endpoint)
+    assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
+    assert final.final is False and final.will_retry is False
+    assert final.timings["draining"] <= final.timings["stopped"]
