@@ -24,7 +24,8 @@ new one, fails that test instead of hiding):
 ``te_general_gemm``
     The MoE router's forward tests ``te_general_gemm is not None``, a name ``moe_utils`` defines
     only when TransformerEngine imports: ``NameError`` without TE, *also on a GPU*. The shim defines
-    it as ``None`` (the router then uses torch). Applied wherever TE is absent.
+    it as ``None`` (the router then uses torch). Applied wherever TE is absent, before megatron-core
+    0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.megatron_compat`).
 ``moe_dtoh_stream``
     Building the ``alltoall`` token dispatcher creates a class-wide ``torch.cuda.Stream()`` for its
     device-to-host copies. The shim sets a placeholder, so none is created.
@@ -43,6 +44,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from podium.teacher.megatron_compat import shims_not_needed
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +171,8 @@ def apply_cuda_shims(skip: Iterable[str] = ()) -> tuple[str, ...]:
 
     cuda = cuda_available()
     te = importlib.util.find_spec("transformer_engine") is not None
-    wanted = [n for n in SHIM_NAMES if not cuda or (n in NO_TE_SHIMS and not te)]
+    not_needed = shims_not_needed()  # by this megatron-core release (megatron_compat)
+    wanted = [n for n in SHIM_NAMES if n not in not_needed and (not cuda or (n in NO_TE_SHIMS and not te))]
     if not wanted:
         return ()
     with _lock:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from podium.teacher.hf import ModelDescription
 from podium.teacher.mamba_shims import apply_mamba_shims
+from podium.teacher.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
 from podium.teacher.megatron_model import _sdpa_core_attention_cls
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +37,6 @@ def hybrid_stack_spec(desc: ModelDescription) -> Any:
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-    from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
     from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.ssm.mlp_layer import MLPLayer
@@ -51,6 +51,7 @@ def hybrid_stack_spec(desc: ModelDescription) -> Any:
         TransformerLayerSubmodules,
     )
 
+    stack, stack_submodules = hybrid_stack_classes()  # MambaStack before 0.18
     norm = LocalSpecProvider().layer_norm(rms_norm=True, for_qk=False)
     mixer = ModuleSpec(module=MambaMixer, params={"d_conv": desc.mamba_conv_kernel},
                        submodules=MambaMixerSubmodules(in_proj=ColumnParallelLinear, out_proj=RowParallelLinear))
@@ -62,7 +63,7 @@ def hybrid_stack_spec(desc: ModelDescription) -> Any:
     )
     mlp = ModuleSpec(module=MLP,
                      submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
-    submodules = MambaStackSubmodules(
+    submodules = stack_submodules(
         mamba_layer=ModuleSpec(module=MambaLayer,
                                submodules=MambaLayerSubmodules(norm=norm, mixer=mixer, mamba_bda=get_bias_dropout_add)),
         attention_layer=ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
@@ -74,7 +75,7 @@ def hybrid_stack_spec(desc: ModelDescription) -> Any:
         moe = get_moe_module_spec(use_te=False, num_experts=desc.num_experts, moe_grouped_gemm=False)
         submodules.moe_layer = ModuleSpec(module=MoETransformerLayer, submodules=TransformerLayerSubmodules(
             pre_mlp_layernorm=norm, mlp=moe, mlp_bda=get_bias_dropout_add))
-    return ModuleSpec(module=MambaStack, submodules=submodules)
+    return ModuleSpec(module=stack, submodules=submodules)
 
 
 def build_hybrid_model(desc: ModelDescription, config: TransformerConfig, padded_vocab: int) -> Any:
@@ -83,14 +84,12 @@ def build_hybrid_model(desc: ModelDescription, config: TransformerConfig, padded
 
     apply_mamba_shims()
     from megatron.core import parallel_state
-    from megatron.core.models.mamba import MambaModel
 
-    model = MambaModel(
+    model = hybrid_model_class()(  # MambaModel before 0.18
         config=config,
-        mamba_stack_spec=hybrid_stack_spec(desc),
         vocab_size=padded_vocab,
         max_sequence_length=desc.max_position_embeddings,
-        hybrid_override_pattern=desc.hybrid_pattern,
+        **hybrid_model_args(hybrid_stack_spec(desc), desc.hybrid_pattern),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,

@@ -211,10 +211,11 @@ def _shim_gated_rmsnorm() -> None:
 
 
 def _shim_hybrid_final_norm() -> None:
-    import megatron.core.ssm.mamba_block as block
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    block.TENorm = WrappedTorchNorm
+    from podium.teacher.megatron_compat import hybrid_block_module
+
+    hybrid_block_module().TENorm = WrappedTorchNorm
 
 
 def _shim_moe_latent_proj() -> None:

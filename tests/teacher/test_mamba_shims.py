@@ -10,6 +10,7 @@ machine, also on a GPU node.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from podium.teacher.mamba_shims import MAMBA_SHIM_NAMES
+from podium.teacher.megatron_compat import MEGATRON_VERSION
 
 pytestmark = [pytest.mark.megatron]
 
@@ -26,11 +28,16 @@ SCRIPT = Path(__file__).with_name("mamba_shim_scenarios.py")
 FAILS_WITH = {
     "triton_tensor_ops": "No module named 'triton'",
     "mamba_ssm_required": "MambaSSM is not installed",
-    "ssd_scan": "name 'mamba_chunk_scan_combined' is not defined",
+    # megatron-core 0.19 sets the missing kernel to None where 0.16 leaves the name undefined
+    "ssd_scan": ("'NoneType' object is not callable" if MEGATRON_VERSION >= (0, 19)
+                 else "name 'mamba_chunk_scan_combined' is not defined"),
     "gated_rmsnorm": "StopIteration",  # the MagicMock "norm" has no parameters
     "hybrid_final_norm": "Transformer Engine is not installed",
     "moe_latent_proj": "TransformerEngine is required for MoE latent projections",
 }
+# Where triton is installed (the CUDA torch wheel, the only one for Python 3.12, brings it) megatron's
+# tensor ops import: that shim does not apply, and the scenario without it must work.
+NOT_APPLICABLE = {"triton_tensor_ops"} if importlib.util.find_spec("triton") else set()
 
 
 def test_every_shim_has_its_failure():
@@ -55,6 +62,9 @@ def test_mamba_shim_is_needed_and_sufficient(scenario_results, shim):
     ok = scenario_results[""]
     assert ok.returncode == 0, f"the hybrid scenario fails even with every shim:\n{ok.stdout[-3000:]}"
     without = scenario_results[shim]
+    if shim in NOT_APPLICABLE:
+        assert without.returncode == 0, without.stdout[-2000:]
+        return
     assert without.returncode == 3, (
         f"the hybrid scenario works without shim {shim!r}: megatron-core no longer needs it "
         f"(remove it from podium/teacher/mamba_shims.py)\n{without.stdout[-2000:]}"

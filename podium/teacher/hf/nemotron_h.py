@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from podium.teacher.megatron_compat import mamba_conv1d_params
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -57,8 +59,9 @@ def _mamba(r: _Reader, p: str, local: str) -> torch.Tensor | None:
 
     if local == "mixer.in_proj.weight":
         return per_part(m + "in_proj.weight", (inner, inner, bc, bc, d.mamba_num_heads))
-    if local in ("mixer.conv1d.weight", "mixer.conv1d.bias"):
-        return per_part(m + local.split(".", 1)[1], (inner, bc, bc))
+    conv1d = mamba_conv1d_params()  # mixer.conv1d_weight/_bias from megatron-core 0.19
+    if local in conv1d:
+        return per_part(m + conv1d[local], (inner, bc, bc))
     if local in ("mixer.A_log", "mixer.D", "mixer.dt_bias"):
         return r.ckpt.read(m + local.split(".", 1)[1], rows=r.part(d.mamba_num_heads))
     if local == "mixer.norm.weight":

@@ -1,0 +1,101 @@
+"""What differs, for podium, between the megatron-core releases it supports: the one place to look.
+
+This module owns the names podium reaches in megatron-core that changed between releases; the
+builders, shims and weight maps ask it instead of testing versions themselves. Tested in CI (.ci/run):
+0.16.1 on Python 3.11, and the newest release (0.19.x, which needs Python 3.12) in a second lane.
+0.17 and 0.18 were read, not run.
+
+=========================  ===============================  ==========================================
+what                       0.16, 0.17                       from 0.18 (conv1d: from 0.19)
+=========================  ===============================  ==========================================
+hybrid model class         ``models.mamba.MambaModel``      ``models.hybrid.HybridModel`` (the old
+                           (``mamba_stack_spec=``,          name is a deprecated subclass that logs a
+                           ``hybrid_override_pattern=``)    warning; ``hybrid_stack_spec=``,
+                                                            ``hybrid_layer_pattern=``)
+hybrid stack + submodules  ``ssm.mamba_block.MambaStack``   ``models.hybrid.hybrid_block.HybridStack``
+module whose ``TENorm``    ``ssm.mamba_block``              ``models.hybrid.hybrid_block``
+builds the final norm                                       (``ssm.mamba_block`` re-exports it: patching
+                                                            the re-export changes nothing)
+``te_general_gemm`` in     undefined without TE (podium's   from 0.17: defined as ``None`` without TE
+``moe_utils``              ``te_general_gemm`` shim)        (the shim is not needed)
+Mamba conv parameters      ``mixer.conv1d.{weight,bias}``   0.19: ``mixer.conv1d_weight``,
+(state-dict names)         (an ``nn.Conv1d``)               ``mixer.conv1d_bias`` (direct parameters;
+                                                            distributed-checkpoint keys stay
+                                                            ``conv1d.weight``)
+=========================  ===============================  ==========================================
+
+Not a difference podium needs to bridge: 0.17+ need Python 3.12; 0.19 imports ``triton`` from
+``import megatron.core`` (the CUDA torch wheel, the only one PyPI has for 3.12, brings it and it
+imports without a GPU), so the ``triton_tensor_ops`` Mamba shim does not apply there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import re
+from typing import Any
+
+TE_GEMM_NAME_DEFINED = (0, 17)  # moe_utils defines te_general_gemm = None without TransformerEngine
+HYBRID_RENAMED = (0, 18)  # MambaModel/MambaStack -> HybridModel/HybridStack, models.hybrid package
+CONV1D_PARAMETERS = (0, 19)  # the Mamba mixer's nn.Conv1d -> conv1d_weight/conv1d_bias parameters
+
+
+def _installed_version() -> tuple[int, ...]:
+    try:
+        text = importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:  # a launcher-only install
+        return ()
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(part) for part in match.groups()) if match else ()
+
+
+MEGATRON_VERSION: tuple[int, ...] = _installed_version()
+"""The installed megatron-core as (major, minor, patch); ``()`` where it is not installed."""
+
+
+def shims_not_needed() -> frozenset[str]:
+    """podium's CPU shims (``cuda_shims``) that this release does not need: they are not applied, and
+    ``tests/teacher/test_cuda_shims.py`` checks that their scenario works without them."""
+    return frozenset({"te_general_gemm"}) if MEGATRON_VERSION >= TE_GEMM_NAME_DEFINED else frozenset()
+
+
+def hybrid_model_class() -> type:
+    """The hybrid (Mamba + attention + MLP/MoE) language model class of this megatron-core."""
+    if MEGATRON_VERSION >= HYBRID_RENAMED:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+        return HybridModel
+    from megatron.core.models.mamba import MambaModel
+
+    return MambaModel
+
+
+def hybrid_model_args(stack_spec: Any, pattern: str) -> dict[str, Any]:
+    """The keyword arguments naming the stack spec and the layer pattern, under this release's names."""
+    if MEGATRON_VERSION >= HYBRID_RENAMED:
+        return {"hybrid_stack_spec": stack_spec, "hybrid_layer_pattern": pattern}
+    return {"mamba_stack_spec": stack_spec, "hybrid_override_pattern": pattern}
+
+
+def hybrid_block_module() -> Any:  # a module whose globals the shims set
+    """The module defining the hybrid stack (and the ``TENorm`` its final norm is built with)."""
+    if MEGATRON_VERSION >= HYBRID_RENAMED:
+        return importlib.import_module("megatron.core.models.hybrid.hybrid_block")
+    return importlib.import_module("megatron.core.ssm.mamba_block")
+
+
+def hybrid_stack_classes() -> tuple[type, type]:
+    """(stack class, its submodules dataclass): ``HybridStack``… from 0.18, ``MambaStack``… before."""
+    block = hybrid_block_module()
+    if MEGATRON_VERSION >= HYBRID_RENAMED:
+        return block.HybridStack, block.HybridStackSubmodules
+    return block.MambaStack, block.MambaStackSubmodules
+
+
+def mamba_conv1d_params() -> dict[str, str]:
+    """The Mamba mixer's conv parameters: this release's local state-dict name -> the HF name under
+    ``mixer.`` (``conv1d.weight`` / ``conv1d.bias`` in every checkpoint)."""
+    if MEGATRON_VERSION >= CONV1D_PARAMETERS:
+        return {"mixer.conv1d_weight": "conv1d.weight", "mixer.conv1d_bias": "conv1d.bias"}
+    return {"mixer.conv1d.weight": "conv1d.weight", "mixer.conv1d.bias": "conv1d.bias"}
