@@ -6,7 +6,7 @@ run_all's JSON and charts.
 
 Not run here: ``bench_faults`` (Slurm's faults, minutes even in its quick mode; the fault tests
 cover its teacher's lifecycle) and ``gpu_check`` (without CUDA it starts nothing: its dry run is
-``tests/teacher/test_gpu_check.py``'s).
+``tests/benchmarks/test_gpu_check.py``'s).
 """
 
 from __future__ import annotations
