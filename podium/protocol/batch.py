@@ -127,6 +127,9 @@ def refused_key(key: str) -> str | None:
 def batch_inputs(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """``input_ids`` and ``input_lengths`` of a NeMo RL-style mapping, as integer numpy arrays;
     a key that is neither an input nor in :data:`IGNORED_KEYS` is a :class:`BatchError` naming it."""
+    if not isinstance(data, Mapping):  # a list iterates too: say what it is, not what its items are
+        raise BatchError(f"batch must be a mapping with {INPUT_IDS!r} and {INPUT_LENGTHS!r}, "
+                         f"got {type(data).__name__}")
     try:
         for key in data:
             reason = refused_key(str(key))
@@ -135,9 +138,6 @@ def batch_inputs(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         ids, lengths = data[INPUT_IDS], data[INPUT_LENGTHS]
     except KeyError as exc:
         raise BatchError(f"batch has no {exc.args[0]!r} (keys: {sorted(data)})") from None
-    except (TypeError, AttributeError):
-        raise BatchError(f"batch must be a mapping with {INPUT_IDS!r} and {INPUT_LENGTHS!r}, "
-                         f"got {type(data).__name__}") from None
     return as_int_array(ids, INPUT_IDS), as_int_array(lengths, INPUT_LENGTHS)
 
 

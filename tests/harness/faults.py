@@ -101,9 +101,13 @@ class Served:
     client: ClientLoop
 
     def generation(self) -> str:
-        """The generation the record names now."""
-        data = json.loads(self.files.endpoint.read_text())
-        return f"{data['generation']['job_id']}:{data['generation']['restart']}"
+        """The generation that serves now: each fault test starts from a ready teacher, whatever the
+        test before it left (a test that failed mid-comeback must not fail the next one too)."""
+        def ready() -> str | None:
+            data = json.loads(self.files.endpoint.read_text())
+            gen = data["generation"]
+            return f"{gen['job_id']}:{gen['restart']}" if data.get("status") == "ready" else None
+        return wait_for(ready, "a ready generation before the fault", timeout_s=COMEBACK_S, interval_s=SLOW_POLL_S)
 
     def next_generation(self, gen: str) -> str:
         job, restart = gen.split(":")

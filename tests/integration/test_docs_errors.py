@@ -12,6 +12,7 @@ on the page holds every row of ``podium.launcher.sbatch_errors.REFUSALS``, fix w
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -243,8 +244,9 @@ def test_messages_only_a_job_prints_are_in_their_source() -> None:
 def test_the_refusals_table_holds_every_known_refusal() -> None:
     from podium.launcher.sbatch_errors import REFUSALS
 
-    table = PAGE.read_text().split("<!-- refusals-table -->", 1)[1]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Slurm")]
+    after = PAGE.read_text().split("<!-- refusals-table -->", 1)[1].lstrip("\n").splitlines()
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), after))  # this table, not a later one
+    rows = [line for line in table if line.startswith("| ") and not line.startswith("| Slurm")]
     assert len(rows) == len(REFUSALS)
     for row, refusal in zip(rows, REFUSALS, strict=True):
         said, fix = (cell.strip() for cell in row.strip("|").split(" | "))

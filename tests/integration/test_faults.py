@@ -82,7 +82,9 @@ def test_a_lost_worker_node_is_reported_and_the_teacher_serves_again(two_node: S
     gen = two_node.generation()
     job, restart = gen.split(":")
     worker = json.loads(two_node.files.node(job, int(restart), 1).read_text())
-    victims = [*session_alive(ProcRef.from_dict(worker["ray"])), worker["pid"]]
+    # The node task first: a crash leaves it no moment to report its Ray's death as its own failure
+    # (killed last, it once did, and the head reported "task failed", not "lost").
+    victims = [worker["pid"], *session_alive(ProcRef.from_dict(worker["ray"]))]
     t_kill = time.time()
     for pid in victims:  # what a node crash does to the processes podium started there
         try:
