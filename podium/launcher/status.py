@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,8 @@ from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous
-from podium.rendezvous.records import Generation, Status, read_record
+from podium.rendezvous.records import EndpointRecord, Generation, Status, read_record
+from podium.rendezvous.token import read_token
 
 logger = logging.getLogger(__name__)
 
@@ -131,23 +130,32 @@ class TeacherStatus:
                 "submitted_at": self.submitted_at, "load": self.load}
 
 
-def _probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{HEALTH_LIVE}", timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+def _probe(record: EndpointRecord, token: str | None,
+           timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, dict[str, float] | None]:
+    """Whether the endpoint ``record`` names is live, and the key figures of its ``/metrics``.
 
-
-def _load(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, float] | None:
-    """The key figures of the endpoint's ``/metrics`` (None when it does not answer them)."""
+    With the run's token, the server must first prove it holds the token and is the record's
+    generation (as the client asks), so a squatter on a dead teacher's port is shown down, not
+    healthy, and never gets the token (which ``/metrics`` may need). Without it (a user who can
+    read the run dir but not its token), the probe is as any stranger's: no secret to lose."""
+    from podium.client.errors import TransportError
+    from podium.client.transport import HTTPTransport, ServerIdentity
     from podium.teacher.metrics import summary  # prometheus_client only: no torch
 
+    assert record.url is not None
+    identity = ServerIdentity(str(record.generation), record.teacher_key) if token else None
+    transport = HTTPTransport(record.url, token, identity=identity, connect_timeout_s=timeout_s,
+                              read_timeout_s=timeout_s)
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}{METRICS}", timeout=timeout_s) as resp:
-            return summary(resp.read().decode("utf-8"))
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+        if transport.request("GET", HEALTH_LIVE, timeout_s=timeout_s).status != 200:
+            return False, None
+        metrics = transport.request("GET", METRICS, timeout_s=timeout_s)
+        return True, summary(bytes(metrics.body).decode("utf-8")) if metrics.status == 200 else None
+    except (TransportError, ValueError) as exc:
+        logger.debug("probe of %s: %s", record.url, exc)
+        return False, None
+    finally:
+        transport.close()
 
 
 StatesOf = Callable[[Sequence[JobRecord]], dict[str, JobState]]
@@ -180,12 +188,21 @@ class SchedulerPolls:
         return self._states
 
 
+def _token(layout: RunLayout) -> str | None:
+    try:
+        return read_token(layout.auth_token_path)
+    except FileReadError as exc:  # missing, not yours to read, or refused as readable by others
+        logger.debug("status probes without the run's token: %s", exc)
+        return None
+
+
 def status(run_dir: Path, probe: bool = True, states_of: StatesOf = job_states) -> list[TeacherStatus]:
     """Per teacher: job, Slurm state, endpoint record, probed health (raises on a failed sacct);
     ``states_of`` answers the jobs' states (the scheduler, or :class:`SchedulerPolls`)."""
     run_dir = run_dir.absolute()
     layout = RunLayout(run_dir)
     rdv = read_rendezvous(run_dir)
+    token = _token(layout) if probe else None
     listed = {layout.resolve(path).parent for entry in rdv.teachers.values() for path in entry.replicas}
     teachers = known_teachers(run_dir)
     records = {files.folder: JobRecord.of(files, spec.launcher.cluster) for spec, files in teachers}
@@ -220,9 +237,7 @@ def status(run_dir: Path, probe: bool = True, states_of: StatesOf = job_states) 
             if endpoint.model is not None:
                 row.temperature = endpoint.model.temperature
             if probe and endpoint.url and endpoint.status is Status.READY:
-                row.health = _probe(endpoint.url)
-                if row.health:
-                    row.load = _load(endpoint.url)
+                row.health, row.load = _probe(endpoint, token)
         rows.append(row)
     rows.sort(key=lambda r: (not r.in_plan, r.name, r.replica))
     return rows

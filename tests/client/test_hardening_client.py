@@ -30,6 +30,7 @@ from harness.fake_group import FakeGroup, Gate, fake_logprobs
 from harness.lifecycle import Teacher
 from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
+from harness.squatter import Squatter
 
 import podium
 from podium.client import TeacherRequestError, TeacherServerError, TeacherUnavailableError
@@ -74,51 +75,6 @@ def infer_exchanges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, Any
 # --------------------------------------------------------------------------- finding 5: who answers
 
 
-class Squatter(http.server.ThreadingHTTPServer):
-    """What a stranger may run on a dead teacher's port: answers everything with what a client would
-    like to hear (ready, this generation, a proof, logprobs of its choosing) and keeps every header."""
-
-    daemon_threads = True
-
-    def __init__(self, port: int) -> None:
-        self.headers_seen: list[dict[str, str]] = []
-        self.paths: list[str] = []
-        super().__init__(("127.0.0.1", port), SquatterHandler)
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-
-
-class SquatterHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Squatter
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _answer(self, payload: dict[str, Any]) -> None:
-        self.server.headers_seen.append(dict(self.headers))
-        self.server.paths.append(self.path)
-        body = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._answer({"ready": True, "live": True, "generation": "1000:0", "teacher_key": MATH.key,
-                      "proof": "00" * 32})
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer({"model_name": "math", "outputs": [
-            {"name": "logprobs", "datatype": "FP32", "shape": [1, 3], "data": [0.0, -0.5, -0.5]}]})
-
-
 def test_a_squatter_on_a_dead_teachers_port_gets_no_token_and_is_not_believed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     layout, token = make_run(tmp_path, [MATH], default_alias="math")
@@ -127,7 +83,7 @@ def test_a_squatter_on_a_dead_teachers_port_gets_no_token_and_is_not_believed(
     # the teacher dies without a word: its record still says ready, heartbeat fresh (not stale yet)
     teacher.heartbeat.stop()
     teacher.server.stop(grace_s=1)
-    squatter = Squatter(port)
+    squatter = Squatter(port, MATH.key)
     successor: Teacher | None = None
     client = podium.connect(layout.rendezvous_path, **FAST)
     try:
