@@ -202,8 +202,8 @@ def status(
     watch: float | None = typer.Option(None, "--watch", min=0.5,
                                           help="Refresh the table every SECONDS until Ctrl-C."),
 ) -> None:
-    """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s over the last
-    minute, queue depth, padding share); exit 0 only when all are ready."""
+    """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s and answer
+    bytes/s over the last minute, queue depth, padding share); exit 0 only when all are ready."""
     from podium.launcher import status as teacher_status
     from podium.launcher.slurm_state import SlurmQueryError
     from podium.rendezvous.atomic import FileReadError

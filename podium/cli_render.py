@@ -69,12 +69,25 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.0f}s"
 
 
+# What a ready replica's /metrics says (podium.teacher.metrics.summary): "out/s 1m" is the answers'
+# body bytes sent per second, high while tok/s stays low when the wire, not the model, is the limit.
+LOAD_COLUMNS = ("tok/s 1m", "out/s 1m", "queue", "padding")
+
+
+def bytes_per_s(value: float) -> str:
+    """``value`` bytes/s in the largest decimal unit it reaches: ``2.4 GB``, ``310.5 kB``, ``12 B``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
 def status_table(rows: list, title: str = "podium status") -> Table:
     table = Table(title=title, title_justify="left")
     # a replica of a teacher is a row of its own, named `name#i` (i >= 1)
     for col in ("teacher", "aliases", "T", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
-                "heartbeat", "tok/s 1m", "queue", "padding"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("tok/s 1m", "queue", "padding") else "left")
+                "heartbeat", *LOAD_COLUMNS):
+        table.add_column(col, overflow="fold", justify="right" if col in LOAD_COLUMNS else "left")
     for r in rows:
         health = {True: "[green]ok[/green]", False: "[red]down[/red]", None: "-"}[r.health]
         status = r.status + (f" ({r.reason})" if r.reason and r.status in ("failed", "stopped", "draining") else "")
@@ -86,8 +99,9 @@ def status_table(rows: list, title: str = "podium status") -> Table:
         name = r.display if r.in_plan else f"{r.display} [dim](not in the rendezvous)[/dim]"
         restarts = "-" if r.restarts is None else str(r.restarts)
         load = r.load or {}
-        figures = (f"{load['tokens_per_s_1m']:.0f}", f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") \
-            if load else ("-", "-", "-")
+        out = load.get("bytes_out_per_s_1m")
+        figures = (f"{load['tokens_per_s_1m']:.0f}", "-" if out is None else bytes_per_s(out),
+                   f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") if load else ("-",) * len(LOAD_COLUMNS)
         table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts,
                       r.generation or "-", status, r.url or "-", health, _age(r.heartbeat_age_s), *figures)
     return table

@@ -67,8 +67,9 @@ class TeacherStatus:
     # a failed record: True when the teacher gave up, False when it retries (EndpointRecord.failure_is_final)
     final: bool | None = None
     in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
-    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s over the last minute,
-    # queue depth, padding share, requests, errors; None when not probed or not answering.
+    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s and answer bytes/s
+    # (bytes_out_per_s_1m) over the last minute, queue depth, padding share, requests, errors; None
+    # when not probed or not answering.
     load: dict[str, float] | None = None
 
     @property

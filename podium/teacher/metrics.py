@@ -3,8 +3,9 @@
 Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` histograms) under the
 ``podium_`` prefix; every series carries the teacher's ``teacher`` label, and
 ``podium_generation_info`` says which job and restart answers. What ``podium status`` shows per
-replica (tokens/s over the last minute, queue depth, padding share) is read from here by
-:func:`summary`.
+replica (tokens/s and answer bytes/s over the last minute, queue depth, padding share) is read from
+here by :func:`summary`: bytes/s near the machine's network limit while tokens/s stays below what
+the GPUs compute says the wire, not the model, limits the teacher.
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 WINDOW_S = 60.0
 _TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _TIME_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class _Window:
+    """Amounts added over the last :data:`WINDOW_S` seconds, as a per-second rate (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def add(self, amount: int) -> None:
+        with self._lock:
+            self._recent.append((time.monotonic(), amount))
+
+    def per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - WINDOW_S:
+                self._recent.popleft()
+            return sum(n for _, n in self._recent) / WINDOW_S
 
 
 class EndpointMetrics:
@@ -57,13 +77,20 @@ class EndpointMetrics:
         self.queue_rows.labels(**labels).set_function(queued_rows)
         self.rate = Gauge("podium_tokens_per_second_1m", "Real tokens answered per second over the last minute",
                           ("teacher",), registry=r)
-        self.rate.labels(**labels).set_function(self._tokens_per_second)
+        self._tokens_1m = _Window()
+        self.rate.labels(**labels).set_function(self._tokens_1m.per_second)
+        self.response_bytes = counter("podium_response_bytes",
+                                      "Body bytes of the infer answers sent (every status; headers not counted)")
+        self.bytes_rate = Gauge("podium_response_bytes_per_second_1m",
+                                "Body bytes of infer answers sent per second over the last minute", ("teacher",),
+                                registry=r)
+        self._bytes_1m = _Window()
+        self.bytes_rate.labels(**labels).set_function(self._bytes_1m.per_second)
         self.generation = Gauge("podium_generation_info", "The job and restart that answer (value 1)",
                                 ("teacher", "job_id", "restart"), registry=r)
         self._teacher = teacher
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
-        self._lock = threading.Lock()
-        for metric in (self.rows, self.tokens, self.computed, self.calls, self.microbatches, self.abandoned):
+        for metric in (self.rows, self.tokens, self.computed, self.calls, self.microbatches, self.abandoned,
+                       self.response_bytes):
             metric.labels(**labels)  # present (at 0) from the start
 
     def set_generation(self, job_id: str, restart: int) -> None:
@@ -77,8 +104,12 @@ class EndpointMetrics:
         """The rows and real tokens of a request answered 200."""
         self.rows.labels(teacher=self._teacher).inc(rows)
         self.tokens.labels(teacher=self._teacher).inc(tokens)
-        with self._lock:
-            self._recent.append((time.monotonic(), tokens))
+        self._tokens_1m.add(tokens)
+
+    def sent(self, body_bytes: int) -> None:
+        """The body bytes of an infer answer sent (any status)."""
+        self.response_bytes.labels(teacher=self._teacher).inc(body_bytes)
+        self._bytes_1m.add(body_bytes)
 
     def abandoned_request(self) -> None:
         self.abandoned.labels(teacher=self._teacher).inc()
@@ -98,13 +129,6 @@ class EndpointMetrics:
         for w in waits:
             self.wait.labels(teacher=t).observe(w)
 
-    def _tokens_per_second(self) -> float:
-        now = time.monotonic()
-        with self._lock:
-            while self._recent and self._recent[0][0] < now - WINDOW_S:
-                self._recent.popleft()
-            return sum(n for _, n in self._recent) / WINDOW_S
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -119,13 +143,15 @@ def totals(text: str) -> dict[str, float]:
 
 
 def summary(text: str) -> dict[str, float]:
-    """The key figures of one endpoint's ``/metrics`` text: tokens/s over the last minute, queue
-    depth, padding share (padded share of the computed token positions), requests and errors."""
+    """The key figures of one endpoint's ``/metrics`` text: tokens/s and answer bytes/s over the
+    last minute, queue depth, padding share (padded share of the computed token positions),
+    requests and errors."""
     values = totals(text)
     computed = values.get("podium_computed_tokens_total", 0.0)
     tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every call
     return {
         "tokens_per_s_1m": values.get("podium_tokens_per_second_1m", 0.0),
+        "bytes_out_per_s_1m": values.get("podium_response_bytes_per_second_1m", 0.0),
         "queue_depth": values.get("podium_queue_depth", 0.0),
         "padding_share": (1.0 - tokens / computed) if computed else 0.0,
         "requests": values.get("podium_requests_total", 0.0),

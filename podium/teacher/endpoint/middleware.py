@@ -4,7 +4,8 @@ Every response carries ``X-Request-ID`` (the request's header, else a new one; a
 JSON ``id`` replaces it) and ``X-Podium-Generation`` (errors too: a client tells which generation
 answered). An exception a route raises becomes a JSON ``{"error": ...}`` answer (500 for an
 unexpected one: one request never takes the server down) with ``X-Podium-Error-Kind``: ``refused``
-for every 4xx, ``request-failed`` for a 500 (a 503 names its own kind where it is made). Every
+for every 4xx, ``request-failed`` for a 500 (a 503 names its own kind where it is made). Each infer
+answer's status and body bytes are counted (:func:`body_bytes`). Every
 route but liveness and metrics (metrics too with ``podium.server.metrics_need_token``) needs
 ``Authorization: Bearer <token>``.
 """
@@ -77,12 +78,25 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
             response.headers[ERROR_KIND_HEADER] = ERROR_REFUSED if response.status < 500 else ERROR_REQUEST_FAILED
         if request.method == "POST" and request.path.endswith("/infer"):
             metrics.answered(response.status)
+            metrics.sent(body_bytes(response))
         response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
         if config.generation is not None and GENERATION_HEADER not in response.headers:
             response.headers[GENERATION_HEADER] = str(config.generation)  # errors too: who answered
         return response
 
     return middleware
+
+
+def body_bytes(response: web.StreamResponse) -> int:
+    """The body bytes ``response`` sends: a ``web.Response`` (written after the middleware) sends
+    its body, ``content_length``; a ``StreamResponse`` its handler streamed with a Content-Length
+    sent exactly that (aiohttp's writer sends no byte past it, and a stream cut short fails its
+    handler); a chunked one without it, what its writer sent (``body_length``, once its end was
+    written: headers and chunk framing included)."""
+    length = response.content_length
+    if length is not None:
+        return length
+    return response.body_length if response.prepared else 0
 
 
 def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:

@@ -1,0 +1,124 @@
+"""The bytes an endpoint sends: ``podium_response_bytes_total`` and its rate over the last minute
+(``podium_response_bytes_per_second_1m``) equal the body bytes its clients received, and ``podium
+status`` shows the rate per teacher, so a user sees when the wire, not the model, is the limit.
+
+A real endpoint in front of the numpy stand-in group (answers of known size: JSON and binary, a
+top-k one, a refusal); and the middleware alone in front of handlers answering a whole body
+(``web.Response``) and a stream written in chunks (``web.StreamResponse`` with a Content-Length),
+read by aiohttp's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from harness.fake_group import FakeGroup
+from harness.infer_requests import binary_body, infer_body
+from harness.lifecycle import Teacher
+from harness.run import TeacherDef, make_run
+from rich.console import Console
+
+from podium.cli_render import bytes_per_s, status_table
+from podium.launcher.run_dir import write_spec
+from podium.launcher.status import status
+from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.endpoint.middleware import error_middleware
+from podium.teacher.metrics import WINDOW_S, EndpointMetrics, summary, totals
+
+MATH = TeacherDef("feedc0ffee0777", "math", ("math",))
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Teacher]:
+    layout, token = make_run(tmp_path, [MATH])
+    teacher = Teacher(FakeGroup(vocab_size=128, max_sequence_length=64), layout, MATH, token).start()
+    yield teacher
+    teacher.stop()
+
+
+def _answers(teacher: Teacher) -> int:
+    """Sends answers of several kinds and sizes; the body bytes the client received."""
+    url, headers = f"{teacher.url}/v2/models/math/infer", {"Authorization": f"Bearer {teacher.token}"}
+    rng = np.random.default_rng(3)
+    received = 0
+    with requests.Session() as session:
+        for rows, width in ((1, 4), (3, 17), (8, 64), (16, 64)):
+            ids = rng.integers(0, 128, (rows, width))
+            lengths = rng.integers(1, width + 1, rows)
+            bodies = [
+                (infer_body(ids, lengths), {}),
+                (infer_body(ids, lengths, parameters={"top_k": 5}), {}),
+                (binary_body(ids, lengths)[0], {"Inference-Header-Content-Length": str(binary_body(ids, lengths)[1])}),
+            ]
+            for body, extra in bodies:
+                resp = session.post(url, data=body, headers={**headers, **extra}, timeout=60)
+                assert resp.status_code == 200, resp.text
+                assert len(resp.content) > 0
+                received += len(resp.content)
+        refused = session.post(url, data=infer_body([[1, 2]], [3]), headers=headers, timeout=60)  # length > width
+        assert refused.status_code == 400
+        received += len(refused.content)
+    return received
+
+
+def test_the_bytes_counted_are_the_bytes_the_clients_received_and_status_shows_their_rate(
+        served: Teacher, tmp_path: Path) -> None:
+    received = _answers(served)
+    assert received > WINDOW_S * 1e3  # the table shows kB/s
+    values = totals(requests.get(f"{served.url}/metrics", timeout=60).text)
+    assert values["podium_response_bytes_total"] == received
+    assert values["podium_response_bytes_per_second_1m"] == pytest.approx(received / WINDOW_S)
+
+    # `podium status` (its view of the run dir with the scheduler left out; its table; --json)
+    write_spec(served.layout.run_dir, served.spec())
+    (row,) = status(served.layout.run_dir, states_of=lambda records: {})
+    assert row.load is not None and row.load["bytes_out_per_s_1m"] == pytest.approx(received / WINDOW_S)
+    console = Console(width=300, record=True)
+    console.print(status_table([row]))
+    text = console.export_text()
+    assert "out/s 1m" in text
+    line = next(line for line in text.splitlines() if "math" in line)
+    assert f"{received / WINDOW_S / 1e3:.1f} kB" in line, line
+    assert [bytes_per_s(v) for v in (2.44e9, 310.54e3, 1e6, 12.4, 0)] == ["2.4 GB", "310.5 kB", "1.0 MB", "12 B", "0 B"]
+    assert row.to_dict()["load"]["bytes_out_per_s_1m"] == row.load["bytes_out_per_s_1m"]  # `status --json`
+
+
+def test_the_middleware_counts_a_whole_body_and_a_stream_as_their_clients_read_them() -> None:
+    whole = bytes(range(256)) * 1000
+    chunks = [b"a" * 70_000, b"b" * 3, bytes(1 << 20)]
+
+    async def whole_answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=whole)
+
+    async def streamed_answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = sum(map(len, chunks))
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(memoryview(chunk))
+        await response.write_eof()
+        return response
+
+    async def exchange() -> tuple[list[int], str]:
+        metrics = EndpointMetrics("t", queue_depth=lambda: 0, queued_rows=lambda: 0)
+        server = web.Application(middlewares=[error_middleware(EndpointConfig("t", token="x"), metrics)])
+        server.router.add_post("/v2/models/whole/infer", whole_answer)
+        server.router.add_post("/v2/models/stream/infer", streamed_answer)
+        got = []
+        async with TestClient(TestServer(server)) as client:
+            for name in ("whole", "stream", "whole"):
+                resp = await client.post(f"/v2/models/{name}/infer")
+                got.append(len(await resp.read()))
+        return got, metrics.render().decode()
+
+    got, text = asyncio.run(exchange())
+    assert got == [len(whole), sum(map(len, chunks)), len(whole)]
+    assert totals(text)["podium_response_bytes_total"] == sum(got)
+    assert summary(text)["bytes_out_per_s_1m"] == pytest.approx(sum(got) / WINDOW_S)
