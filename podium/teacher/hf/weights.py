@@ -54,6 +54,7 @@ _TE_TO_LOCAL = {
     "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
     "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+    "mixer.in_proj.layer_norm_weight": "norm.weight",  # a Mamba layer's pre-norm (hybrid TE spec)
 }
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
