@@ -4,9 +4,16 @@ For each model (nothing is downloaded: random weights from a fixed seed, written
 
 - ``dense``: a Llama-like model of ~1B parameters (18 layers × 2048, GQA 16/8, 32k vocab);
 - ``moe``: a small Qwen3-MoE (8 layers × 1024, 8 experts, top-2);
+- ``nemotron``: a Nemotron-H at Nemotron 3 Nano's widths (hidden 2688, vocabulary 131072, Mamba-2 with
+  64 heads × 64 in 8 groups and state 128, attention with 32 query heads and 2 KV groups × 128,
+  experts of 1856 and a shared expert of 3712, top-6, scaling 2.5) with Super's latent MoE (latent
+  1024), 10 layers ``MEM*EMEM*E`` (4 Mamba, 4 latent MoE, 2 attention) and 64 experts (Nano has 128:
+  halved to keep the checkpoint ~8 GB); on CUDA it needs the Mamba kernels (``mamba-ssm``,
+  ``causal-conv1d``): without them its entry says so (``error``) and the script exits 1;
 
 it builds podium's teacher group with NCCL at TP1 on the GPU (TransformerEngine's layer spec when
-TE is installed, the local spec otherwise; bf16), and reports:
+TE is installed, the local spec otherwise; the hybrid model: ``hybrid_model.hybrid_spec_here``;
+bf16), and reports:
 
 - ``max_abs_err``: logprobs against HF transformers on the same GPU and dtype;
 - ``podium_tok_per_s`` / ``hf_tok_per_s`` / ``ratio``: ``get_logprobs`` against HF's forward +
@@ -20,7 +27,7 @@ plans and builds them (``TransformerConfig``), the HF models constructed on the 
 
 ``--quick``: batch 1 × 128 tokens, one repetition; ``--json PATH`` also writes the report there.
 
-    bash benchmarks/gpu_check.sh [--models dense,moe] [--batch 8] [--seq 1024] [--reps 5] [--dry-run] \
+    bash benchmarks/gpu_check.sh [--models dense,moe,nemotron] [--batch 8] [--seq 1024] [--reps 5] [--dry-run] \
         [--quick] [--json PATH]
 """
 
@@ -51,6 +58,13 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                               num_experts=8, num_experts_per_tok=2, mlp_only_layers=[], num_hidden_layers=8,
                               num_attention_heads=16, num_key_value_heads=4, head_dim=64,
                               max_position_embeddings=4096)),
+    "nemotron": ("nemotron_h", dict(vocab_size=131072, hidden_size=2688, hybrid_override_pattern="MEM*EMEM*E",
+                                    num_attention_heads=32, num_key_value_heads=2, head_dim=128,
+                                    mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128,
+                                    conv_kernel=4, chunk_size=128, n_routed_experts=64, num_experts_per_tok=6,
+                                    moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712,
+                                    moe_latent_size=1024, routed_scaling_factor=2.5, intermediate_size=1856,
+                                    max_position_embeddings=4096)),
 }
 # Dense bf16 peak (FLOP/s) by a substring of torch.cuda.get_device_name().
 PEAK_BF16: dict[str, float] = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
@@ -59,7 +73,7 @@ PEAK_BF16: dict[str, float] = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="dense,moe", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=5)
@@ -107,16 +121,26 @@ def describe(name: str, seq: int) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     embedding = desc.vocab_size * desc.hidden_size
     if desc.is_moe:  # the experts a token does not visit do no work for it
-        per_expert = 3 * desc.hidden_size * desc.moe_ffn_hidden_size
+        matrices = 3 if desc.activation == "swiglu" else 2  # gated (gate, up, down) or not (up, down)
+        per_expert = matrices * (desc.moe_latent_size or desc.hidden_size) * desc.moe_ffn_hidden_size
         idle = sum(desc.moe_layers) * (desc.num_experts - desc.moe_topk) * per_expert
     else:
         idle = 0
     active = params - embedding - idle  # the input embedding is a lookup; the output layer is a matmul
-    attention = 2 * desc.num_layers * seq * desc.num_attention_heads * desc.head_dim  # causal: half of 4·L·s·d
-    return {"architecture": desc.architecture, "parameters": params, "active_parameters": active,
-            "flops_per_token": 2 * active + attention, "layers": desc.num_layers, "hidden": desc.hidden_size,
+    pattern = desc.hybrid_pattern
+    attention_layers = pattern.count("*") if pattern else desc.num_layers
+    attention = 2 * attention_layers * seq * desc.num_attention_heads * desc.head_dim  # causal: half of 4·L·s·d
+    # the SSD scan of each Mamba layer: its state update and read-out, 2 × 2·d_inner·state per token
+    scan = 4 * pattern.count("M") * desc.mamba_num_heads * desc.mamba_head_dim * desc.mamba_state_dim
+    info = {"architecture": desc.architecture, "parameters": params, "active_parameters": active,
+            "flops_per_token": 2 * active + attention + scan, "layers": desc.num_layers, "hidden": desc.hidden_size,
             "experts": desc.num_experts, "dispatcher": getattr(megatron, "moe_token_dispatcher_type", None)
             if desc.is_moe else None}
+    if pattern:
+        info.update(pattern=pattern, layer_kinds={k: pattern.count(k) for k in "M*E-" if k in pattern},
+                    moe_latent_size=desc.moe_latent_size, mamba_heads=desc.mamba_num_heads,
+                    mamba_groups=desc.mamba_num_groups)
+    return info
 
 
 def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -125,10 +149,12 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
 
     from podium.config.spec import TeacherSpec
     from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.hybrid_model import hybrid_spec_here
     from podium.teacher.megatron_config import te_available
     from podium.tiny import make_tiny_checkpoint, random_batch
 
     kind, overrides = MODELS[name]
+    layer_spec = hybrid_spec_here() if "pattern" in info else "transformer_engine" if te_available() else "local"
     ckpt = make_tiny_checkpoint(kind, work / name, **overrides)
     batch = random_batch(int(overrides["vocab_size"]), [args.seq] * args.batch, seed=3)
     key = hashlib.sha256(name.encode()).hexdigest()[:12]
@@ -169,7 +195,7 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
     return {"max_abs_err": float((out - expected).abs().max()), "podium_tok_per_s": round(ours, 1),
             "hf_tok_per_s": round(theirs, 1), "ratio": round(ours / theirs, 4),
             "mfu": round(ours * info["flops_per_token"] / peak, 4) if peak else None,
-            "worker_device": device, "layer_spec": "transformer_engine" if te_available() else "local",
+            "worker_device": device, "layer_spec": layer_spec,
             "podium_all_s": [round(t, 4) for t in timings]}
 
 
@@ -188,15 +214,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         report["gpu"] = torch.cuda.get_device_name()
         report["torch"] = torch.__version__
+        from podium.teacher.hybrid_model import MambaKernelsMissing
+
         ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
         work = Path(tempfile.mkdtemp(prefix="podium-gpu-check-"))
         try:
             for name in args.models:
-                report["models"][name].update(measure(name, args, work, report["models"][name]))
+                try:
+                    report["models"][name].update(measure(name, args, work, report["models"][name]))
+                except MambaKernelsMissing as exc:  # the other models still measure; the run fails
+                    report["models"][name]["error"] = str(exc)
         finally:
             ray.shutdown()
     emit(report, args.json)
-    return 0
+    return 1 if any("error" in m for m in report["models"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""``benchmarks/gpu_check.sh``: what runs without a GPU (the argument checks, both models as podium
-plans and builds them, the HF models on the meta device, the report). The measurements need a
+"""``benchmarks/gpu_check.sh``: what runs without a GPU (the argument checks, each model as podium
+plans and builds it, the HF models on the meta device, the report). The measurements need a
 GPU; without one (hidden on a GPU node) the script says so and exits 2."""
 
 from __future__ import annotations
@@ -33,6 +33,23 @@ def test_dry_run_builds_both_models_and_reports(capsys):
     # a token visits 2 of 8 experts: far fewer active parameters than stored
     assert moe["active_parameters"] < 0.5 * moe["parameters"]
     assert dense["flops_per_token"] > 2 * dense["active_parameters"]  # + attention
+
+
+def test_dry_run_describes_a_nemotron_model_at_realistic_widths(capsys):
+    """The Nemotron-style model: Nano's widths with a latent MoE, a few layers of each kind."""
+    assert _module().main(["--dry-run", "--models", "nemotron", "--seq", "512"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (name,) = report["models"]
+    nemotron = report["models"][name]
+    assert name == "nemotron" and nemotron["architecture"] == "NemotronHForCausalLM"
+    assert nemotron["hidden"] == 2688 and nemotron["mamba_heads"] == 64 and nemotron["mamba_groups"] == 8
+    assert nemotron["layer_kinds"] == {"M": 4, "*": 2, "E": 4} and nemotron["moe_latent_size"] == 1024
+    assert nemotron["experts"] == 64 and nemotron["dispatcher"] == "alltoall"
+    assert 1.5e9 < nemotron["parameters"] < 2.5e9
+    # 6 of 64 experts per token, each on the 1024-wide latent (up and down, not gated)
+    idle = 4 * (64 - 6) * 2 * 1024 * 1856
+    assert nemotron["active_parameters"] == nemotron["parameters"] - 131072 * 2688 - idle
+    assert nemotron["flops_per_token"] > 2 * nemotron["active_parameters"]  # + attention + the SSD scan
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--models", "huge"], "--models: unknown ['huge']"),
