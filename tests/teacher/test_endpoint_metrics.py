@@ -4,8 +4,8 @@ status`` shows the rate per teacher, so a user sees when the wire, not the model
 
 A real endpoint in front of the numpy stand-in group (answers of known size: JSON and binary, a
 top-k one, a refusal); and the middleware alone in front of handlers answering a whole body
-(``web.Response``) and a stream written in chunks (``web.StreamResponse`` with a Content-Length),
-read by aiohttp's client.
+(``web.Response``) and streams written in chunks (``web.StreamResponse`` with a Content-Length) by
+the handler or after it, read by aiohttp's client.
 """
 
 from __future__ import annotations
@@ -106,19 +106,36 @@ def test_the_middleware_counts_a_whole_body_and_a_stream_as_their_clients_read_t
         await response.write_eof()
         return response
 
+    class LateStream(web.StreamResponse):
+        """Written after the middleware, as podium's streamed answers are (only its size is known)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.content_length = sum(map(len, chunks))
+
+        async def write_eof(self, data: bytes = b"") -> None:
+            if not self._eof_sent:
+                for chunk in chunks:
+                    await self.write(chunk)
+            await super().write_eof()
+
+    async def late_answer(request: web.Request) -> web.StreamResponse:
+        return LateStream()
+
     async def exchange() -> tuple[list[int], str]:
         metrics = EndpointMetrics("t", queue_depth=lambda: 0, queued_rows=lambda: 0)
         server = web.Application(middlewares=[error_middleware(EndpointConfig("t", token="x"), metrics)])
         server.router.add_post("/v2/models/whole/infer", whole_answer)
         server.router.add_post("/v2/models/stream/infer", streamed_answer)
+        server.router.add_post("/v2/models/late/infer", late_answer)
         got = []
         async with TestClient(TestServer(server)) as client:
-            for name in ("whole", "stream", "whole"):
+            for name in ("whole", "stream", "late", "whole"):
                 resp = await client.post(f"/v2/models/{name}/infer")
                 got.append(len(await resp.read()))
         return got, metrics.render().decode()
 
     got, text = asyncio.run(exchange())
-    assert got == [len(whole), sum(map(len, chunks)), len(whole)]
+    assert got == [len(whole), sum(map(len, chunks)), sum(map(len, chunks)), len(whole)]
     assert totals(text)["podium_response_bytes_total"] == sum(got)
     assert summary(text)["bytes_out_per_s_1m"] == pytest.approx(sum(got) / WINDOW_S)

@@ -88,11 +88,11 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
 
 
 def body_bytes(response: web.StreamResponse) -> int:
-    """The body bytes ``response`` sends: a ``web.Response`` (written after the middleware) sends
-    its body, ``content_length``; a ``StreamResponse`` its handler streamed with a Content-Length
-    sent exactly that (aiohttp's writer sends no byte past it, and a stream cut short fails its
-    handler); a chunked one without it, what its writer sent (``body_length``, once its end was
-    written: headers and chunk framing included)."""
+    """The body bytes ``response`` sends: its Content-Length (``content_length``: a
+    ``web.Response``'s body, or a ``StreamResponse`` that declares it, written by its handler or,
+    as podium's streamed answers are, after the middleware; aiohttp sends no byte past it, and a
+    stream cut short when its client went away counts whole); a chunked stream its handler wrote,
+    what its writer sent (``body_length``: headers and chunk framing included)."""
     length = response.content_length
     if length is not None:
         return length
