@@ -173,14 +173,14 @@ class PodiumClient:
         micro_batch_size: int | None = None,
         temperature: float | None = None,
         values_datatype: str = "FP32",
-        indices_datatype: str = "INT64",
+        indices_datatype: str = "INT32",
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """NeMo RL's ``get_topk_logits`` from the teacher of ``alias_or_agent_name``:
         ``{"topk_logits": float32 [B, S, k], "topk_indices": int64 [B, S, k]}``, the
         temperature-scaled logits of the ``k`` likeliest next tokens at each position (see
-        :meth:`TeacherClient.get_topk_logits`). ``values_datatype="BF16"`` and
-        ``indices_datatype="INT32"`` halve the bytes on the wire, not the result's dtypes;
+        :meth:`TeacherClient.get_topk_logits`). ``values_datatype="BF16"`` halves the values' bytes
+        on the wire, ids travel INT32 (``indices_datatype="INT64"``: wide), not the result's dtypes;
         ``timeout_s``: this call's deadline (default ``ClientOptions.call_timeout_s``)."""
         return self.teacher(alias_or_agent_name).get_topk_logits(
             data, k, micro_batch_size=micro_batch_size, temperature=temperature, values_datatype=values_datatype,

@@ -73,6 +73,7 @@ from podium.protocol.names import (
     ERROR_QUEUE_FULL,
     ERROR_REQUEST_FAILED,
     GENERATION_HEADER,
+    INDEX_OUTPUTS,
     INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
@@ -328,20 +329,21 @@ class TeacherClient:
         micro_batch_size: int | None = None,
         temperature: float | None = None,
         values_datatype: str = "FP32",
-        indices_datatype: str = "INT64",
+        indices_datatype: str = "INT32",
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """NeMo RL's ``get_topk_logits``: ``{"topk_logits": float32 [B, S, k], "topk_indices": int64
         [B, S, k]}``, the temperature-scaled logits of the ``k`` likeliest next tokens at each
         position (position ``t``: the token after ``t``; zeros at and past ``length - 1``).
-        ``values_datatype="BF16"`` / ``indices_datatype="INT32"`` halve the bytes on the wire; the
-        result is float32 / int64 either way."""
+        ``values_datatype="BF16"`` halves the values' bytes on the wire; ids travel INT32 (as
+        ``indices_datatype`` says; ``"INT64"`` for a teacher that must send them wide); the result is
+        float32 / int64 either way."""
         ids, lengths = batch_inputs(data)
         out = self.get_logprobs_arrays(ids, lengths, top_k=k, micro_batch_size=micro_batch_size,
                                        temperature=temperature, outputs=(TOPK_LOGITS, TOPK_LOGIT_INDICES),
                                        values_datatype=values_datatype, indices_datatype=indices_datatype,
                                        timeout_s=timeout_s)
-        result = {"topk_logits": out[TOPK_LOGITS], "topk_indices": out[TOPK_LOGIT_INDICES].astype(np.int64, copy=False)}
+        result = {"topk_logits": out[TOPK_LOGITS], "topk_indices": out[TOPK_LOGIT_INDICES]}
         return convert_outputs(result, self.options.return_type)
 
     def get_candidate_logprobs(
@@ -384,8 +386,9 @@ class TeacherClient:
     ) -> dict[str, np.ndarray]:
         """One infer request on numpy arrays: the ``outputs`` named in :mod:`podium.protocol.names`
         (default: ``logprobs``, + top-k logprobs/indices with ``top_k``), as numpy arrays (values
-        float32, BF16 decoded). The options are checked here, by the rule the teacher applies, so
-        a bad one is a :class:`~podium.protocol.batch.BatchError` before anything is sent."""
+        float32, BF16 decoded; indices int64, whatever they travelled as: INT32 unless
+        ``indices_datatype`` says otherwise). The options are checked here, by the rule the teacher
+        applies, so a bad one is a :class:`~podium.protocol.batch.BatchError` before anything is sent."""
         if outputs is None:
             outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
         outputs = list(outputs)
@@ -402,8 +405,8 @@ class TeacherClient:
             params[TEMPERATURE] = opts.temperature
         if values_datatype is not None:
             params[VALUES_DATATYPE] = opts.values_datatype
-        if indices_datatype is not None:
-            params[INDICES_DATATYPE] = opts.indices_datatype
+        # ids travel INT32 unless asked otherwise (the teacher answers INT64 for a vocabulary too large)
+        params[INDICES_DATATYPE] = opts.indices_datatype if indices_datatype is not None else "INT32"
         request_id = request_id or uuid.uuid4().hex
         binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
@@ -432,7 +435,7 @@ class TeacherClient:
         if missing:
             raise TeacherServerError(self.label, str(record.generation), resp.status,
                                      f"response lacks outputs {missing}")
-        return {name: decoded.as_float32(name) if name in VALUE_OUTPUTS else decoded.outputs[name] for name in outputs}
+        return {name: _as_caller_dtype(decoded, name) for name in outputs}
 
     def close(self) -> None:
         self.replicas.close()
@@ -468,6 +471,15 @@ def check_tokenizer_against(
             raise TokenizerMismatchError(
                 f"{where}: tokenizer fingerprint {teacher_fp} != trainer's {fingerprint} (different vocabularies)"
             )
+
+
+def _as_caller_dtype(decoded: oip.InferResponse, name: str) -> np.ndarray:
+    """Output ``name`` as the caller gets it: values float32 (BF16 decoded), indices int64."""
+    if name in VALUE_OUTPUTS:
+        return decoded.as_float32(name)
+    if name in INDEX_OUTPUTS:
+        return decoded.outputs[name].astype(np.int64, copy=False)
+    return decoded.outputs[name]
 
 
 def _retry_after(resp: HTTPResponse) -> float:

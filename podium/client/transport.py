@@ -6,7 +6,9 @@ to the socket straight from numpy's memory), and the response read into one writ
 numpy views without copying. A failed exchange closes its connection and raises
 :class:`TransportError` (``dropped`` when the connection died with the whole request sent: the
 server died with it in hand); a kept-alive connection the server has closed is not reused, and a
-request whose sending failed on a reused one is sent once more on a fresh one. An exchange given
+request whose sending failed on a reused one is sent once more on a fresh one. An answer is received
+straight into fresh, uninitialised memory (``numpy.empty``: zero-filling 100 MB costs more than a
+loopback moves it in), one buffer per answer, so arrays handed out earlier are never overwritten. An exchange given
 ``timeout_s`` never waits longer than that in all (connect, proof, send, each read), and sockets
 have TCP keepalive on, so a head node that vanished without closing its connections is noticed
 while a long call computes.
@@ -30,6 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import numpy as np
 
 from podium.client.errors import ServerProofError, TransportError
 from podium.protocol.names import PROOF, PROOF_NONCE
@@ -79,7 +83,7 @@ class ServerIdentity:
 class HTTPResponse:
     status: int
     headers: http.client.HTTPMessage
-    body: bytearray
+    body: memoryview  # writable bytes (numpy views of it are writable arrays)
 
     def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
@@ -253,21 +257,21 @@ class HTTPTransport:
         resp = conn.getresponse()
         length = resp.getheader("Content-Length")
         if length is not None:
-            buf = bytearray(int(length))
-            view = memoryview(buf)
+            size = int(length)
+            view = np.empty(size, dtype=np.uint8).data  # not zero-filled: every byte is read into it
             got = 0
-            while got < len(buf):
+            while got < size:
                 bound()
                 n = resp.readinto(view[got:got + _READ_CHUNK])
                 if not n:
-                    raise http.client.IncompleteRead(bytes(view[:got]), len(buf) - got)
+                    raise http.client.IncompleteRead(bytes(view[:got]), size - got)
                 got += n
             resp.read()  # lets http.client mark the response complete (keeps the connection)
         else:
-            buf = bytearray(resp.read())
+            view = memoryview(bytearray(resp.read()))
         if resp.will_close:
             self._drop()
-        return HTTPResponse(resp.status, resp.headers, buf)
+        return HTTPResponse(resp.status, resp.headers, view)
 
     def close(self) -> None:
         """Close every connection this transport opened (all threads)."""

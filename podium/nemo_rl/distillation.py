@@ -18,13 +18,13 @@ from podium.nemo_rl.remote import RemoteTeacher, as_batched_data_dict
 class RemoteDistillationTeacher(RemoteTeacher):
     """NeMo RL distillation teacher (``Policy``) for one podium teacher.
 
-    ``values_datatype="BF16"`` / ``indices_datatype="INT32"`` halve the top-k bytes on the wire
-    (values rounded to bfloat16; returned as float32 / int64 either way). The other keywords are
+    ``values_datatype="BF16"`` halves the top-k values' bytes on the wire (rounded to bfloat16); ids
+    travel INT32 (``indices_datatype="INT64"``: wide); returned as float32 / int64 either way. The other keywords are
     :class:`~podium.nemo_rl.remote.RemoteTeacher`'s (``options``, ``model``, ``client``); any other
     raises :class:`TypeError`."""
 
     def __init__(self, rendezvous_path: str | Path, alias: str, *, values_datatype: str = "FP32",
-                 indices_datatype: str = "INT64", **kwargs: Any) -> None:
+                 indices_datatype: str = "INT32", **kwargs: Any) -> None:
         super().__init__(rendezvous_path, alias, **kwargs)
         self.values_datatype = values_datatype
         self.indices_datatype = indices_datatype

@@ -127,7 +127,7 @@ def distillation_teacher(
     ready_timeout_s: float | None = None,
     options: ClientOptions | None = None,
     values_datatype: str = "FP32",
-    indices_datatype: str = "INT64",
+    indices_datatype: str = "INT32",
 ) -> RemoteDistillationTeacher:
     """The teacher NeMo RL's distillation loop holds (``alias=None``: the run's only teacher, or
     its default alias's), once that teacher is ready."""

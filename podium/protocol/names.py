@@ -9,7 +9,7 @@ name                       meaning
                            the row's length), NeMo RL's convention
 ``topk_logprobs``          FP32 ``[B, S, k]`` with the request parameter ``top_k``, same alignment
                            as ``logprobs`` (position ``i``: the distribution token ``i`` came from)
-``topk_indices``           INT64 ``[B, S, k]`` vocabulary ids of those
+``topk_indices``           INT64/INT32 ``[B, S, k]`` vocabulary ids of those
 ``topk_logits``            FP32/BF16 ``[B, S, k]``: the temperature-scaled *logits* ``z / T`` of the
                            top-k ids in the *next-token* alignment (position ``t``: the distribution
                            of the token after ``t``; 0 at and past ``length - 1``), NeMo RL's
@@ -22,8 +22,9 @@ name                       meaning
 
 Request parameters: ``top_k`` (``1..min(vocab, server.max_top_k)``), ``micro_batch_size``,
 ``temperature`` (``0.001..1000``; default: the teacher's), ``values_datatype`` (``FP32`` or
-``BF16``: top-k logits and candidate logprobs) and ``indices_datatype`` (``INT64`` or ``INT32``).
-BF16 travels only as binary data.
+``BF16``: top-k logits and candidate logprobs) and ``indices_datatype`` (``INT64``, the default, or
+``INT32``: top-k indices of either kind; answered INT64 when the vocabulary does not fit INT32;
+podium's client asks INT32 and hands its caller int64). BF16 travels only as binary data.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ INPUTS = (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS)
 OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS)
 TOPK_OUTPUTS = (TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES)  # need top_k
 VALUE_OUTPUTS = (TOPK_LOGITS, CANDIDATE_LOGPROBS)  # may travel as BF16
-INDEX_OUTPUTS = (TOPK_LOGIT_INDICES,)  # may travel as INT32
+INDEX_OUTPUTS = (TOPK_INDICES, TOPK_LOGIT_INDICES)  # may travel as INT32
 ID_DATATYPES = ("INT32", "INT64")  # accepted for input ids
 VALUE_DATATYPES = ("FP32", "BF16")  # offered for top-k logits / candidate logprobs (default first)
-INDEX_DATATYPES = ("INT64", "INT32")  # offered for top-k logit indices (default first)
+INDEX_DATATYPES = ("INT64", "INT32")  # offered for top-k indices (default first)
+INT32_VOCAB = 2**31  # vocabularies up to this size have their ids travel INT32 when asked
 
 # Request parameters.
 TOP_K = "top_k"

@@ -439,6 +439,7 @@ def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer
     head = dumps_chunked(header)
     if not chunks:
         return [head], None
+    head += b" " * (-len(head) % 8)  # JSON may end in spaces: the tensors after it start 8-byte aligned
     return [head, *chunks], len(head)
 
 

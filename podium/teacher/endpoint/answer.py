@@ -3,7 +3,8 @@
 :func:`group_outputs` refuses what a group returned in the wrong shape (a broken group is a 500,
 never a wrong answer); :func:`wire` gives each output the dtype it travels as; :func:`infer_response`
 is the HTTP answer (JSON or the binary extension, as the request asked; codec
-:mod:`podium.protocol.oip`) with the request id, generation and teacher headers.
+:mod:`podium.protocol.oip`) with the request id, generation and teacher headers, its body never
+joined when large (:mod:`~podium.teacher.endpoint.stream` writes the tensors' own memory).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from podium.protocol.names import (
     GENERATION_HEADER,
     GENERATION_PARAMETER,
     INDEX_OUTPUTS,
+    INT32_VOCAB,
     OUTPUTS,
     REQUEST_ID_HEADER,
     TEACHER_HEADER,
-    TOPK_INDICES,
     VALUE_OUTPUTS,
 )
 from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.endpoint.stream import AnswerSender
 
 
 def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarray]:
@@ -43,19 +45,20 @@ def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarr
     return out
 
 
-def wire(name: str, array: np.ndarray, opts: Options) -> np.ndarray:
-    """An output as it travels: indices INT64 (top-k logit indices INT32 when asked), values
+def wire(name: str, array: np.ndarray, opts: Options, vocab_size: int) -> np.ndarray:
+    """An output as it travels: indices INT64 (INT32 when asked and the vocabulary fits), values
     float32 (top-k logits and candidate logprobs as BF16 bits when asked)."""
-    if name in (TOPK_INDICES, *INDEX_OUTPUTS):
-        return array.astype(np.int32 if name in INDEX_OUTPUTS and opts.indices_datatype == "INT32" else np.int64,
-                            copy=False)
+    if name in INDEX_OUTPUTS:
+        narrow = opts.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
+        return array.astype(np.int32 if narrow else np.int64, copy=False)
     values = array.astype(np.float32, copy=False)
     return oip.to_bf16(values) if name in VALUE_OUTPUTS and opts.values_datatype == "BF16" else values
 
 
 def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, np.ndarray],
-                   outputs: list[str], opts: Options, request_id: str) -> web.Response:
-    """The answer to ``req``: its ``outputs`` of ``result`` (already in their wire dtypes)."""
+                   outputs: list[str], opts: Options, request_id: str, sender: AnswerSender) -> web.StreamResponse:
+    """The answer to ``req``: its ``outputs`` of ``result`` (already in their wire dtypes); a large
+    one is written by ``sender`` from the arrays' memory."""
     gen = str(config.generation) if config.generation is not None else ""
     chunks, header_len = oip.encode_response(
         config.served_name,
@@ -71,4 +74,4 @@ def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mappin
         content_type = oip.BINARY_CONTENT_TYPE
     else:
         content_type = oip.JSON_CONTENT_TYPE
-    return web.Response(body=oip.join(chunks), headers=headers, content_type=content_type)
+    return sender.response(chunks, headers, content_type)

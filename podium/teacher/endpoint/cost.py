@@ -15,7 +15,6 @@ from podium.protocol.names import (
     CANDIDATE_LOGPROBS,
     INDEX_OUTPUTS,
     LOGPROBS,
-    TOPK_INDICES,
     TOPK_LOGPROBS,
     VALUE_OUTPUTS,
 )
@@ -39,8 +38,6 @@ def response_bytes(batch: Batch, opts: Options, outputs: list[str], binary: dict
             per = opts.top_k or 1
             if name == TOPK_LOGPROBS:
                 size = 4
-            elif name == TOPK_INDICES:
-                size = 8
             elif name in VALUE_OUTPUTS:
                 size = 2 if opts.values_datatype == "BF16" else 4
             elif name in INDEX_OUTPUTS:

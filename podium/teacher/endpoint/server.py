@@ -53,6 +53,7 @@ from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, gu
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
+from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.endpoint.validation import validate_request
 from podium.teacher.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from podium.teacher.metrics import EndpointMetrics
@@ -96,6 +97,9 @@ class EndpointServer:
                                            idle_timeout_s=settings.idle_timeout_s,
                                            max_connections=settings.max_connections,
                                            max_connections_per_peer=settings.max_connections_per_peer)
+        # large answers leave from the arrays' memory on threads of their own; a client that reads
+        # nothing of one for body_timeout_s is cut off
+        self.sender = AnswerSender(self.connections, stall_timeout_s=settings.body_timeout_s)
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
         self.port: int | None = None
@@ -246,6 +250,7 @@ class EndpointServer:
             await self._scheduler.stop()
         await self.connections.stop()
         self._calls.shutdown()
+        self.sender.shutdown()
         self._codec.shutdown(wait=False, cancel_futures=True)
         logger.info("teacher %r stopped serving at %s after %d requests",
                     self.config.served_name, self.url, self._served)
@@ -330,7 +335,7 @@ class EndpointServer:
         self._check_model(request)
         return await self._ready_route(request)
 
-    async def _infer(self, request: web.Request) -> web.Response:
+    async def _infer(self, request: web.Request) -> web.StreamResponse:
         self._check_model(request)
         if not self.ready:
             raise self._not_ready()
@@ -398,7 +403,7 @@ class EndpointServer:
                    self.vocab_size)
         return batch, opts, outputs
 
-    async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.Response:
+    async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         req = await loop.run_in_executor(self._codec, raw.decode)
         request_id = req.id or request[REQUEST_ID]
@@ -416,8 +421,8 @@ class EndpointServer:
         return await loop.run_in_executor(self._codec, self._encode, req, result, outputs, opts, request_id)
 
     def _encode(self, req: oip.InferRequest, result: dict[str, np.ndarray], outputs: list[str], opts: Options,
-                request_id: str) -> web.Response:
+                request_id: str) -> web.StreamResponse:
         """The answer, each output in its wire dtype (on a codec thread)."""
-        wired = {name: wire(name, array, opts) for name, array in result.items()}
-        return infer_response(self.config, req, wired, outputs, opts, request_id)
+        wired = {name: wire(name, array, opts, self.vocab_size) for name, array in result.items()}
+        return infer_response(self.config, req, wired, outputs, opts, request_id, self.sender)
 
