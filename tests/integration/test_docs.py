@@ -47,6 +47,7 @@ KINDS = ("skip", "file", "site", "last")
 # (page, why) of every block that is not run here, one entry per block (the why is on the page)
 EXPECTED_SKIPS = sorted([
     ("README.md", "installs packages; CI's .ci/run runs these two lines"),
+    ("README.md", "installs CUDA packages on a GPU node"),
     ("README.md", "every benchmark at full size (about 20 min here); tests/benchmarks/test_bench_quick.py runs "
                   "run_all --quick"),
     ("README.md", "`podium demo` is run by tests/apps/test_demo.py, the suite by .ci/run"),

@@ -200,6 +200,16 @@ def _client_failed(tmp: Path) -> str:
     return str(TeacherFailedError("math_agent", "4711:3", reason))
 
 
+def _mamba_kernels(tmp: Path) -> str:
+    from podium.config.architecture import MAMBA_KERNELS
+    from podium.teacher.hybrid_model import MambaKernelsMissing, choose_hybrid_spec
+
+    with pytest.raises(MambaKernelsMissing) as err:
+        choose_hybrid_spec(cuda=True, transformer_engine=True, missing_kernels=MAMBA_KERNELS,
+                           where="this Python (/shared/me/venv/bin/python, torch 2.13.0+cu128, CUDA 12.8)")
+    return str(err.value)
+
+
 TRIGGERS: dict[str, Callable[[Path], str]] = {
     "ray-start-died": _ray_start_died,
     "run-dir-not-shared": _run_dir_not_shared,
@@ -215,6 +225,7 @@ TRIGGERS: dict[str, Callable[[Path], str]] = {
     "sbatch-partition": _sbatch("--partition=nope", {"partition": "nope"}, 1),
     "client-unavailable": _client_unavailable,
     "client-failed": _client_failed,
+    "mamba-kernels": _mamba_kernels,
 }
 NEEDS_SLURM = {"sacct-disabled"}
 
