@@ -9,10 +9,16 @@ before it builds the model:
   ``1/TP`` of the fused QKV rows, all-gathers the fused output and keeps its group, so the fused
   rows must divide by TP too);
 - routed experts over EP (``num_experts``, ``num_local_experts`` or ``n_routed_experts``);
+- routed experts over expert-TP: ETP divides each expert's MLP (``moe_intermediate_size``); a shared
+  expert is split over the attention TP (``moe_shared_expert_intermediate_size`` /
+  ``shared_expert_intermediate_size``). Latent projections are whole on every rank: no rule;
 - Nemotron-H (``model_type`` ``nemotron_h``): TP divides the Mamba heads (``mamba_num_heads``) and
   groups (``n_groups``), as Megatron's ``MambaMixer`` asserts, and CP splits what each TP rank holds
   again (``MambaContextParallel``: heads per TP rank divisible by CP; groups per TP rank a multiple
-  or a divisor of CP).
+  or a divisor of CP); PP divides the layers of the pattern (``hybrid_override_pattern`` or
+  ``layers_block_type``): megatron-core's hybrid model gives each stage ``L/PP`` consecutive layers
+  (both releases podium runs; ``megatron_compat``). MTP layers are no part of a teacher, so no stage
+  holds one.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -98,10 +104,38 @@ def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[s
             problems.append(f"num_attention_heads={attention[0]}, num_key_value_heads={attention[1]}: {problem}")
     if config.get("model_type") == NEMOTRON_H:
         problems.extend(_mamba_problems(config, tp, cp))
+        problems.extend(_pipeline_problems(config, layout.pipeline_model_parallel_size))
     experts = experts_of(config)
     if experts and experts % ep:
         problems.append(f"{experts} experts cannot be split over EP{ep} ({experts} / {ep} is not a whole number "
                         f"per rank); choose an EP that divides {experts}")
+    if experts:
+        problems.extend(_expert_mlp_problems(config, tp, layout.expert_tensor_parallel_size))
+    return problems
+
+
+def _pattern_key(config: Mapping[str, Any]) -> str:
+    return "hybrid_override_pattern" if config.get("hybrid_override_pattern") else "layers_block_type"
+
+
+def _pipeline_problems(config: Mapping[str, Any], pp: int) -> list[str]:
+    layers = len(layer_pattern(config))
+    if pp == 1 or not layers or not layers % pp:
+        return []
+    return [f"{_pattern_key(config)} has {layers} layers: PP{pp} must divide them ({layers} / {pp} is not whole; "
+            "megatron-core's hybrid model gives every pipeline stage the same number of consecutive layers)"]
+
+
+def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[str]:
+    problems = []
+    routed = _int(config, "moe_intermediate_size")
+    if routed and routed[1] % etp:
+        problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
+                        f"({routed[1]} / {etp} is not whole)")
+    shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
+    if shared and shared[1] % tp:
+        problems.append(f"{shared[0]}={shared[1]}: TP{tp} must divide the shared expert's MLP, which is split "
+                        f"over the attention TP ({shared[1]} / {tp} is not whole)")
     return problems
 
 
@@ -161,15 +195,35 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
         latent = (_int(config, "moe_latent_size") or ("", 0))[1]
         line = (f"experts: {experts} over EP{ep} = {experts // ep} per rank"
                 + (f", top-{topk}" if topk else "") + (f", latent MoE (moe_latent_size={latent})" if latent else ""))
+        routed = _int(config, "moe_intermediate_size")
+        if etp > 1 and routed and not routed[1] % etp:
+            line += (f"; ETP{etp} splits each expert's MLP (moe_intermediate_size={routed[1]}) into "
+                     f"{routed[1] // etp} per rank" + ("; the latent projections are whole on every rank"
+                                                       if latent else ""))
         if ep * etp > layout.gpus_per_node:
             nodes = -(-ep * etp // layout.gpus_per_node)
             moe_layers = f" of each of the {pattern.count('E')} MoE layers" if nemotron else ""
             line += (f"; EP{ep}·ETP{etp} spans {nodes} nodes ({layout.gpus_per_node} GPUs each): the token "
                      f"all-to-all{moe_layers} crosses the network")
         lines.append(line)
+    pp = layout.pipeline_model_parallel_size
+    if nemotron and pp > 1 and pattern and not len(pattern) % pp:
+        lines.append(_pipeline_stages(pattern, pp))
     if nemotron and cp > 1:
         lines.append(f"CP{cp} without sequence packing: NeMo RL's own Megatron teacher refuses CP > 1 unless "
                      "policy.sequence_packing.enabled (the Ultra recipe sets it); podium does not pack: it "
                      f"right-pads each micro-batch to a multiple of 2·CP = {2 * cp} and gives each CP rank its two "
                      "load-balanced chunks, which Megatron's Mamba layers put back in order for the scan")
     return lines
+
+
+def _pipeline_stages(pattern: str, pp: int) -> str:
+    """The layers each pipeline stage of a Nemotron-H pattern holds, in words (``pp`` divides it)."""
+    per = len(pattern) // pp
+    stages = []
+    for stage in range(pp):
+        part = pattern[stage * per: (stage + 1) * per]
+        counts = ", ".join(f"{part.count(letter)} {name}" for letter, name in _LAYER_KINDS.items()
+                           if part.count(letter))
+        stages.append(f"stage {stage}: {counts}")
+    return f"PP{pp}: {per} consecutive layers per pipeline stage ({'; '.join(stages)})"

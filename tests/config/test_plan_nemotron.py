@@ -114,6 +114,12 @@ def test_ultra_recipe_plans_one_nemotron_teacher_on_4_nodes_and_states_its_needs
     ([f"{TEACHER_CFG}.expert_model_parallel_size=3", f"{TEACHER_CFG}.gpus_per_node=3",
       f"{TEACHER_CFG}.tensor_model_parallel_size=4", f"{TEACHER_CFG}.context_parallel_size=1"],
      "512 experts cannot be split over EP3 (512 / 3 is not a whole number per rank)"),
+    # PP5 on 4 × 5 GPUs (TP1·CP1, EP4 so expert parallelism fits a stage): 108 layers do not split in 5 stages
+    ([f"{TEACHER_CFG}.pipeline_model_parallel_size=5", f"{TEACHER_CFG}.gpus_per_node=5",
+      f"{TEACHER_CFG}.tensor_model_parallel_size=1", f"{TEACHER_CFG}.context_parallel_size=1",
+      f"{TEACHER_CFG}.expert_model_parallel_size=4"],
+     "hybrid_override_pattern has 108 layers: PP5 must divide them (108 / 5 is not whole; megatron-core's hybrid "
+     "model gives every pipeline stage the same number of consecutive layers)"),
 ])
 def test_a_layout_the_nemotron_teacher_cannot_take_is_refused_naming_the_key(
         ultra: Path, ultra_checkpoint: Path, overrides: list[str], message: str) -> None:
@@ -134,3 +140,46 @@ def test_kv_groups_that_tp_cannot_split_are_refused_for_any_family_naming_the_ke
         "num_attention_heads=24, num_key_value_heads=3: with fewer KV groups (3) than TP8, TP must be a multiple "
         "of them (8 / 3 is not whole)"]
     assert layout_problems(llama, ParallelLayout(gpus_per_node=6, tensor_model_parallel_size=6)) == []
+
+
+def test_ultra_at_pp2_plans_and_says_which_layers_each_stage_holds(ultra: Path, ultra_checkpoint: Path) -> None:
+    """TP4·CP2·PP2·EP8 on the recipe's 4 × 4 GPUs: 108 layers, 54 per stage."""
+    overrides = [f"{TEACHER_CFG}.tensor_model_parallel_size=4", f"{TEACHER_CFG}.pipeline_model_parallel_size=2",
+                 f"{TEACHER_CFG}.expert_model_parallel_size=8"]
+    plan = load_plan(ultra, [f"_teachers.general={ultra_checkpoint}", *overrides])
+    require_checkpoints(plan)  # nothing refused
+    (teacher,) = plan.teachers
+    assert (teacher.tensor_model_parallel_size, teacher.pipeline_model_parallel_size,
+            teacher.context_parallel_size, teacher.expert_model_parallel_size) == (4, 2, 2, 8)
+    result = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}", *overrides,
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    needs = json.loads(result.output)["teachers"][0]["needs"]
+    assert ("PP2: 54 consecutive layers per pipeline stage (stage 0: 24 Mamba-2, 6 attention, 24 MoE; "
+            "stage 1: 24 Mamba-2, 6 attention, 24 MoE)") in needs, needs
+
+
+def test_expert_tp_and_the_shared_expert_split_are_checked_at_plan_time() -> None:
+    """ETP divides each routed expert's MLP; the shared expert is split over the attention TP; the
+    layers each pipeline stage holds are said (a tiny ``MEM*-E`` Nemotron-H, latent MoE)."""
+    from podium.config.architecture import architecture_needs, layout_problems
+    from podium.config.layout import ParallelLayout
+
+    tiny = {"model_type": "nemotron_h", "hybrid_override_pattern": "MEM*-E", "num_attention_heads": 4,
+            "num_key_value_heads": 2, "hidden_size": 64, "head_dim": 16, "mamba_num_heads": 8, "n_groups": 2,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "moe_shared_expert_intermediate_size": 48, "moe_latent_size": 32}
+    assert layout_problems(tiny, ParallelLayout(gpus_per_node=3, expert_tensor_parallel_size=3)) == [
+        "moe_intermediate_size=32: ETP3 must divide each routed expert's MLP (32 / 3 is not whole)"]
+    assert layout_problems({**tiny, "moe_shared_expert_intermediate_size": 45},
+                           ParallelLayout(gpus_per_node=4, tensor_model_parallel_size=2)) == [
+        "moe_shared_expert_intermediate_size=45: TP2 must divide the shared expert's MLP, which is split over the "
+        "attention TP (45 / 2 is not whole)"]
+    layout = ParallelLayout(num_nodes=2, gpus_per_node=2, tensor_model_parallel_size=2,
+                            pipeline_model_parallel_size=2, expert_tensor_parallel_size=2)
+    assert layout_problems(tiny, layout) == []
+    needs = architecture_needs(tiny, layout)
+    assert ("experts: 4 over EP1 = 4 per rank, top-2, latent MoE (moe_latent_size=32); ETP2 splits each expert's "
+            "MLP (moe_intermediate_size=32) into 16 per rank; the latent projections are whole on every rank") in needs
+    assert ("PP2: 3 consecutive layers per pipeline stage (stage 0: 2 Mamba-2, 1 MoE; stage 1: 1 attention, 1 MoE, "
+            "1 MLP)") in needs
