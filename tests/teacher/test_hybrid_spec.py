@@ -15,6 +15,7 @@ import types
 
 import pytest
 import torch
+from mamba_shim_scenarios import CONFIG as SCENARIO_CONFIG
 
 from podium.config.architecture import MAMBA_KERNELS
 from podium.teacher import hybrid_model
@@ -26,14 +27,7 @@ from podium.teacher.hybrid_model import (
     missing_mamba_kernels,
 )
 
-CONFIG = {
-    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 64, "hidden_size": 32,
-    "hybrid_override_pattern": "MEM*-E", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-    "intermediate_size": 48, "mamba_num_heads": 4, "mamba_head_dim": 8, "n_groups": 2, "ssm_state_size": 8,
-    "conv_kernel": 3, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-    "moe_shared_expert_intermediate_size": 24, "moe_latent_size": 16, "routed_scaling_factor": 2.0,
-    "layer_norm_epsilon": 1e-5, "max_position_embeddings": 32,
-}
+CONFIG = {**SCENARIO_CONFIG, "conv_kernel": 3}  # the tiny hybrid of the shim scenarios, an odd conv width
 INSTALL = "pip install --no-build-isolation mamba-ssm causal-conv1d"
 
 
