@@ -9,9 +9,11 @@ is checked on its spec objects; building it needs TransformerEngine on CUDA (not
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import sys
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -78,6 +80,14 @@ def test_a_cuda_build_without_the_kernels_stops_before_building(monkeypatch: pyt
         hybrid_model.hybrid_spec_here()
 
 
+def _parts(spec: Any) -> tuple[Any, Any]:
+    """(module, submodules) of a spec: a ``ModuleSpec`` (megatron-core 0.16) or a builder (a
+    ``functools.partial`` of the module with its submodules, 0.19)."""
+    if isinstance(spec, functools.partial):
+        return spec.func, spec.keywords["submodules"]
+    return spec.module, spec.submodules
+
+
 @pytest.mark.megatron
 def test_the_te_spec_is_megatrons_with_sequential_experts_and_the_checkpoints_conv(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,6 +104,7 @@ def test_the_te_spec_is_megatrons_with_sequential_experts_and_the_checkpoints_co
     monkeypatch.setattr(provider, "is_te_min_version", lambda *_, **__: True)
 
     desc = describe_hf_config(CONFIG)
+    megatrons_moe = mamba_stack_spec.submodules.moe_layer.submodules.mlp
     spec = hybrid_model.te_hybrid_stack_spec(desc)
     sub = spec.submodules
     assert spec.module is mamba_stack_spec.module
@@ -101,8 +112,8 @@ def test_the_te_spec_is_megatrons_with_sequential_experts_and_the_checkpoints_co
     assert mixer.params["d_conv"] == 3 and mixer.submodules.in_proj is te.TELayerNormColumnParallelLinear
     assert sub.attention_layer is mamba_stack_spec.submodules.attention_layer  # TE attention, unchanged
     assert sub.moe_layer.submodules.pre_mlp_layernorm is te.TENorm
-    experts = sub.moe_layer.submodules.mlp.submodules.experts
-    assert experts.module is SequentialMLP and experts.submodules.linear_fc1 is te.TEColumnParallelLinear
-    # megatron's own spec object is left as it was (grouped GEMM experts, default conv)
-    assert mamba_stack_spec.submodules.moe_layer.submodules.mlp.submodules.experts.module is not SequentialMLP
+    experts, experts_sub = _parts(_parts(sub.moe_layer.submodules.mlp)[1].experts)
+    assert experts is SequentialMLP and experts_sub.linear_fc1 is te.TEColumnParallelLinear
+    # megatron's own spec object is left as it was (its experts, the default conv)
+    assert mamba_stack_spec.submodules.moe_layer.submodules.mlp is megatrons_moe
     assert "d_conv" not in mamba_stack_spec.submodules.mamba_layer.submodules.mixer.params
