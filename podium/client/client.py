@@ -57,6 +57,9 @@ class PodiumClient:
       again (then :class:`~podium.client.errors.TeacherRequestFailedError`);
     - ``max_backoff_s`` (60): the longest wait after a full queue (it starts at the Retry-After);
     - ``binary`` (True): the binary tensor extension on the wire (False: JSON tensors);
+    - ``pipeline_mb`` (32): a call whose answer is at least this many MB goes as a few requests of
+      consecutive rows at once, so the first answers cross the wire while the teacher computes the
+      later ones (same numbers; None: always one request);
     - ``return_type`` ("auto"): "torch", "numpy", or "auto" (torch where it is importable).
 
     Any other keyword raises :class:`TypeError` before the run is read.

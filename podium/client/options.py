@@ -34,6 +34,10 @@ class ClientOptions:
     # or removed by `podium scale`) and the records of replicas it does not use (one come back).
     refresh_s: float = 2.0
     binary: bool = True  # binary tensor extension (False: JSON tensors)
+    # A call whose binary answer is at least this many MB (10^6 bytes) is sent as up to four requests
+    # of consecutive rows at once: the first answers cross the wire while the teacher computes the
+    # later ones (podium.client.answers). None: always one request.
+    pipeline_mb: float | None = 32.0
     # A request whose generation died under it (the connection dropped after it was sent, or the
     # group answered broken) is sent again at most this many times, to other replicas or later
     # generations: a request that kills every generation fails instead of crash-looping them.

@@ -38,6 +38,7 @@ longer than what is left). Within it (:meth:`TeacherClient._call`), by the answe
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from podium.client.answers import answer_mb, caller_arrays, pipelined, request_parameters, row_chunks
 from podium.client.errors import (
     TeacherRequestError,
     TeacherRequestFailedError,
@@ -63,7 +65,7 @@ from podium.client.options import ClientOptions, convert_outputs
 from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
 from podium.client.transport import HTTPResponse
 from podium.protocol import oip
-from podium.protocol.batch import BatchError, as_int_array, batch_inputs, validate_options
+from podium.protocol.batch import BatchError, Options, as_int_array, batch_inputs, validate_options
 from podium.protocol.names import (
     CALLER_HEADER,
     CANDIDATE_IDS,
@@ -73,22 +75,16 @@ from podium.protocol.names import (
     ERROR_QUEUE_FULL,
     ERROR_REQUEST_FAILED,
     GENERATION_HEADER,
-    INDEX_OUTPUTS,
     INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
     LOGPROBS,
-    MICRO_BATCH_SIZE,
     REQUEST_ID_HEADER,
     RETRY_AFTER,
-    TEMPERATURE,
-    TOP_K,
     TOPK_INDICES,
     TOPK_LOGIT_INDICES,
     TOPK_LOGITS,
     TOPK_LOGPROBS,
-    VALUE_OUTPUTS,
-    VALUES_DATATYPE,
     infer_path,
     model_path,
 )
@@ -96,6 +92,8 @@ from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import EndpointRecord, Status, read_record
 
 logger = logging.getLogger(__name__)
+
+CHUNK_THREADS = 16  # a TeacherClient's threads for pipelined calls' chunks (several callers' at once)
 
 # Why a request is not sent again: it may be what kills the generations (docs/troubleshooting.md quotes it).
 CRASHED = "{n} generations died under this request ({seen}); ClientOptions.max_retries_after_crash is {limit}"
@@ -130,6 +128,7 @@ class TeacherClient:
         self._lock = threading.Lock()
         self.retries = 0  # requests sent again (to this or another replica, or a later generation)
         self._checked_generations: set[str] = set()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # a pipelined call's chunks (answers)
         self.replicas = ReplicaSet(self.label, record_paths, token=token, options=options,
                                    check_tokenizer=self._check_tokenizer)
 
@@ -396,18 +395,37 @@ class TeacherClient:
         opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
                                 values_datatype=values_datatype, indices_datatype=indices_datatype,
                                 vocab_size=2**62)
-        params: dict[str, Any] = {}
-        if opts.top_k:
-            params[TOP_K] = opts.top_k
-        if opts.micro_batch_size:
-            params[MICRO_BATCH_SIZE] = opts.micro_batch_size
-        if opts.temperature is not None:
-            params[TEMPERATURE] = opts.temperature
-        if values_datatype is not None:
-            params[VALUES_DATATYPE] = opts.values_datatype
-        # ids travel INT32 unless asked otherwise (the teacher answers INT64 for a vocabulary too large)
-        params[INDICES_DATATYPE] = opts.indices_datatype if indices_datatype is not None else "INT32"
+        params = request_parameters(opts, values_named=values_datatype is not None,
+                                    indices_named=indices_datatype is not None)
         request_id = request_id or uuid.uuid4().hex
+        rows = int(ids.shape[0])
+        size = answer_mb(rows, int(ids.shape[-1]), outputs, top_k=opts.top_k, values_datatype=opts.values_datatype,
+                         candidates=None if candidate_ids is None else int(candidate_ids.shape[-1]),
+                         indices_datatype=str(params[INDICES_DATATYPE]))
+        parts = row_chunks(rows, size, self.options.pipeline_mb if self.options.binary else None)
+        if len(parts) == 1:
+            return self._request(ids, lengths, candidate_ids, outputs, opts, params, request_id, timeout_s)
+
+        def one(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
+            cands = None if candidate_ids is None else candidate_ids[start:end]
+            return self._request(ids[start:end], lengths[start:end], cands, outputs, opts, params,
+                                 f"{request_id}.{index}", left)
+
+        return pipelined(self._chunk_pool(), parts, rows, one,
+                         timeout_s if timeout_s is not None else self.options.call_timeout_s)
+
+    def _chunk_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that send a pipelined call's chunks (each keeps its connections)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=CHUNK_THREADS,
+                                                                   thread_name_prefix="podium-chunk")
+            return self._pool
+
+    def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, outputs: list[str],
+                 opts: Options, params: dict[str, object], request_id: str,
+                 timeout_s: float | None) -> dict[str, np.ndarray]:
+        """One infer request; the ``outputs`` of its answer in the caller's dtypes."""
         binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
         if candidate_ids is not None:
@@ -435,10 +453,12 @@ class TeacherClient:
         if missing:
             raise TeacherServerError(self.label, str(record.generation), resp.status,
                                      f"response lacks outputs {missing}")
-        return {name: _as_caller_dtype(decoded, name) for name in outputs}
+        return caller_arrays(decoded, outputs)
 
     def close(self) -> None:
         self.replicas.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
 
 def check_tokenizer_against(
@@ -471,15 +491,6 @@ def check_tokenizer_against(
             raise TokenizerMismatchError(
                 f"{where}: tokenizer fingerprint {teacher_fp} != trainer's {fingerprint} (different vocabularies)"
             )
-
-
-def _as_caller_dtype(decoded: oip.InferResponse, name: str) -> np.ndarray:
-    """Output ``name`` as the caller gets it: values float32 (BF16 decoded), indices int64."""
-    if name in VALUE_OUTPUTS:
-        return decoded.as_float32(name)
-    if name in INDEX_OUTPUTS:
-        return decoded.outputs[name].astype(np.int64, copy=False)
-    return decoded.outputs[name]
 
 
 def _retry_after(resp: HTTPResponse) -> float:

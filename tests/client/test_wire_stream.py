@@ -49,9 +49,10 @@ FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s":
 K = 16
 
 
-def answer(ids: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
+def answer(ids: np.ndarray, lengths: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
     """The WireGroup's outputs for ``ids [B, S]``: float32 values with full mantissas (some
-    negative, some tiny) and ids up to the vocabulary's last, per position and rank."""
+    negative, some tiny) and ids up to the vocabulary's last, per position and rank; 0 at and past
+    each row's length (as a real group: the padding's width cannot change an answer)."""
     ids = np.asarray(ids, dtype=np.int64)
     pos = np.arange(ids.shape[1])[None, :, None]
     rank = np.arange(top_k)[None, None, :]
@@ -59,6 +60,8 @@ def answer(ids: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
     scale = (np.float32(3.0) ** (rank % 5)).astype(np.float32)
     values = (((seed % 1009).astype(np.float32) - np.float32(500.0)) * np.float32(0.7310586) / scale).astype(np.float32)
     indices = (ids[:, :, None] * 17 + rank * 1237 + VOCAB - 1 - top_k) % VOCAB
+    past = pos >= np.asarray(lengths)[:, None, None]
+    values, indices = np.where(past, np.float32(0), values), np.where(past, 0, indices)
     return {LOGPROBS: values[:, :, 0].copy(), TOPK_LOGPROBS: values, TOPK_INDICES: indices,
             TOPK_LOGITS: -values, TOPK_LOGIT_INDICES: indices[:, :, ::-1].copy()}
 
@@ -73,8 +76,9 @@ class WireGroup:
 
     def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
                      temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
-        out = answer(data.input_ids, int(top_k or 1))
-        return {name: torch.from_numpy(value) for name, value in out.items() if outputs is None or name in outputs}
+        out = answer(data.input_ids, data.input_lengths, int(top_k or 1))
+        return {name: torch.from_numpy(data.pad(value)) for name, value in out.items()
+                if outputs is None or name in outputs}
 
     def shutdown(self) -> bool:
         return True
@@ -123,7 +127,7 @@ def test_topk_answers_arrive_bit_identical(wire_teacher: tuple[Path, Teacher], r
     sender = teacher.server.server.sender
     streamed_before = sender.sent
     batch = ragged(rows, seq, seed=rows * seq)
-    expected = answer(batch["input_ids"].numpy(), K)
+    expected = answer(batch["input_ids"].numpy(), batch["input_lengths"].numpy(), K)
     with podium.connect(path, binary=binary, **FAST) as client:
         top = client.get_topk_logits("wire", batch, K, values_datatype=values, indices_datatype=indices)
         assert same_bits(top["topk_logits"], as_sent(expected[TOPK_LOGITS], values))
@@ -225,7 +229,8 @@ def test_a_client_gone_mid_stream_frees_the_answer(wire_teacher: tuple[Path, Tea
     with podium.connect(path, **FAST) as client:
         batch = ragged(8, 640, seed=2)
         top = client.get_topk_logits("wire", batch, K)
-        assert same_bits(top["topk_indices"], answer(batch["input_ids"].numpy(), K)[TOPK_LOGIT_INDICES])
+        expected = answer(batch["input_ids"].numpy(), batch["input_lengths"].numpy(), K)
+        assert same_bits(top["topk_indices"], expected[TOPK_LOGIT_INDICES])
     assert json.loads(bytes(_health(teacher)))["ready"] is True
 
 
@@ -238,3 +243,29 @@ def _health(teacher: Teacher) -> memoryview:
         return resp.body
     finally:
         transport.close()
+
+
+def test_a_large_call_goes_as_row_chunks_in_flight_and_comes_back_whole(wire_teacher: tuple[Path, Teacher]) -> None:
+    """``pipeline_mb``: a call whose answer is that large goes as requests of consecutive rows at
+    once; their answers are put back in row order, bit-identical to one request's; an error of the
+    call is raised as one request's would be."""
+    path, teacher = wire_teacher
+    assert teacher.server is not None
+    server = teacher.server.server
+    batch = ragged(7, 300, seed=11)  # 7 x 300 x 16 x (4 + 4) bytes: 0.27 MB
+    expected = answer(batch["input_ids"].numpy(), batch["input_lengths"].numpy(), K)
+    with podium.connect(path, pipeline_mb=0.1, **FAST) as client:
+        served = server.served
+        top = client.get_topk_logits("wire", batch, K)
+        assert server.served - served == 4  # 4 requests of 2, 2, 1, 2 rows (about equal)
+        assert same_bits(top["topk_logits"], expected[TOPK_LOGITS])
+        assert same_bits(top["topk_indices"], expected[TOPK_LOGIT_INDICES])
+        got = client.teacher("wire").get_logprobs(batch, top_k=K)
+        for name in (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES):
+            assert same_bits(got[name], expected[name]), name
+        with pytest.raises(podium.client.TeacherRequestError, match="'top_k' = 300 is over this teacher's limit"):
+            client.get_topk_logits("wire", batch, 300)
+    with podium.connect(path, pipeline_mb=None, **FAST) as client:
+        served = server.served
+        assert same_bits(client.get_topk_logits("wire", batch, K)["topk_logits"], expected[TOPK_LOGITS])
+        assert server.served - served == 1

@@ -1,0 +1,131 @@
+"""What a call asks and gets back: its parameters, its answer as the caller gets it, and a large
+call as row chunks in flight at once.
+
+:func:`request_parameters` are the request's OIP parameters (ids asked INT32 unless the caller
+names ``indices_datatype``: the teacher answers INT64 for a vocabulary too large).
+:func:`caller_arrays` decodes an OIP answer into the caller's dtypes (values float32, BF16
+decoded; ids int64 whatever they travelled as). :func:`row_chunks` and :func:`pipelined` overlap
+the wire with the teacher's compute: a call whose answer is at least ``ClientOptions.pipeline_mb``
+is sent as up to :data:`MAX_CHUNKS` requests of consecutive rows, at once, each on a connection
+of its own thread. The endpoint's scheduler batches their rows into group calls as it would the
+one request's (each row's answer is its answer alone, whatever it is batched with), so the first
+chunks' answers cross the wire while the group computes the later ones: a call costs about the
+larger of compute and transfer plus one chunk, not their sum. The rows come back in their order,
+bit-identical to one request's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from podium.protocol import oip
+from podium.protocol.batch import Options
+from podium.protocol.names import (
+    CANDIDATE_LOGPROBS,
+    INDEX_OUTPUTS,
+    INDICES_DATATYPE,
+    LOGPROBS,
+    MICRO_BATCH_SIZE,
+    TEMPERATURE,
+    TOP_K,
+    TOPK_LOGPROBS,
+    VALUE_OUTPUTS,
+    VALUES_DATATYPE,
+)
+
+MAX_CHUNKS = 4  # requests in flight for one call: the last one's transfer is what is not overlapped
+
+
+def request_parameters(opts: Options, *, values_named: bool, indices_named: bool) -> dict[str, object]:
+    """The OIP parameters of a request with ``opts`` (the datatypes only where the caller named them,
+    but ids INT32 when it did not)."""
+    params: dict[str, object] = {}
+    if opts.top_k:
+        params[TOP_K] = opts.top_k
+    if opts.micro_batch_size:
+        params[MICRO_BATCH_SIZE] = opts.micro_batch_size
+    if opts.temperature is not None:
+        params[TEMPERATURE] = opts.temperature
+    if values_named:
+        params[VALUES_DATATYPE] = opts.values_datatype
+    params[INDICES_DATATYPE] = opts.indices_datatype if indices_named else "INT32"
+    return params
+
+
+def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64."""
+    result = {}
+    for name in outputs:
+        if name in VALUE_OUTPUTS:
+            result[name] = decoded.as_float32(name)
+        elif name in INDEX_OUTPUTS:
+            result[name] = decoded.outputs[name].astype(np.int64, copy=False)
+        else:
+            result[name] = decoded.outputs[name]
+    return result
+
+
+def answer_mb(rows: int, width: int, outputs: Sequence[str], *, top_k: int | None, candidates: int | None,
+              values_datatype: str, indices_datatype: str) -> float:
+    """The size of the binary answer, in MB (10^6 bytes), from the request alone."""
+    per_position = 0
+    for name in outputs:
+        if name == LOGPROBS:
+            per_position += 4
+        elif name == CANDIDATE_LOGPROBS:
+            per_position += (candidates or 1) * (2 if values_datatype == "BF16" else 4)
+        elif name == TOPK_LOGPROBS:
+            per_position += (top_k or 1) * 4
+        elif name in VALUE_OUTPUTS:
+            per_position += (top_k or 1) * (2 if values_datatype == "BF16" else 4)
+        elif name in INDEX_OUTPUTS:
+            per_position += (top_k or 1) * (4 if indices_datatype == "INT32" else 8)
+    return rows * width * per_position / 1e6
+
+
+def row_chunks(rows: int, answer: float, pipeline_mb: float | None) -> list[tuple[int, int]]:
+    """Consecutive ``(start, end)`` row ranges of a call whose answer is ``answer`` MB: one range
+    below ``pipeline_mb`` (or when None), else 2 to :data:`MAX_CHUNKS` of about equal rows, each
+    answering at least half ``pipeline_mb`` where it can."""
+    if pipeline_mb is None or answer < pipeline_mb or rows < 2:
+        return [(0, rows)]
+    n = max(2, min(MAX_CHUNKS, rows, math.floor(2 * answer / pipeline_mb)))
+    bounds = [round(i * rows / n) for i in range(n + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def pipelined(pool: concurrent.futures.Executor, chunks: Sequence[tuple[int, int]], rows: int,
+              one: Callable[[int, int, int, float | None], dict[str, np.ndarray]],
+              timeout_s: float | None) -> dict[str, np.ndarray]:
+    """``one(index, start, end, timeout_s)`` for each chunk at once on ``pool``, all within
+    ``timeout_s``; their arrays put together in row order (each copied into place by the thread that
+    received it, while the others receive). The first error is raised; chunks not started are not sent."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    lock = threading.Lock()
+    out: dict[str, np.ndarray] = {}
+
+    def run(index: int, start: int, end: int) -> None:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        part = one(index, start, end, left)
+        with lock:
+            for name, array in part.items():
+                if name not in out:
+                    out[name] = np.empty((rows, *array.shape[1:]), dtype=array.dtype)
+        for name, array in part.items():
+            out[name][start:end] = array
+
+    futures = [pool.submit(run, i, start, end) for i, (start, end) in enumerate(chunks)]
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+    return out
