@@ -269,3 +269,29 @@ def test_a_large_call_goes_as_row_chunks_in_flight_and_comes_back_whole(wire_tea
         served = server.served
         assert same_bits(client.get_topk_logits("wire", batch, K)["topk_logits"], expected[TOPK_LOGITS])
         assert server.served - served == 1
+
+
+def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that reads nothing of a streamed answer for ``body_timeout_s`` holds its sender
+    thread no longer: the answer is cut off, its connection closed."""
+    layout, token = make_run(tmp_path, [WIRE])
+    teacher = Teacher(WireGroup(), layout, WIRE, token, server_settings={"body_timeout_s": 1.0}).start()
+    try:
+        assert teacher.server is not None
+        server = teacher.server.server
+        ids = np.random.default_rng(1).integers(0, VOCAB, (48, 1024))
+        chunks, header_len = oip.encode_request([(INPUT_IDS, ids), (INPUT_LENGTHS, np.full(48, 1024))],
+                                                outputs=(TOPK_LOGITS, TOPK_LOGIT_INDICES), parameters={TOP_K: 64})
+        caplog.set_level(logging.INFO)
+        sock = _raw_request(teacher.url, token, chunks, header_len)
+        try:
+            wait_for(lambda: server.sender.active == 1, "the answer being written", timeout_s=30)
+            started = time.monotonic()
+            wait_for(lambda: server.sender.active == 0 and server.sender.cut == 1, "the answer cut off", timeout_s=30)
+            assert 0.5 < time.monotonic() - started < 10
+            assert any("read nothing for 1s" in r.getMessage() for r in caplog.records)
+            assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "draining" not in r.getMessage()]
+        finally:
+            sock.close()
+    finally:
+        teacher.stop()

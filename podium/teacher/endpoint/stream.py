@@ -110,13 +110,14 @@ class AnswerSender:
         self.guard.request_started(transport)
         try:
             loop = asyncio.get_running_loop()
+            give_up = loop.time() + self.stall_timeout_s
             while transport.get_write_buffer_size():  # the headers first, whole (a few hundred bytes)
-                if transport.is_closing():
+                if transport.is_closing() or loop.time() > give_up:
                     break
                 await asyncio.sleep(0.001)
             own = transport.get_extra_info("socket")
-            if own is None or transport.is_closing():
-                raise StreamStopped("the connection is closed")
+            if own is None or transport.is_closing() or transport.get_write_buffer_size():
+                raise StreamStopped("the connection is closed, or its client reads nothing")
             # Duplicated here, while the transport holds it open: a descriptor number the event loop
             # closed could be another connection's by the time a thread looks at it.
             sock = socket.socket(fileno=os.dup(own.fileno()))
