@@ -59,13 +59,14 @@ def request_parameters(opts: Options, *, values_named: bool, indices_named: bool
     return params
 
 
-def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str]) -> dict[str, np.ndarray]:
-    """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64."""
+def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True) -> dict[str, np.ndarray]:
+    """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64
+    (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place)."""
     result = {}
     for name in outputs:
         if name in VALUE_OUTPUTS:
             result[name] = decoded.as_float32(name)
-        elif name in INDEX_OUTPUTS:
+        elif name in INDEX_OUTPUTS and widen:
             result[name] = decoded.outputs[name].astype(np.int64, copy=False)
         else:
             result[name] = decoded.outputs[name]
@@ -117,9 +118,10 @@ def pipelined(pool: concurrent.futures.Executor, chunks: Sequence[tuple[int, int
         with lock:
             for name, array in part.items():
                 if name not in out:
-                    out[name] = np.empty((rows, *array.shape[1:]), dtype=array.dtype)
+                    dtype = np.int64 if name in INDEX_OUTPUTS else array.dtype
+                    out[name] = np.empty((rows, *array.shape[1:]), dtype=dtype)
         for name, array in part.items():
-            out[name][start:end] = array
+            out[name][start:end] = array  # ids widened to int64 on the way
 
     futures = [pool.submit(run, i, start, end) for i, (start, end) in enumerate(chunks)]
     try:

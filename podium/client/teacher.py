@@ -409,7 +409,7 @@ class TeacherClient:
         def one(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
             cands = None if candidate_ids is None else candidate_ids[start:end]
             return self._request(ids[start:end], lengths[start:end], cands, outputs, opts, params,
-                                 f"{request_id}.{index}", left)
+                                 f"{request_id}.{index}", left, widen=False)  # widened as put in place
 
         return pipelined(self._chunk_pool(), parts, rows, one,
                          timeout_s if timeout_s is not None else self.options.call_timeout_s)
@@ -418,14 +418,14 @@ class TeacherClient:
         """The threads that send a pipelined call's chunks (each keeps its connections)."""
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=CHUNK_THREADS,
-                                                                   thread_name_prefix="podium-chunk")
+                self._pool = concurrent.futures.ThreadPoolExecutor(CHUNK_THREADS, thread_name_prefix="podium-chunk")
             return self._pool
 
     def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, outputs: list[str],
-                 opts: Options, params: dict[str, object], request_id: str,
-                 timeout_s: float | None) -> dict[str, np.ndarray]:
-        """One infer request; the ``outputs`` of its answer in the caller's dtypes."""
+                 opts: Options, params: dict[str, object], request_id: str, timeout_s: float | None,
+                 widen: bool = True) -> dict[str, np.ndarray]:
+        """One infer request; the ``outputs`` of its answer in the caller's dtypes (ids as they
+        travelled unless ``widen``)."""
         binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
         if candidate_ids is not None:
@@ -453,7 +453,7 @@ class TeacherClient:
         if missing:
             raise TeacherServerError(self.label, str(record.generation), resp.status,
                                      f"response lacks outputs {missing}")
-        return caller_arrays(decoded, outputs)
+        return caller_arrays(decoded, outputs, widen=widen)
 
     def close(self) -> None:
         self.replicas.close()
