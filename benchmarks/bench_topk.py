@@ -4,10 +4,20 @@ Classic distillation asks the teacher for the top-k logits of every position (Ne
 ``distillation.topk_logits_k``, 64 in its recipes): the answer is ``B x S x k`` values and ids,
 far larger than the request. What it measures:
 
-- ``wire``: bytes and time per call at ``--shapes`` (default 8 x 512 and 64 x 2048, k = 64), with
-  values/ids as FP32/INT64 (NeMo RL's own dtypes) and as BF16/INT32, through server + client (a
-  client in another process, binary tensors, keep-alive) to a group that answers at once: the
-  transport alone. Median of ``--wire-reps``.
+- ``wire``: per shape (``--shapes``, default 8 x 512 and 64 x 2048, k = 64) and values/ids pair
+  (FP32/INT64, FP32/INT32, BF16/INT32), through server + client (a client in another process,
+  binary tensors, keep-alive) to a group that answers at once (the transport alone): podium's
+  MB/s (answer bytes / call time, the call's decode to float32/int64 included) next to the raw
+  loopback's for the same bytes in the same run (two processes: one ``sendall`` of a buffer made
+  once, ``recv_into`` one allocated once), alternating; ``ratio`` = raw time / podium time
+  (goal >= 0.7). Medians of ``--wire-reps`` x 2.
+- ``callers``: aggregate answer MB/s of 1, 4 and 16 callers at once (``--callers``; threads of
+  up to 4 client processes) at the largest shape, FP32/INT32, and the endpoint's health-probe
+  latency meanwhile.
+- ``overlap``: a stand-in group that computes at a GPU's speed (``--gpu-tokens-per-s``, default
+  1e5: a 1.7B teacher on one H100) called in this process versus through the endpoint, with the
+  client's pipelining (row chunks in flight at once) on and off; ``ratio`` = in-process /
+  endpoint time (goal >= 0.95).
 - ``model``: the real Megatron group (2-node Ray test cluster on 127.0.0.2/.3, started and
   stopped by PID): ``get_topk_logits`` through the endpoint versus the same group called in the
   serving process, alternating, median of ``--reps``; ``ratio`` = in-process / endpoint time
@@ -15,7 +25,8 @@ far larger than the request. What it measures:
   machine only adds time). Model: ``--layers/--hidden/--vocab`` (default 2 x 256, 8k vocab, so
   64 x 2048 runs on 2 cores).
 
-``--quick``: a 1-layer model of hidden 64, small shapes, k = 8, one repetition (seconds, for tests).
+The load average at the start and the end is in ``machine``. ``--quick``: a 1-layer model of
+hidden 64, small shapes, k = 8, one repetition (seconds, for tests).
 
     python benchmarks/bench_topk.py [--shapes 8x512,64x2048] [--k 64] [--reps 3] [--skip-model] [--quick] [--json PATH]
 """
@@ -26,8 +37,10 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,34 +53,166 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_common import add_common_args, emit  # noqa: E402
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
-QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64"}
-DATATYPES = (("FP32", "INT64"), ("BF16", "INT32"))
+QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64",
+         "callers": "1,2"}
+DATATYPES = (("FP32", "INT64"), ("FP32", "INT32"), ("BF16", "INT32"))
 BYTES = {"FP32": 4, "BF16": 2, "INT64": 8, "INT32": 4}
+CALLER_PROCESSES = 4  # concurrent callers run as threads of this many client processes (fewer when fewer callers)
+
+
+def _topk_call(client: Any, cmd: dict[str, Any], data: dict[str, Any]) -> Any:
+    return client.get_topk_logits(cmd["alias"], data, cmd["k"], values_datatype=cmd["values"],
+                                  indices_datatype=cmd["indices"])
+
+
+def _raw_receive(cmd: dict[str, Any]) -> list[float]:
+    """The loopback's own speed: ``nbytes`` from the benchmark's :class:`RawSender` into a buffer
+    allocated (and touched) once, one ``recv_into`` loop per transfer."""
+    import numpy as np
+
+    n = cmd["nbytes"]
+    buf = np.ones(n, dtype=np.uint8)
+    view = memoryview(buf)
+    times = []
+    with socket.create_connection(("127.0.0.1", cmd["port"])) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(n.to_bytes(8, "little"))
+        for i in range(cmd["warmup"] + cmd["reps"]):
+            t0 = time.perf_counter()
+            sock.sendall(b"g")
+            got = 0
+            while got < n:
+                k = sock.recv_into(view[got:], n - got)
+                if not k:
+                    raise RuntimeError("the raw sender closed the connection")
+                got += k
+            if i >= cmd["warmup"]:
+                times.append(time.perf_counter() - t0)
+    return times
+
+
+def _callers(client: Any, cmd: dict[str, Any], data: dict[str, Any]) -> list[float]:
+    """``threads`` callers at once, each ``reps`` calls; the wall time of all of them."""
+    import concurrent.futures
+
+    def one() -> None:
+        for _ in range(cmd["reps"]):
+            _topk_call(client, cmd, data)
+
+    for _ in range(cmd["threads"]):  # each thread's connection opened and warm
+        _topk_call(client, cmd, data)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(cmd["threads"]) as pool:
+        for future in [pool.submit(one) for _ in range(cmd["threads"])]:
+            future.result()
+    return [time.perf_counter() - t0]
+
+
+class _Probe:
+    """``GET /v2/health/ready`` every 20 ms on a connection of its own, timed, until stopped."""
+
+    def __init__(self, url: str, token: str) -> None:
+        import http.client
+
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.times: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            t0 = time.perf_counter()
+            self.conn.request("GET", "/v2/health/ready", headers=self.headers)
+            self.conn.getresponse().read()
+            self.times.append(time.perf_counter() - t0)
+
+    def finish(self) -> list[float]:
+        self.stop.set()
+        self.thread.join()
+        self.conn.close()
+        return self.times
 
 
 def client_main(rendezvous: str) -> None:
-    """Time ``get_topk_logits`` for commands read as JSON lines on stdin; answers on stdout."""
+    """Run the commands read as JSON lines on stdin (``op``: ``topk`` timed calls, ``raw`` loopback
+    transfers, ``callers`` concurrent calls); answers ``{"times": [...]}`` on stdout."""
     import numpy as np
 
     import podium
 
-    client = podium.connect(rendezvous, ready_timeout_s=600)
+    default = podium.connect(rendezvous, ready_timeout_s=600)
+    clients: dict[Any, Any] = {}
     rng = np.random.default_rng(0)
     for line in sys.stdin:
         cmd = json.loads(line)
+        op = cmd.get("op", "topk")
+        if op in ("raw", "probe", "probe_end"):
+            if op == "probe":
+                probe = _Probe(cmd["url"], cmd["token"])
+                times = []
+            else:
+                times = _raw_receive(cmd) if op == "raw" else probe.finish()
+            sys.stdout.write(json.dumps({"times": times}) + "\n")
+            sys.stdout.flush()
+            continue
+        if "pipeline_mb" in cmd:  # a client of its own for this setting (kept for the next commands)
+            key = cmd["pipeline_mb"]
+            if key not in clients:
+                clients[key] = podium.connect(rendezvous, ready_timeout_s=600, pipeline_mb=key)
+            client = clients[key]
+        else:
+            client = default
         b, s = cmd["batch"]
         data = {"input_ids": rng.integers(0, cmd["vocab"], (b, s)).astype(np.int64),
                 "input_lengths": np.full((b,), s, dtype=np.int64)}
-        times = []
-        for i in range(cmd["warmup"] + cmd["reps"]):
-            t0 = time.perf_counter()
-            out = client.get_topk_logits(cmd["alias"], data, cmd["k"], values_datatype=cmd["values"],
-                                         indices_datatype=cmd["indices"])
-            if i >= cmd["warmup"]:
-                times.append(time.perf_counter() - t0)
-        assert tuple(out["topk_logits"].shape) == (b, s, cmd["k"])
+        if op == "callers":
+            times = _callers(client, cmd, data)
+        else:
+            times = []
+            for i in range(cmd["warmup"] + cmd["reps"]):
+                t0 = time.perf_counter()
+                out = _topk_call(client, cmd, data)
+                if i >= cmd["warmup"]:
+                    times.append(time.perf_counter() - t0)
+            assert tuple(out["topk_logits"].shape) == (b, s, cmd["k"])
+            assert str(out["topk_indices"].dtype).endswith("int64")
         sys.stdout.write(json.dumps({"times": times}) + "\n")
         sys.stdout.flush()
+
+
+class RawSender:
+    """The other end of :func:`_raw_receive`, in the benchmark's process (where the endpoint
+    serves): for each connection, ``nbytes`` (its first 8 bytes) sent with one ``sendall`` of a
+    buffer made once, for each byte the client sends."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, name="raw-sender", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import numpy as np
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                head = b""
+                while len(head) < 8:
+                    head += conn.recv(8 - len(head))
+                payload = memoryview(np.ones(int.from_bytes(head, "little"), dtype=np.uint8))
+                while conn.recv(1):
+                    conn.sendall(payload)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class InstantTopkGroup:
@@ -94,10 +239,122 @@ class InstantTopkGroup:
         return True
 
 
+class GpuSpeedTopkGroup(InstantTopkGroup):
+    """Computes at a GPU's speed: each call takes its tokens / ``tokens_per_s`` (the host is idle
+    meanwhile, as it is while a GPU computes), then answers as :class:`InstantTopkGroup`. Its
+    micro-batch budget makes the endpoint's calls ``CALL_MICROBATCHES`` micro-batches each."""
+
+    max_tokens_per_microbatch = 16384
+    data_parallel_size = 1
+
+    def __init__(self, vocab_size: int, tokens_per_s: float) -> None:
+        super().__init__(vocab_size)
+        self.tokens_per_s = tokens_per_s
+
+    def get_logprobs(self, data: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        time.sleep(data.rows * data.width / self.tokens_per_s)
+        return super().get_logprobs(data, *args, **kwargs)
+
+
+def overlap_rows(client: Any, group: GpuSpeedTopkGroup, shapes: list[tuple[int, int]],
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """The GPU-speed stand-in called in this process versus through the endpoint (FP32/INT32,
+    podium's default wire), with the client's pipelining on (its default) and off; alternating,
+    medians of ``--reps``; ``ratio`` = in-process / endpoint time."""
+    rows: dict[str, Any] = {}
+    for b, s in shapes:
+        shape = type("Shape", (), {"rows": b, "width": s})()
+        local: list[float] = []
+        remote: dict[str, list[float]] = {"pipelined": [], "one_request": []}
+        cmd = dict(alias="gpu", batch=[b, s], vocab=args.vocab, k=args.k, values="FP32", indices="INT32", warmup=0,
+                   reps=1)
+        client.run(**cmd)  # warm
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            group.get_logprobs(shape, top_k=args.k, outputs=("topk_logits", "topk_logit_indices"))
+            local.append(time.perf_counter() - t0)
+            remote["pipelined"] += client.run(**cmd)
+            remote["one_request"] += client.run(**cmd, pipeline_mb=None)
+        in_process = statistics.median(local)
+        rows[f"{b}x{s}"] = {"in_process_s": round(in_process, 4), **{
+            how: {"endpoint_s": round(statistics.median(t), 4), "ratio": round(in_process / statistics.median(t), 4),
+                  "ratio_of_fastest": round(min(local) / min(t), 4)} for how, t in remote.items()}}
+    return {"tokens_per_s": args.gpu_tokens_per_s, "values/indices": "FP32/INT32", "goal_ratio": 0.95,
+            "why": "a 1.7B teacher (Qwen3-1.7B) on one H100: ~3.6 GFLOP per token at 2k context, ~1e15 FLOP/s "
+                   "bf16 peak at ~35% utilisation in prefill -> ~1e5 tokens/s", "rows": rows}
+
+
 def wire_bytes(b: int, s: int, k: int, values: str, indices: str) -> dict[str, int]:
     request = b * s * 8 + b * 8  # int64 ids and lengths
     response = b * s * k * (BYTES[values] + BYTES[indices])
     return {"request": request, "response": response}
+
+
+def wire_rows(client: Any, raw: RawSender, shapes: list[tuple[int, int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per shape and values/indices pair: the raw loopback's MB/s for the answer's bytes and
+    podium's (answer bytes / call time), measured alternately in this run; their ratio."""
+    rows = {}
+    for b, s in shapes:
+        for values, indices in DATATYPES:
+            nbytes = wire_bytes(b, s, args.k, values, indices)
+            raw_t: list[float] = []
+            podium_t: list[float] = []
+            for _ in range(2):  # alternate, so drift hits both alike
+                raw_t += client.run(op="raw", port=raw.port, nbytes=nbytes["response"], warmup=1,
+                                    reps=args.wire_reps)
+                podium_t += client.run(alias="instant", batch=[b, s], vocab=args.vocab, k=args.k, values=values,
+                                       indices=indices, warmup=2, reps=args.wire_reps)
+            raw_s, podium_s = statistics.median(raw_t), statistics.median(podium_t)
+            rows[f"{b}x{s} {values}/{indices}"] = {
+                **nbytes, "median_ms": round(podium_s * 1e3, 2), "raw_median_ms": round(raw_s * 1e3, 2),
+                "raw_MB_per_s": round(nbytes["response"] / raw_s / 1e6, 1),
+                "MB_per_s": round(nbytes["response"] / podium_s / 1e6, 1),
+                "ratio": round(raw_s / podium_s, 3),
+                "ratio_of_fastest": round(min(raw_t) / min(podium_t), 3)}
+    return rows
+
+
+def _summary_ms(times: list[float]) -> dict[str, Any]:
+    return {"count": len(times), "median": round(statistics.median(times) * 1e3, 2) if times else None,
+            "max": round(max(times) * 1e3, 2) if times else None}
+
+
+def callers_rows(rendezvous: Path, shape: tuple[int, int], args: argparse.Namespace, prober: Any,
+                 url: str, token: str) -> dict[str, Any]:
+    """Aggregate answer MB/s of 1, 4, 16 callers at once (threads of up to
+    :data:`CALLER_PROCESSES` client processes), FP32/INT32 (podium's default wire); meanwhile
+    ``prober`` (a client process) times the endpoint's health probe every 20 ms."""
+    b, s = shape
+    response = wire_bytes(b, s, args.k, "FP32", "INT32")["response"]
+    rows = {}
+    for callers in (int(c) for c in args.callers.split(",")):
+        procs = min(callers, CALLER_PROCESSES)
+        clients = [ClientProcess(rendezvous, __file__) for _ in range(procs)]
+        try:
+            reps = max(1, args.wire_reps // 2)
+            for i, c in enumerate(clients):
+                threads = callers // procs + (1 if i < callers % procs else 0)
+                assert c.proc.stdin is not None
+                c.proc.stdin.write(json.dumps(dict(op="callers", alias="instant", batch=[b, s], vocab=args.vocab,
+                                                   k=args.k, values="FP32", indices="INT32", threads=threads,
+                                                   reps=reps)) + "\n")
+                c.proc.stdin.flush()
+            prober.run(op="probe", url=url, token=token)
+            walls = []
+            for c in clients:
+                assert c.proc.stdout is not None
+                walls += json.loads(c.proc.stdout.readline())["times"]
+            probes = prober.run(op="probe_end")
+        finally:
+            for c in clients:
+                c.close()
+        rows[str(callers)] = {"callers": callers, "client_processes": procs, "calls": callers * reps,
+                              "wall_s": round(max(walls), 3),
+                              "aggregate_MB_per_s": round(callers * reps * response / max(walls) / 1e6, 1),
+                              "health_probe_ms": _summary_ms(probes)}
+    return {"shape": f"{b}x{s}", "k": args.k, "values/indices": "FP32/INT32",
+            "how": f"callers are threads of up to {CALLER_PROCESSES} client processes; each caller makes its calls "
+                   "one after another; MB/s counts answer bytes", "rows": rows}
 
 
 def main() -> None:
@@ -111,6 +368,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--callers", default="1,4,16", help="concurrent callers of the aggregate rows")
+    parser.add_argument("--gpu-tokens-per-s", type=float, default=100_000.0,
+                        help="the GPU-speed stand-in's forward speed (a 1.7B teacher on one H100)")
     parser.add_argument("--skip-model", action="store_true", help="the transport part only")
     add_common_args(parser)
     args = parser.parse_args()
@@ -127,25 +387,24 @@ def main() -> None:
     from podium.protocol.names import TOPK_LOGIT_INDICES, TOPK_LOGITS
 
     torch.set_num_threads(args.threads)
-    tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model"})
+    tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model",
+                                                           "gpuspeed0000": "gpu"})
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
     result: dict[str, Any] = {"benchmark": "topk", "quick": args.quick, "k": args.k,
-                              "machine": {"cpus": os.cpu_count()}, "torch_threads": args.threads}
+                              "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
+                              "torch_threads": args.threads}
     servers: list[Any] = []
     teardown = None
     client = ClientProcess(layout.rendezvous_path, __file__)
+    raw = RawSender()
     try:
         servers.append(serve(InstantTopkGroup(args.vocab), layout, "instant00000", "instant", token, 1))
-        wire = {}
-        for b, s in shapes:
-            for values, indices in DATATYPES:
-                t = client.run(alias="instant", batch=[b, s], vocab=args.vocab, k=args.k, values=values,
-                               indices=indices, warmup=2, reps=args.wire_reps)
-                nbytes = wire_bytes(b, s, args.k, values, indices)
-                wire[f"{b}x{s} {values}/{indices}"] = {
-                    **nbytes, "median_ms": round(statistics.median(t) * 1e3, 2),
-                    "MB_per_s": round((nbytes["request"] + nbytes["response"]) / statistics.median(t) / 1e6, 1)}
-        result["wire"] = wire
+        result["wire"] = wire_rows(client, raw, shapes, args)
+        result["wire_goal_ratio"] = 0.7
+        result["callers"] = callers_rows(layout.rendezvous_path, shapes[-1], args, client, servers[0].url, token)
+        gpu = GpuSpeedTopkGroup(args.vocab, args.gpu_tokens_per_s)
+        servers.append(serve(gpu, layout, "gpuspeed0000", "gpu", token, 3))
+        result["overlap"] = overlap_rows(client, gpu, shapes[-1:], args)
 
         if not args.skip_model:
             from fixtures.checkpoints import make_tiny_checkpoint
@@ -183,11 +442,13 @@ def main() -> None:
                                "values/indices": "FP32/INT64", "rows": rows, "goal_ratio": 0.98}
     finally:
         client.close()
+        raw.close()
         for server in servers:
             server.stop(grace_s=5)
         if teardown is not None:
             teardown()
         shutil.rmtree(tmp, ignore_errors=True)
+    result["machine"]["load_average_at_end"] = os.getloadavg()
     emit(result, args.json)
 
 
