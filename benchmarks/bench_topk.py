@@ -10,7 +10,8 @@ far larger than the request. What it measures:
   MB/s (answer bytes / call time, the call's decode to float32/int64 included) next to the raw
   loopback's for the same bytes in the same run (two processes: one ``sendall`` of a buffer made
   once, ``recv_into`` one allocated once), alternating; ``ratio`` = raw time / podium time
-  (goal >= 0.7). Medians of ``--wire-reps`` x 2.
+  (goal >= 0.7); ``one_request_*``: the same with the client's pipelining off. Medians of
+  ``--wire-reps`` x 2.
 - ``callers``: aggregate answer MB/s of 1, 4 and 16 callers at once (``--callers``; threads of
   up to 4 client processes) at the largest shape, FP32/INT32, and the endpoint's health-probe
   latency meanwhile.
@@ -299,18 +300,23 @@ def wire_rows(client: Any, raw: RawSender, shapes: list[tuple[int, int]], args: 
             nbytes = wire_bytes(b, s, args.k, values, indices)
             raw_t: list[float] = []
             podium_t: list[float] = []
+            single_t: list[float] = []
+            cmd = dict(alias="instant", batch=[b, s], vocab=args.vocab, k=args.k, values=values, indices=indices,
+                       warmup=2, reps=args.wire_reps)
             for _ in range(2):  # alternate, so drift hits both alike
                 raw_t += client.run(op="raw", port=raw.port, nbytes=nbytes["response"], warmup=1,
                                     reps=args.wire_reps)
-                podium_t += client.run(alias="instant", batch=[b, s], vocab=args.vocab, k=args.k, values=values,
-                                       indices=indices, warmup=2, reps=args.wire_reps)
-            raw_s, podium_s = statistics.median(raw_t), statistics.median(podium_t)
+                podium_t += client.run(**cmd)
+                single_t += client.run(**cmd, pipeline_mb=None)
+            raw_s, podium_s, single_s = (statistics.median(t) for t in (raw_t, podium_t, single_t))
             rows[f"{b}x{s} {values}/{indices}"] = {
                 **nbytes, "median_ms": round(podium_s * 1e3, 2), "raw_median_ms": round(raw_s * 1e3, 2),
                 "raw_MB_per_s": round(nbytes["response"] / raw_s / 1e6, 1),
                 "MB_per_s": round(nbytes["response"] / podium_s / 1e6, 1),
                 "ratio": round(raw_s / podium_s, 3),
-                "ratio_of_fastest": round(min(raw_t) / min(podium_t), 3)}
+                "ratio_of_fastest": round(min(raw_t) / min(podium_t), 3),
+                "one_request_MB_per_s": round(nbytes["response"] / single_s / 1e6, 1),  # pipelining off
+                "one_request_ratio": round(raw_s / single_s, 3)}
     return rows
 
 
