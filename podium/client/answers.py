@@ -7,11 +7,12 @@ names ``indices_datatype``: the teacher answers INT64 for a vocabulary too large
 decoded; ids int64 whatever they travelled as). :func:`row_chunks` and :func:`pipelined` overlap
 the wire with the teacher's compute: a call whose answer is at least ``ClientOptions.pipeline_mb``
 is sent as up to :data:`MAX_CHUNKS` requests of consecutive rows, at once, each on a connection
-of its own thread. The endpoint's scheduler batches their rows into group calls as it would the
-one request's (each row's answer is its answer alone, whatever it is batched with), so the first
-chunks' answers cross the wire while the group computes the later ones: a call costs about the
-larger of compute and transfer plus one chunk, not their sum. The rows come back in their order,
-bit-identical to one request's.
+of its own thread, when its client has no other call in flight (:class:`Pipeline`). The
+endpoint's scheduler batches their rows into group calls as it would the one request's (each
+row's answer is its answer alone, whatever it is batched with), so the first chunks' answers
+cross the wire while the group computes the later ones: a call costs about the larger of compute
+and transfer plus one chunk, not their sum. The rows come back in their order, bit-identical to
+one request's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from podium.protocol.names import (
 )
 
 MAX_CHUNKS = 4  # requests in flight for one call: the last one's transfer is what is not overlapped
+CHUNK_THREADS = 16  # a teacher client's threads that send pipelined calls' chunks (each keeps its connections)
 
 
 def request_parameters(opts: Options, *, values_named: bool, indices_named: bool) -> dict[str, object]:
@@ -131,3 +133,41 @@ def pipelined(pool: concurrent.futures.Executor, chunks: Sequence[tuple[int, int
         for future in futures:
             future.cancel()
     return out
+
+
+class Pipeline:
+    """A teacher client's large calls in row chunks (:func:`row_chunks`, :func:`pipelined`), only
+    while it has no other call in flight: with company, the teacher computes the others' rows while
+    this answer travels, and the chunks would only take more of its queue."""
+
+    def __init__(self, pipeline_mb: float | None) -> None:
+        self.pipeline_mb = pipeline_mb
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def call(self, rows: int, answer: float, whole: Callable[[], dict[str, np.ndarray]],
+             chunk: Callable[[int, int, int, float | None], dict[str, np.ndarray]],
+             timeout_s: float | None) -> dict[str, np.ndarray]:
+        """``whole()``, or ``chunk(index, start, end, timeout_s)`` for row chunks put together."""
+        with self._lock:
+            alone = self._calls == 0
+            self._calls += 1
+        try:
+            parts = row_chunks(rows, answer, self.pipeline_mb if alone else None)
+            if len(parts) == 1:
+                return whole()
+            with self._lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(CHUNK_THREADS, thread_name_prefix="podium-chunk")
+                pool = self._pool
+            return pipelined(pool, parts, rows, chunk, timeout_s)
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)

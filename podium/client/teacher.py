@@ -38,7 +38,6 @@ longer than what is left). Within it (:meth:`TeacherClient._call`), by the answe
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import os
@@ -53,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from podium.client.answers import answer_mb, caller_arrays, pipelined, request_parameters, row_chunks
+from podium.client.answers import Pipeline, answer_mb, caller_arrays, request_parameters
 from podium.client.errors import (
     TeacherRequestError,
     TeacherRequestFailedError,
@@ -93,8 +92,6 @@ from podium.rendezvous.records import EndpointRecord, Status, read_record
 
 logger = logging.getLogger(__name__)
 
-CHUNK_THREADS = 16  # a TeacherClient's threads for pipelined calls' chunks (several callers' at once)
-
 # Why a request is not sent again: it may be what kills the generations (docs/troubleshooting.md quotes it).
 CRASHED = "{n} generations died under this request ({seen}); ClientOptions.max_retries_after_crash is {limit}"
 
@@ -128,7 +125,7 @@ class TeacherClient:
         self._lock = threading.Lock()
         self.retries = 0  # requests sent again (to this or another replica, or a later generation)
         self._checked_generations: set[str] = set()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # a pipelined call's chunks (answers)
+        self._pipeline = Pipeline(options.pipeline_mb if options.binary else None)  # large calls in row chunks
         self.replicas = ReplicaSet(self.label, record_paths, token=token, options=options,
                                    check_tokenizer=self._check_tokenizer)
 
@@ -402,24 +399,17 @@ class TeacherClient:
         size = answer_mb(rows, int(ids.shape[-1]), outputs, top_k=opts.top_k, values_datatype=opts.values_datatype,
                          candidates=None if candidate_ids is None else int(candidate_ids.shape[-1]),
                          indices_datatype=str(params[INDICES_DATATYPE]))
-        parts = row_chunks(rows, size, self.options.pipeline_mb if self.options.binary else None)
-        if len(parts) == 1:
+
+        def whole() -> dict[str, np.ndarray]:
             return self._request(ids, lengths, candidate_ids, outputs, opts, params, request_id, timeout_s)
 
-        def one(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
+        def chunk(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
             cands = None if candidate_ids is None else candidate_ids[start:end]
             return self._request(ids[start:end], lengths[start:end], cands, outputs, opts, params,
                                  f"{request_id}.{index}", left, widen=False)  # widened as put in place
 
-        return pipelined(self._chunk_pool(), parts, rows, one,
-                         timeout_s if timeout_s is not None else self.options.call_timeout_s)
-
-    def _chunk_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The threads that send a pipelined call's chunks (each keeps its connections)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(CHUNK_THREADS, thread_name_prefix="podium-chunk")
-            return self._pool
+        return self._pipeline.call(rows, size, whole, chunk,
+                                   timeout_s if timeout_s is not None else self.options.call_timeout_s)
 
     def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, outputs: list[str],
                  opts: Options, params: dict[str, object], request_id: str, timeout_s: float | None,
@@ -457,8 +447,7 @@ class TeacherClient:
 
     def close(self) -> None:
         self.replicas.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        self._pipeline.close()
 
 
 def check_tokenizer_against(

@@ -26,6 +26,7 @@ from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
 
 import podium
+from podium.client.answers import Pipeline
 from podium.client.transport import HTTPTransport
 from podium.protocol import oip
 from podium.protocol.batch import Batch
@@ -295,3 +296,29 @@ def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path, caplog: pytest.L
             sock.close()
     finally:
         teacher.stop()
+
+
+def test_a_call_made_while_another_is_in_flight_goes_whole() -> None:
+    """With company the teacher computes the other call's rows while this answer travels: the
+    chunks would only take more of its queue."""
+    pipeline = Pipeline(pipeline_mb=1.0)
+    used: list[str] = []
+
+    def chunk(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
+        used.append("chunk")
+        return {"x": np.arange(start, end)}
+
+    def whole_while_another_runs() -> dict[str, np.ndarray]:
+        used.append("whole")
+        inner = pipeline.call(8, 10.0, lambda: (used.append("inner whole"), {"x": np.arange(8)})[1], chunk, None)
+        assert np.array_equal(inner["x"], np.arange(8))
+        return {"x": np.arange(8)}
+
+    try:
+        assert np.array_equal(pipeline.call(8, 10.0, dict, chunk, None)["x"], np.arange(8))  # alone: chunks
+        assert used == ["chunk"] * 4
+        used.clear()
+        assert pipeline.call(8, 0.5, whole_while_another_runs, chunk, None)  # below pipeline_mb: whole
+        assert used == ["whole", "inner whole"]  # the inner call had company: whole too
+    finally:
+        pipeline.close()
