@@ -14,7 +14,8 @@ NeMo RL's facades on a client: ``podium.nemo_rl.RemoteTeacherWorkerGroup.from_cl
 
 Modules: ``client`` (routing, multi-teacher, re-reading the rendezvous), ``teacher`` (one
 teacher's calls, restart following), ``replicas`` (which of a teacher's replicas a call goes to),
-``transport`` (keep-alive HTTP), ``errors``; the wire itself is ``podium.protocol``.
+``transport`` (keep-alive HTTP), ``answers`` (a call's parameters and answer, large calls in row
+chunks in flight at once), ``errors``; the wire itself is ``podium.protocol``.
 Importing this package pulls numpy but not torch: podium's base install (no extras: a trainer's
 light install) has neither torch nor transformers. Results are torch tensors where torch is
 importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).

@@ -39,6 +39,7 @@ Modules:
 - ``validation``: an infer request checked against the model;
 - ``calls``: the group calls (their size, the executor thread, their metrics);
 - ``answer``: the group's outputs checked, in their wire dtypes, encoded as the HTTP answer;
+- ``stream``: large answers written from the arrays' memory by sender threads, never joined;
 - ``metadata``: KServe v2 server and model metadata, the published ``ModelInfo``;
 - ``thread``: :class:`ServerThread`, a server on its own event loop for synchronous callers.
 """
