@@ -5,7 +5,9 @@ NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known
 
 - each alias's settings are ``{**default_teacher_cfg, **teacher_overrides[alias]}``; keys that are
   not teacher settings fold into ``megatron_cfg_overrides`` (explicit entries there win), and
-  parallel sizes given inside ``megatron_cfg_overrides`` are the ones placement uses;
+  parallel sizes given inside ``megatron_cfg_overrides`` are the ones placement uses; an alias's
+  ``megatron_cfg_overrides`` merge by key over the default's, a setting an alias names beats the
+  default map's entry for it, and one it sets to null keeps the default's (NeMo RL PR #3608);
 - aliases whose normalised checkpoint is the same become one teacher; if they ask for different
   effective settings that is an error naming both aliases and the keys (NeMo RL silently keeps one);
 - with ``deduplicate_shared_teacher_checkpoints: false`` each alias gets, and is routed to, its own
@@ -315,18 +317,27 @@ def _alias_settings(
         _check_mapping(override, over_path)
     merged: dict[str, Any] = dict(source.defaults)
     origins: dict[str, str] = dict(source.origins)
-    for key, value in (override or {}).items():
+    override = {k: v for k, v in (override or {}).items() if v is not None}  # null: the default's (#3608)
+    for key, value in override.items():
         merged[key] = value
         origins[key] = f"{over_path}.{key}"
 
-    # Explicit megatron_cfg_overrides win over keys folded into them.
-    explicit = merged.pop("megatron_cfg_overrides", None) or {}
-    mcfg_path = origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
-    _check_mapping(explicit, mcfg_path)
+    # Explicit megatron_cfg_overrides win over keys folded into them. An alias's map merges by key
+    # over the default's, whose entry for a setting the alias names itself gives way (NeMo RL #3608:
+    # default setting < default map < alias setting < alias map).
+    merged.pop("megatron_cfg_overrides", None)
+    default_path = source.origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
+    alias_path = f"{over_path}.megatron_cfg_overrides"
+    default_map = source.defaults.get("megatron_cfg_overrides") or {}
+    alias_map = override.get("megatron_cfg_overrides") or {}
+    _check_mapping(default_map, default_path)
+    _check_mapping(alias_map, alias_path)
+    explicit = {k: v for k, v in default_map.items() if k not in override}
+    explicit.update(alias_map)
     folded = {k: v for k, v in merged.items() if k not in TEACHER_KEYS}
     megatron = {**folded, **explicit}
     for key in explicit:
-        origins[key] = f"{mcfg_path}.{key}"
+        origins[key] = f"{alias_path if key in alias_map else default_path}.{key}"
 
     values: dict[str, Any] = {"precision": DEFAULT_PRECISION, "micro_batch_size": 1}
     if cluster_gpus is not None:

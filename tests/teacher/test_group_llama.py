@@ -1,7 +1,8 @@
 """TeacherWorkerGroup on the tiny Llama (GQA) at TP1, TP2, PP2, TP2×PP2 and DP2 on a 2-node Ray cluster.
 
 The oracle is HF transformers in this process; every layout must match it to 1e-4 (fp32).
-One group per layout for the whole module.
+One group per layout for the whole module; DP2's is the session's (``fixtures.groups``), shared
+with NeMo RL's top-k facade tests.
 """
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ def tp2pp2(ray_cluster, tiny_llama_checkpoint):
     yield from start_group(tiny_llama_checkpoint, nodes=2, per_node=2, tp=2, pp=2)
 
 
-@pytest.fixture(scope="module")
-def dp2(ray_cluster, tiny_llama_checkpoint):
-    # the teacher's own temperature (a recipe's generation.temperature) applies when a call names none
-    yield from start_group(tiny_llama_checkpoint, nodes=2, temperature=0.8)
+@pytest.fixture
+def dp2(llama_dp2_group):
+    return llama_dp2_group  # fixtures.groups: shared with NeMo RL's top-k facade tests
 
 
 def test_tp1_matches_hf_with_topk(tp1, tiny_llama_checkpoint):
