@@ -147,6 +147,7 @@ podium:
         load = row["load"]
         assert load["requests"] == 2 and load["errors"] == 0 and load["queue_depth"] == 0, load
         assert load["tokens_per_s_1m"] > 0 and 0 <= load["padding_share"] < 0.5, load
+        assert load["bytes_out_per_s_1m"] > 0, load  # the answers' bytes per second, per teacher
 
         logs = podium_cli("logs", str(run_dir), "math")
         assert logs.returncode == 0, logs.stderr
