@@ -2,8 +2,8 @@
 (``podium_response_bytes_per_second_1m``) equal the body bytes its clients received, and ``podium
 status`` shows the rate per teacher, so a user sees when the wire, not the model, is the limit.
 
-A real endpoint in front of the numpy stand-in group (answers of known size: JSON and binary, a
-top-k one, a refusal); and the middleware alone in front of handlers answering a whole body
+A real endpoint in front of the numpy stand-in group (answers of known size: JSON and binary, top-k
+ones, one large enough to be streamed, a refusal); and the middleware alone in front of handlers answering a whole body
 (``web.Response``) and streams written in chunks (``web.StreamResponse`` with a Content-Length) by
 the handler or after it, read by aiohttp's client.
 """
@@ -28,8 +28,10 @@ from rich.console import Console
 from podium.cli_render import bytes_per_s, status_table
 from podium.launcher.run_dir import write_spec
 from podium.launcher.status import status
+from podium.protocol import oip
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.middleware import error_middleware
+from podium.teacher.endpoint.stream import STREAM_FROM
 from podium.teacher.metrics import WINDOW_S, EndpointMetrics, summary, totals
 
 MATH = TeacherDef("feedc0ffee0777", "math", ("math",))
@@ -44,7 +46,7 @@ def served(tmp_path: Path) -> Iterator[Teacher]:
 
 
 def _answers(teacher: Teacher) -> int:
-    """Sends answers of several kinds and sizes; the body bytes the client received."""
+    """Sends answers of several kinds and sizes (one streamed); the body bytes the client received."""
     url, headers = f"{teacher.url}/v2/models/math/infer", {"Authorization": f"Bearer {teacher.token}"}
     rng = np.random.default_rng(3)
     received = 0
@@ -62,6 +64,18 @@ def _answers(teacher: Teacher) -> int:
                 assert resp.status_code == 200, resp.text
                 assert len(resp.content) > 0
                 received += len(resp.content)
+        # a top-k answer over STREAM_FROM bytes, which a sender thread streams after the middleware
+        ids = rng.integers(0, 128, (64, 64))
+        chunks, header_len = oip.encode_request([("input_ids", ids), ("input_lengths", np.full(64, 64))],
+                                                outputs=("topk_logprobs", "topk_indices"), parameters={"top_k": 64})
+        assert teacher.server is not None
+        streamed = teacher.server.server.sender.sent
+        resp = session.post(url, data=b"".join(chunks), timeout=60,
+                            headers={**headers, "Content-Type": oip.BINARY_CONTENT_TYPE,
+                                     oip.HEADER_LENGTH: str(header_len)})
+        assert resp.status_code == 200 and len(resp.content) >= STREAM_FROM, resp.text[:300]
+        assert teacher.server.server.sender.sent == streamed + 1
+        received += len(resp.content)
         refused = session.post(url, data=infer_body([[1, 2]], [3]), headers=headers, timeout=60)  # length > width
         assert refused.status_code == 400
         received += len(refused.content)
