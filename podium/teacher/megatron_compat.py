@@ -9,9 +9,8 @@ builders, shims and weight maps ask it instead of testing versions themselves. T
 what                       0.16, 0.17                       from 0.18 (conv1d: from 0.19)
 =========================  ===============================  ==========================================
 hybrid model class         ``models.mamba.MambaModel``      ``models.hybrid.HybridModel`` (the old
-                           (``mamba_stack_spec=``,          name is a deprecated subclass that logs a
-                           ``hybrid_override_pattern=``)    warning; ``hybrid_stack_spec=``,
-                                                            ``hybrid_layer_pattern=``)
+                           (``mamba_stack_spec=``)          name is a deprecated subclass that logs a
+                                                            warning; ``hybrid_stack_spec=``)
 hybrid stack + submodules  ``ssm.mamba_block.MambaStack``   ``models.hybrid.hybrid_block.HybridStack``
 module whose ``TENorm``    ``ssm.mamba_block``              ``models.hybrid.hybrid_block``
 builds the final norm                                       (``ssm.mamba_block`` re-exports it: patching
@@ -22,7 +21,18 @@ Mamba conv parameters      ``mixer.conv1d.{weight,bias}``   0.19: ``mixer.conv1d
 (state-dict names)         (an ``nn.Conv1d``)               ``mixer.conv1d_bias`` (direct parameters;
                                                             distributed-checkpoint keys stay
                                                             ``conv1d.weight``)
+the layer pattern and its  ``hybrid_override_pattern=``     from 0.17: ``hybrid_layer_pattern=``, in
+pipeline stages (PP > 1)   (0.16); ``MambaStack`` gives     which ``|`` marks the stages
+                           stage p layers                   (``MEM|*-E``); the old name, or a pattern
+                           ``[p·L/PP, (p+1)·L/PP)`` of the  without ``|``, is still split that even
+                           ``L`` (``|`` is not a symbol)    way, with a logged deprecation
 =========================  ===============================  ==========================================
+
+Both split a Nemotron-H pattern the same way: ``L/PP`` consecutive layers per stage (podium needs
+``PP`` to divide ``L``: ``config.architecture`` refuses it at plan time, the worker's layout check
+again); podium writes the ``|`` of that even split where the release reads them. MTP layers (``/``
+in a Megatron pattern; ``mtp.*`` and ``mtp_hybrid_override_pattern`` in an HF checkpoint, apart from
+the main pattern) are never built for a teacher, so no stage holds one.
 
 Not a difference podium needs to bridge: 0.17+ need Python 3.12; 0.19 imports ``triton`` from
 ``import megatron.core`` (the CUDA torch wheel, the only one PyPI has for 3.12, brings it and it
@@ -37,6 +47,7 @@ import re
 from typing import Any
 
 TE_GEMM_NAME_DEFINED = (0, 17)  # moe_utils defines te_general_gemm = None without TransformerEngine
+PATTERN_PIPES = (0, 17)  # hybrid_override_pattern -> hybrid_layer_pattern, where '|' marks the PP stages
 HYBRID_RENAMED = (0, 18)  # MambaModel/MambaStack -> HybridModel/HybridStack, models.hybrid package
 CONV1D_PARAMETERS = (0, 19)  # the Mamba mixer's nn.Conv1d -> conv1d_weight/conv1d_bias parameters
 
@@ -72,10 +83,26 @@ def hybrid_model_class() -> type:
 
 
 def hybrid_model_args(stack_spec: Any, pattern: str) -> dict[str, Any]:
-    """The keyword arguments naming the stack spec and the layer pattern, under this release's names."""
-    if MEGATRON_VERSION >= HYBRID_RENAMED:
-        return {"hybrid_stack_spec": stack_spec, "hybrid_layer_pattern": pattern}
-    return {"mamba_stack_spec": stack_spec, "hybrid_override_pattern": pattern}
+    """The keyword arguments naming the stack spec and the layer pattern, under this release's names;
+    from 0.17 the pattern marks the even pipeline stages of this rank's ``parallel_state`` with ``|``
+    (see the module doc)."""
+    spec = "hybrid_stack_spec" if MEGATRON_VERSION >= HYBRID_RENAMED else "mamba_stack_spec"
+    if MEGATRON_VERSION >= PATTERN_PIPES:
+        from megatron.core import parallel_state
+
+        stages = parallel_state.get_pipeline_model_parallel_world_size()
+        return {spec: stack_spec, "hybrid_layer_pattern": staged_pattern(pattern, stages)}
+    return {spec: stack_spec, "hybrid_override_pattern": pattern}
+
+
+def staged_pattern(pattern: str, stages: int) -> str:
+    """``pattern`` cut into ``stages`` equal runs of layers joined by ``|`` (``MEM*-E``, 2 ->
+    ``MEM|*-E``); ``ValueError`` where ``stages`` does not divide its length."""
+    if len(pattern) % stages:
+        raise ValueError(f"hybrid layer pattern {pattern!r}: PP{stages} must divide its {len(pattern)} layers "
+                         f"({len(pattern)} / {stages} is not whole)")
+    per = len(pattern) // stages
+    return "|".join(pattern[i: i + per] for i in range(0, len(pattern), per))
 
 
 def hybrid_block_module() -> Any:  # a module whose globals the shims set

@@ -1,12 +1,21 @@
 """Negative controls for the Nemotron-H map (run as a script by test_group_nemotron.py).
 
-``python nemotron_controls.py OUT.json CHECKPOINT``: two ranks at TP2 build the hybrid model as
-podium does, several times: as podium loads it; with the Mamba ``in_proj`` split over TP as
-contiguous rows instead of part by part (``[z | x | B | C | dt]`` each split); with the router's
-expert bias dropped (``e_score_correction_bias`` not used to pick experts); with the latent
-projections skipped (left at zero: the routed experts add nothing). Rank 0 writes ``{variant:
-largest logit difference from HF transformers}``. The right map must match and every wrong one must
-not, or the oracle tests could not catch those mistakes.
+``python nemotron_controls.py OUT.json CHECKPOINT``: two ranks at TP2 with expert-TP 2 (each routed
+expert's MLP split over the two ranks) build the hybrid model as podium does, several times, and rank
+0 writes ``{variant: largest logit difference from HF transformers}``. The right map must match and
+every wrong one must not, or the oracle tests could not catch those mistakes:
+
+- ``right``: as podium loads it;
+- ``in_proj_contiguous``: the Mamba ``in_proj`` split over TP as contiguous rows instead of part by
+  part (``[z | x | B | C | dt]`` each split);
+- ``expert_bias_dropped``: the router's ``e_score_correction_bias`` not used to pick experts;
+- ``latent_skipped``: the latent projections left at zero (the routed experts add nothing);
+- ``etp_unpaired``: each rank's expert ``down_proj`` columns from the other rank's half (a rank's
+  ``fc1`` rows and ``fc2`` columns are no longer the same hidden units);
+- ``etp_swapped`` (not a mistake): both halves from the other rank — still paired, so right: the
+  halves' order does not matter, their pairing does;
+- ``etp_ignored``: the experts read whole, as if expert-TP were 1: the loader refuses the shape (the
+  value is its message, ``refused: ...``).
 """
 
 from __future__ import annotations
@@ -15,10 +24,13 @@ import dataclasses
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
+PARALLEL = {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 2}
 
-def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float]:
+
+def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     import torch
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -35,7 +47,9 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float]:
     expected = hf_oracle_logits(checkpoint, ids, torch.full((2,), 13))  # every position valid
     tp = parallel["tensor_model_parallel_size"]
     padded = padded_vocab_size(desc.vocab_size, tp)
-    layout = RankLayout(tp_rank=parallel_state.get_tensor_model_parallel_rank(), tp_size=tp, padded_vocab_size=padded)
+    layout = RankLayout(tp_rank=parallel_state.get_tensor_model_parallel_rank(), tp_size=tp, padded_vocab_size=padded,
+                        etp_rank=parallel_state.get_expert_tensor_parallel_rank(),
+                        etp_size=parallel_state.get_expert_tensor_parallel_world_size())
     right = weights._MAPS["nemotron_h"]
 
     def contiguous_in_proj(r: Any, layer: int | None, local: str) -> Any:
@@ -48,15 +62,38 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float]:
         tensor = right(r, layer, local)
         return tensor * 0 if local.endswith("_latent_proj.weight") else tensor
 
+    def experts_as(fc1: Callable[[Any], Any], fc2: Callable[[Any], Any]) -> Any:
+        """The right map, but the routed experts' fc1 / fc2 read for the expert-TP coordinates
+        ``fc1(layout)`` / ``fc2(layout)``."""
+        def source(r: Any, layer: int | None, local: str) -> Any:
+            if ".local_experts." not in local:
+                return right(r, layer, local)
+            moved = (fc1 if "linear_fc1" in local else fc2)(r.lay)
+            return right(type(r)(r.ckpt, r.desc, moved), layer, local)
+        return source
+
+    def own(lay: Any) -> Any:
+        return lay
+
+    def other(lay: Any) -> Any:
+        return dataclasses.replace(lay, etp_rank=lay.etp_size - 1 - lay.etp_rank)
+
+    def whole(lay: Any) -> Any:
+        return dataclasses.replace(lay, etp_rank=0, etp_size=1)
+
     variants = {"right": (desc, right), "in_proj_contiguous": (desc, contiguous_in_proj),
                 "expert_bias_dropped": (dataclasses.replace(desc, moe_expert_bias=False), right),
-                "latent_skipped": (desc, latent_skipped)}
-    diffs = {}
+                "latent_skipped": (desc, latent_skipped), "etp_unpaired": (desc, experts_as(own, other)),
+                "etp_swapped": (desc, experts_as(other, other)), "etp_ignored": (desc, experts_as(whole, whole))}
+    diffs: dict[str, float | str] = {}
     for name, (d, source) in variants.items():
         model = build_hybrid_model(d, build_transformer_config(d, parallel, "fp32"), padded)
         weights._MAPS["nemotron_h"] = source
         try:
             load_hf_weights(model, checkpoint, d, layout)
+        except ValueError as exc:  # a map the loader refuses (etp_ignored): its message
+            diffs[name] = f"refused: {exc}"
+            continue
         finally:
             weights._MAPS["nemotron_h"] = right
         with torch.no_grad():
@@ -71,10 +108,9 @@ def _rank(rank: int, world: int, store: str, checkpoint: str, out: str) -> None:
     from podium.teacher.worker import destroy_parallel, init_parallel
 
     apply_cuda_shims()
-    parallel = {"tensor_model_parallel_size": world}
-    init_parallel(rank, world, store, parallel)
+    init_parallel(rank, world, store, PARALLEL)
     try:
-        result = _diffs(checkpoint, parallel)
+        result = _diffs(checkpoint, PARALLEL)
         if rank == 0:
             with open(out, "w") as fh:
                 json.dump(result, fh)

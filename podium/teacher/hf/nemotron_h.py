@@ -18,7 +18,10 @@ Megatron-Bridge's ``nemotron_h_bridge`` maps them:
 - MoE: ``gate.weight`` -> ``router.weight`` and ``gate.e_score_correction_bias`` ->
   ``router.expert_bias`` (a buffer, kept fp32), both whole; the latent projections whole (Megatron
   duplicates them on every rank); the routed experts only this EP rank's (local expert ``i`` of EP
-  rank ``e`` is ``e·E/EP + i``), each split over expert-TP; the shared expert over the attention TP.
+  rank ``e`` is ``e·E/EP + i``), each split over expert-TP (not gated: ``linear_fc1`` the expert-TP
+  rank's part of ``up_proj``'s rows, ``linear_fc2`` the same part of ``down_proj``'s columns — the
+  same hidden units, or the sum over the expert-TP ranks is wrong); the shared expert over the
+  attention TP (Megatron's ``SharedExpertMLP`` uses the TP group, not the expert-TP one).
 - each layer's one pre-norm (``backbone.layers.N.norm``) is the Megatron layer's ``norm`` (Mamba),
   ``input_layernorm`` (attention) or ``pre_mlp_layernorm`` (MLP, MoE).
 - MTP heads (``mtp.*``) are not part of a teacher: never read (``load_hf_weights`` says so once).
