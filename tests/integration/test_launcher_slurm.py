@@ -2,9 +2,10 @@
 
 One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
 slots) is brought up once per module and shared; tests that need their own run (two concurrent
-``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher, an MoE teacher) bring up
-small ones; those that do not need the shared run come after its ``down``, so they do not compete
-with it for the cores.
+``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher) bring up small ones;
+those that do not need the shared run come after its ``down``, so they do not compete with it for
+the cores. Last, one run of two expert-parallel teachers (Qwen3-MoE and Nemotron-H, each EP2 over
+two nodes) serves the MoE and the Nemotron-H tests.
 The jobs build the real Megatron teacher group; the oracle is transformers in the test process.
 """
 
@@ -18,7 +19,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from harness.cli import podium
 from harness.recipes import write_recipe
@@ -167,33 +170,116 @@ def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoin
     slurm_cluster.wait_for_state(plain_job, "CANCELLED", timeout_s=60)
 
 
-def test_moe_teacher_with_experts_on_two_nodes(slurm_cluster, tiny_qwen3_moe_checkpoint, tmp_path) -> None:
-    """A Qwen3-MoE teacher at EP2 over 2 Slurm nodes (one worker each: each node holds half the
-    experts and takes its own rows), called by podium's client and by tritonclient."""
+@pytest.fixture(scope="module")
+def expert_teachers(slurm_cluster, tiny_qwen3_moe_checkpoint, tiny_nemotron_h_checkpoint,
+                    tmp_path_factory) -> Iterator[Path]:
+    """One run, brought up last: a Qwen3-MoE and a Nemotron-H teacher, each at TP1·EP2 over 2 Slurm
+    nodes (one worker each: each node holds half the experts and takes its own rows), from one
+    NeMo RL-style recipe, side by side on the 4 nodes."""
+    root = tmp_path_factory.mktemp("experts")
+    recipe = write_recipe(root / "recipe.yaml", {"moe": (tiny_qwen3_moe_checkpoint, 2),
+                                                 "nemotron": (tiny_nemotron_h_checkpoint, 2)},
+                          teacher_cfg={"expert_model_parallel_size": 2})
+    run_dir = root / "run"
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "300")
+        yield run_dir
+    finally:
+        podium("down", str(run_dir), check=False)
+
+
+def test_moe_teacher_with_experts_on_two_nodes(expert_teachers, tiny_qwen3_moe_checkpoint) -> None:
+    """A Qwen3-MoE teacher at EP2 over 2 Slurm nodes, called by podium's client and by tritonclient."""
     import tritonclient.http as triton
     from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 
     from podium.rendezvous.records import read_record
     from podium.rendezvous.token import read_token
 
-    recipe = write_recipe(tmp_path / "recipe.yaml", {"moe": (tiny_qwen3_moe_checkpoint, 2)},
-                          teacher_cfg={"expert_model_parallel_size": 2})
-    run_dir = tmp_path / "run"
-    try:
-        podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "180")
-        check_logprobs(run_dir, {"moe": tiny_qwen3_moe_checkpoint})
-        record = read_record(next(run_dir.glob("teachers/moe-*/endpoint.json")))
-        assert record.model.parallel_sizes["expert_model_parallel_size"] == 2 and record.model.data_parallel_size == 2
-        data = random_batch(256, [9, 4], seed=8)
-        ids = data["input_ids"].numpy()
-        inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
-                  triton.InferInput("input_lengths", [2], "INT64")]
-        inputs[0].set_data_from_numpy(ids)
-        inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
-        http = triton.InferenceServerClient(record.url.split("//", 1)[1])
-        result = http.infer("moe", inputs, headers={"Authorization": f"Bearer {read_token(run_dir / 'auth_token')}"})
-        http.close()
-        expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
-        assert float(abs(result.as_numpy("logprobs") - expected).max()) < 2e-3
-    finally:
-        podium("down", str(run_dir), check=False)
+    run_dir = expert_teachers
+    check_logprobs(run_dir, {"moe": tiny_qwen3_moe_checkpoint})
+    record = read_record(next(run_dir.glob("teachers/moe-*/endpoint.json")))
+    assert record.model.parallel_sizes["expert_model_parallel_size"] == 2 and record.model.data_parallel_size == 2
+    data = random_batch(256, [9, 4], seed=8)
+    ids = data["input_ids"].numpy()
+    inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+              triton.InferInput("input_lengths", [2], "INT64")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(data["input_lengths"].numpy())
+    http = triton.InferenceServerClient(record.url.split("//", 1)[1])
+    result = http.infer("moe", inputs, headers={"Authorization": f"Bearer {read_token(run_dir / 'auth_token')}"})
+    http.close()
+    expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, data["input_ids"], data["input_lengths"]).numpy()
+    assert float(abs(result.as_numpy("logprobs") - expected).max()) < 2e-3
+
+
+def test_nemotron_h_teacher_serves_both_clients_equal_to_transformers(expert_teachers,
+                                                                      tiny_nemotron_h_checkpoint) -> None:
+    """A Nemotron-H teacher (Mamba-2, latent MoE with its expert bias, attention, MLP) at TP1·EP2 over
+    2 Slurm nodes: logprobs, top-k logprobs, top-k logits and candidate logprobs through podium's
+    client and through tritonclient, each within 1e-4 of transformers in fp32."""
+    import torch
+    import tritonclient.http as triton
+    from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, random_batch
+
+    import podium.client as pc
+    from podium.rendezvous.records import read_record
+    from podium.rendezvous.token import read_token
+
+    ckpt, k, temperature, tol = tiny_nemotron_h_checkpoint, 4, 0.8, 1e-4
+    run_dir = expert_teachers
+    batch = random_batch(256, [13, 6, 1, 10], seq_len=13, seed=19)
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    cands = torch.randint(0, 256, (4, 13, 5), generator=torch.Generator().manual_seed(4))
+    errors: dict[str, float] = {}
+
+    def as_torch(value: Any, dtype: torch.dtype) -> torch.Tensor:  # podium's tensors or tritonclient's arrays
+        return (value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))).to(dtype)
+
+    def check(what: str, got: Any, want: torch.Tensor, where: torch.Tensor) -> None:
+        errors[what] = float((as_torch(got, torch.float32) - want)[where].abs().max())
+        assert errors[what] < tol, f"{what}: max |error| {errors[what]} vs transformers fp32"
+
+    def check_all(client: str, out: dict[str, Any], temp: float) -> None:
+        """logprobs / top-k logprobs (+ their ids) in NeMo RL's alignment, top-k logits / candidate
+        logprobs in the next-token one, at ``temp``; only the positions each defines."""
+        full = hf_oracle_log_softmax(ckpt, ids, lengths, temperature=temp)
+        scored = (torch.arange(13)[None, :] < lengths[:, None]) & (torch.arange(13)[None, :] > 0)
+        nxt = torch.arange(13)[None, :] < (lengths[:, None] - 1)
+        if "logprobs" in out:
+            check(f"{client} logprobs", out["logprobs"], full.gather(-1, ids[..., None])[..., 0], scored)
+        if "topk_logprobs" in out:
+            check(f"{client} top-k logprobs", out["topk_logprobs"], torch.topk(full, k, dim=-1).values, scored)
+            picked = full.gather(-1, as_torch(out["topk_indices"], torch.long))
+            check(f"{client} top-k logprobs' ids", out["topk_logprobs"], picked, scored)
+        if "topk_logits" in out:
+            logits = hf_oracle_logits(ckpt, ids, lengths, temperature=temp)
+            check(f"{client} top-k logits", out["topk_logits"], torch.topk(logits, k, dim=-1).values, nxt)
+            picked = logits.gather(-1, as_torch(out["topk_logit_indices"], torch.long))
+            check(f"{client} top-k logits' ids", out["topk_logits"], picked, nxt)
+            check(f"{client} candidate logprobs", out["candidate_logprobs"],
+                  torch.log_softmax(logits, dim=-1).gather(-1, cands), nxt)
+
+    record = read_record(next(run_dir.glob("teachers/nemotron-*/endpoint.json")))
+    assert record.model.parallel_sizes["expert_model_parallel_size"] == 2 and record.model.data_parallel_size == 2
+    with pc.connect(run_dir / "rendezvous.json") as client:
+        check_all("podium", client.get_logprobs("nemotron", batch, top_k=k), 1.0)
+        top = client.get_topk_logits("nemotron", batch, k, temperature=temperature)
+        check_all("podium", {"topk_logits": top["topk_logits"], "topk_logit_indices": top["topk_indices"],
+                             **client.get_candidate_logprobs("nemotron", batch, cands, temperature=temperature)},
+                  temperature)
+
+    inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+              triton.InferInput("input_lengths", [4], "INT64"),
+              triton.InferInput("candidate_ids", list(cands.shape), "INT64")]
+    for tensor, value in zip(inputs, (ids, lengths, cands), strict=True):
+        tensor.set_data_from_numpy(value.numpy())
+    names = ("logprobs", "topk_logprobs", "topk_indices", "topk_logits", "topk_logit_indices", "candidate_logprobs")
+    http = triton.InferenceServerClient(record.url.split("//", 1)[1])
+    result = http.infer("nemotron", inputs, outputs=[triton.InferRequestedOutput(n) for n in names],
+                        parameters={"top_k": k, "temperature": temperature},
+                        headers={"Authorization": f"Bearer {read_token(run_dir / 'auth_token')}"})
+    http.close()
+    check_all("tritonclient", {n: result.as_numpy(n) for n in names}, temperature)
+    print("Nemotron-H through podium up, max |error| vs transformers fp32:", errors)
+    assert len(errors) == 12
