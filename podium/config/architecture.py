@@ -38,6 +38,8 @@ _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
 # What a Nemotron-H teacher imports on CUDA (the Mamba scan, the gated norm and the causal conv).
 MAMBA_KERNELS = ("mamba-ssm", "causal-conv1d")
+# built against the torch already installed (their setup imports it): no build isolation
+MAMBA_KERNELS_INSTALL = f"pip install --no-build-isolation {' '.join(MAMBA_KERNELS)}"
 
 
 def attention_tp_problem(heads: int, groups: int, head_dim: int, tp: int) -> str | None:
@@ -171,7 +173,7 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
                            if pattern.count(letter))
         lines.append(f"Nemotron-H ({len(pattern)} layers: {counts}): the GPU nodes' Python must import the Mamba "
                      f"kernels ({' and '.join(MAMBA_KERNELS)}, built for the nodes' torch and CUDA: "
-                     f"pip install --no-build-isolation {' '.join(MAMBA_KERNELS)})")
+                     f"{MAMBA_KERNELS_INSTALL})")
         heads = (_int(config, "mamba_num_heads") or ("", 0))[1]
         groups = (_int(config, "n_groups") or ("", 0))[1]
         if heads and groups and not heads % tp and not groups % tp:

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from podium.config.architecture import MAMBA_KERNELS
+from podium.config.architecture import MAMBA_KERNELS, MAMBA_KERNELS_INSTALL
 from podium.teacher.hf import ModelDescription
 from podium.teacher.mamba_shims import apply_mamba_shims
 from podium.teacher.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
@@ -45,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 TE_SPEC = "transformer_engine"  # megatron's mamba_stack_spec (TE layers, mamba-ssm's kernels)
 LOCAL_SPEC = "local"  # podium's spec on megatron's local modules (CPU: with the Mamba shims)
-KERNELS_INSTALL = f"pip install --no-build-isolation {' '.join(MAMBA_KERNELS)}"
 
 
 class MambaKernelsMissing(RuntimeError):
@@ -82,7 +81,7 @@ def choose_hybrid_spec(*, cuda: bool, transformer_engine: bool, missing_kernels:
         raise MambaKernelsMissing(
             f"a Nemotron-H (hybrid Mamba) teacher on CUDA needs the Mamba kernels, and {where} cannot import "
             f"{names}: install them into the GPU nodes' Python, built against its torch and CUDA: "
-            f"`{KERNELS_INSTALL}`")
+            f"`{MAMBA_KERNELS_INSTALL}`")
     return TE_SPEC if transformer_engine else LOCAL_SPEC
 
 
