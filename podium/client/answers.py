@@ -42,6 +42,7 @@ from podium.protocol.names import (
 )
 
 MAX_CHUNKS = 4  # requests in flight for one call: the last one's transfer is what is not overlapped
+WORTH = 3.0  # pipelined while answers wait this many times longer than their bodies take to arrive
 CHUNK_THREADS = 16  # a teacher client's threads that send pipelined calls' chunks (each keeps its connections)
 
 
@@ -137,24 +138,35 @@ def pipelined(pool: concurrent.futures.Executor, chunks: Sequence[tuple[int, int
 
 class Pipeline:
     """A teacher client's large calls in row chunks (:func:`row_chunks`, :func:`pipelined`), only
-    while it has no other call in flight: with company, the teacher computes the others' rows while
-    this answer travels, and the chunks would only take more of its queue."""
+    when there is compute to hide the wire behind: while the client has no other call in flight
+    (with company, the teacher computes the others' rows while this answer travels, and the chunks
+    would only take more of its queue), and while the teacher's answers wait :data:`WORTH` times
+    longer for their first byte than their bodies take to arrive (:meth:`observe`: whole answers
+    and first chunks): a teacher that answers at once gains nothing from the overlap and the chunks
+    cost their own overheads."""
 
     def __init__(self, pipeline_mb: float | None) -> None:
         self.pipeline_mb = pipeline_mb
         self._lock = threading.Lock()
         self._calls = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.compute_per_wire = WORTH  # the answers' wait over their bodies' reading time, smoothed
+
+    def observe(self, waited_s: float, received_s: float) -> None:
+        """An answer waited ``waited_s`` for its headers and took ``received_s`` to read."""
+        if received_s > 0.005:  # bodies this small say nothing of the wire
+            with self._lock:
+                self.compute_per_wire = 0.5 * self.compute_per_wire + 0.5 * waited_s / received_s
 
     def call(self, rows: int, answer: float, whole: Callable[[], dict[str, np.ndarray]],
              chunk: Callable[[int, int, int, float | None], dict[str, np.ndarray]],
              timeout_s: float | None) -> dict[str, np.ndarray]:
         """``whole()``, or ``chunk(index, start, end, timeout_s)`` for row chunks put together."""
         with self._lock:
-            alone = self._calls == 0
+            worth = self._calls == 0 and self.compute_per_wire >= WORTH
             self._calls += 1
         try:
-            parts = row_chunks(rows, answer, self.pipeline_mb if alone else None)
+            parts = row_chunks(rows, answer, self.pipeline_mb if worth else None)
             if len(parts) == 1:
                 return whole()
             with self._lock:

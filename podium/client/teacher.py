@@ -406,16 +406,17 @@ class TeacherClient:
         def chunk(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
             cands = None if candidate_ids is None else candidate_ids[start:end]
             return self._request(ids[start:end], lengths[start:end], cands, outputs, opts, params,
-                                 f"{request_id}.{index}", left, widen=False)  # widened as put in place
+                                 f"{request_id}.{index}", left, widen=False, observed=index == 0)
 
         return self._pipeline.call(rows, size, whole, chunk,
                                    timeout_s if timeout_s is not None else self.options.call_timeout_s)
 
     def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, outputs: list[str],
                  opts: Options, params: dict[str, object], request_id: str, timeout_s: float | None,
-                 widen: bool = True) -> dict[str, np.ndarray]:
+                 widen: bool = True, observed: bool = True) -> dict[str, np.ndarray]:
         """One infer request; the ``outputs`` of its answer in the caller's dtypes (ids as they
-        travelled unless ``widen``)."""
+        travelled unless ``widen``: a pipelined call widens them as it puts them in place); its
+        timing told to the pipeline when ``observed`` (a later chunk waits behind the others)."""
         binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
         if candidate_ids is not None:
@@ -432,6 +433,8 @@ class TeacherClient:
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)
         resp, record = self._call("POST", infer_path(self.name), chunks, headers, timeout_s)
+        if observed:
+            self._pipeline.observe(resp.waited_s, resp.received_s)
         try:
             decoded = oip.decode_response(
                 resp.body, oip.parse_header_length(resp.header(oip.HEADER_LENGTH), len(resp.body))

@@ -84,6 +84,8 @@ class HTTPResponse:
     status: int
     headers: http.client.HTTPMessage
     body: memoryview  # writable bytes (numpy views of it are writable arrays)
+    waited_s: float = 0.0  # from the request sent to the answer's headers (the server's queue and compute)
+    received_s: float = 0.0  # reading the answer's body (the wire)
 
     def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
@@ -254,7 +256,9 @@ class HTTPTransport:
         conn.request(method, path, body=payload, headers=all_headers)
         sent.append(True)
         bound()
+        started = time.monotonic()
         resp = conn.getresponse()
+        headers_at = time.monotonic()
         length = resp.getheader("Content-Length")
         if length is not None:
             size = int(length)
@@ -271,7 +275,7 @@ class HTTPTransport:
             view = memoryview(bytearray(resp.read()))
         if resp.will_close:
             self._drop()
-        return HTTPResponse(resp.status, resp.headers, view)
+        return HTTPResponse(resp.status, resp.headers, view, headers_at - started, time.monotonic() - headers_at)
 
     def close(self) -> None:
         """Close every connection this transport opened (all threads)."""

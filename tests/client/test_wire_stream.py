@@ -298,9 +298,9 @@ def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path, caplog: pytest.L
         teacher.stop()
 
 
-def test_a_call_made_while_another_is_in_flight_goes_whole() -> None:
+def test_a_call_is_pipelined_only_when_there_is_compute_to_hide_the_wire_behind() -> None:
     """With company the teacher computes the other call's rows while this answer travels: the
-    chunks would only take more of its queue."""
+    chunks would only take more of its queue; a teacher that answers at once gains nothing."""
     pipeline = Pipeline(pipeline_mb=1.0)
     used: list[str] = []
 
@@ -320,5 +320,15 @@ def test_a_call_made_while_another_is_in_flight_goes_whole() -> None:
         used.clear()
         assert pipeline.call(8, 0.5, whole_while_another_runs, chunk, None)  # below pipeline_mb: whole
         assert used == ["whole", "inner whole"]  # the inner call had company: whole too
+        # a teacher that answers at once (its answers wait less than their bodies take): no overlap to gain
+        for _ in range(3):
+            pipeline.observe(waited_s=0.002, received_s=0.05)
+        used.clear()
+        pipeline.call(8, 10.0, lambda: (used.append("whole"), {"x": np.arange(8)})[1], chunk, None)
+        assert used == ["whole"]
+        pipeline.observe(waited_s=1.3, received_s=0.05)  # one that computes: chunks again
+        used.clear()
+        pipeline.call(8, 10.0, dict, chunk, None)
+        assert used == ["chunk"] * 4
     finally:
         pipeline.close()
