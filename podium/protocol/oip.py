@@ -23,7 +23,8 @@ import json
 import logging
 import math
 import reprlib
-from collections.abc import Iterable, Mapping, Sequence
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,9 +69,54 @@ def to_bf16(values: np.ndarray) -> np.ndarray:
 
 def from_bf16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (``uint16``) as float32 values (exact)."""
-    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    wide = np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32)
+    wide <<= 16  # in place: one array made, not two
+    return wide.view(np.float32)
 
 Buffer = bytes | bytearray | memoryview
+
+
+class CastBlock:
+    """A block of an answer whose bytes travel in another dtype than the array holds, cast a piece
+    (:data:`PIECE_BYTES`) at a time as it is written (:meth:`pieces`): no whole converted copy is
+    made (a fresh 64 MB array costs its page faults, on a thread's arena every time), and each piece
+    is still in cache when the socket copies it. ``cast(part)`` gives a part's values in ``dtype``
+    (numpy's ``astype`` by default)."""
+
+    PIECE_BYTES = 1 << 20
+
+    def __init__(self, array: np.ndarray, dtype: Any, cast: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        self.array = np.ascontiguousarray(array)
+        self.dtype = np.dtype(dtype)
+        self._cast = cast
+        self.shape = self.array.shape
+        self.ndim = self.array.ndim
+        self.size = self.array.size
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def cast(self, part: np.ndarray) -> np.ndarray:
+        out = self._cast(part) if self._cast is not None else part.astype(self.dtype)
+        if out.dtype != self.dtype or out.shape != part.shape:
+            raise TypeError(f"a cast to {self.dtype} gave {out.dtype} {list(out.shape)} for {list(part.shape)}")
+        return out
+
+    def pieces(self) -> Iterator[memoryview]:
+        flat = self.array.reshape(-1)
+        step = max(1, self.PIECE_BYTES // self.dtype.itemsize)
+        for start in range(0, self.size, step):
+            yield self.cast(flat[start:start + step]).data.cast("B")
+
+    def values(self) -> np.ndarray:
+        """The whole block cast (for JSON, or a small answer sent in one write)."""
+        return self.cast(self.array)
+
+
+Chunk = Buffer | CastBlock
+"""A piece of an encoded body: bytes, or a block cast as it is written."""
+
+
+def chunk_nbytes(chunk: Chunk) -> int:
+    return chunk.nbytes if isinstance(chunk, CastBlock) else memoryview(chunk).nbytes
 
 # The protocol's tensors have at most 3 dimensions; numpy's limit is 64. More than this is refused.
 MAX_RANK = 8
@@ -96,10 +142,14 @@ class OIPError(ValueError):
 
 def datatype_of(array: np.ndarray) -> str:
     """The OIP datatype of a numpy array."""
+    return _datatype_of_dtype(array.dtype)
+
+
+def _datatype_of_dtype(dtype: np.dtype) -> str:
     try:
-        return _BY_DTYPE[array.dtype.newbyteorder("=")]
+        return _BY_DTYPE[dtype.newbyteorder("=")]
     except KeyError:
-        raise OIPError(f"numpy dtype {array.dtype} has no Open Inference Protocol datatype") from None
+        raise OIPError(f"numpy dtype {dtype} has no Open Inference Protocol datatype") from None
 
 
 @dataclass
@@ -419,23 +469,42 @@ def decode_response(body: Buffer, header_length: int | None = None) -> InferResp
 # --------------------------------------------------------------------------- encoding
 
 
-def _tensor_entry(name: str, array: np.ndarray, binary: bool, chunks: list[Buffer],
+ArrayOrBlocks = np.ndarray | Sequence[np.ndarray | CastBlock]
+"""An array, or its consecutive row blocks (one tensor, rows in order: written block by block,
+never joined), some perhaps cast as they are written."""
+
+
+def _tensor_entry(name: str, tensor: ArrayOrBlocks, binary: bool, chunks: list[Chunk],
                   datatype: str | None = None) -> dict[str, Any]:
-    datatype = datatype or datatype_of(array)
+    blocks: list[np.ndarray | CastBlock]
+    if isinstance(tensor, np.ndarray):
+        blocks, shape = [tensor], list(tensor.shape)
+    else:
+        blocks = list(tensor)
+        if not blocks or any(b.ndim == 0 or b.shape[1:] != blocks[0].shape[1:] or b.dtype != blocks[0].dtype
+                             for b in blocks):
+            raise OIPError(f"tensor {name!r}: row blocks must share their dtype and all but the first dimension")
+        shape = [sum(b.shape[0] for b in blocks), *blocks[0].shape[1:]]
+    datatype = datatype or _datatype_of_dtype(blocks[0].dtype)
     if datatype in BINARY_ONLY and not binary:
         raise OIPError(f"tensor {name!r}: datatype {datatype} travels only as binary data")
-    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
     if binary:
-        contiguous = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
-        raw = contiguous.data.cast("B") if contiguous.size else memoryview(b"")
-        entry["parameters"] = {"binary_data_size": raw.nbytes}
-        chunks.append(raw)
-    else:
-        entry["data"] = array.ravel()  # written by dumps_chunked, a chunk at a time
+        size = 0
+        for block in blocks:
+            chunk: Chunk = block if isinstance(block, CastBlock) else \
+                np.ascontiguousarray(block, dtype=DATATYPES[datatype]).data.cast("B")
+            if chunk_nbytes(chunk):
+                chunks.append(chunk)
+                size += chunk_nbytes(chunk)
+        entry["parameters"] = {"binary_data_size": size}
+    else:  # written by dumps_chunked, a chunk at a time
+        arrays = [b.values() if isinstance(b, CastBlock) else b for b in blocks]
+        entry["data"] = arrays[0].ravel() if len(arrays) == 1 else np.concatenate(arrays).ravel()
     return entry
 
 
-def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[list[Buffer], int | None]:
+def _assemble(header: dict[str, Any], chunks: list[Chunk]) -> tuple[list[Chunk], int | None]:
     head = dumps_chunked(header)
     if not chunks:
         return [head], None
@@ -453,7 +522,7 @@ def encode_request(
     request_id: str | None = None,
 ) -> tuple[list[Buffer], int | None]:
     """Body chunks and header length (None for pure JSON) of an infer request."""
-    chunks: list[Buffer] = []
+    chunks: list[Chunk] = []
     header: dict[str, Any] = {"inputs": [_tensor_entry(n, a, binary_inputs, chunks) for n, a in inputs]}
     if request_id is not None:
         header["id"] = request_id
@@ -464,21 +533,22 @@ def encode_request(
         params["binary_data_output"] = True
     if params:
         header["parameters"] = params
-    return _assemble(header, chunks)
+    body, header_len = _assemble(header, chunks)
+    return typing.cast("list[Buffer]", body), header_len  # inputs are arrays: no cast blocks
 
 
 def encode_response(
     model_name: str,
-    outputs: Sequence[tuple[str, np.ndarray, bool]],
+    outputs: Sequence[tuple[str, ArrayOrBlocks, bool]],
     *,
     model_version: str | None = None,
     request_id: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     datatypes: Mapping[str, str] | None = None,
-) -> tuple[list[Buffer], int | None]:
-    """Body chunks and header length of an infer response; ``outputs`` are (name, array, binary);
+) -> tuple[list[Chunk], int | None]:
+    """Body chunks and header length of an infer response; ``outputs`` are (name, tensor, binary);
     ``datatypes`` names the datatype of outputs whose numpy dtype does not say it (``BF16``)."""
-    chunks: list[Buffer] = []
+    chunks: list[Chunk] = []
     header: dict[str, Any] = {"model_name": model_name}
     if model_version is not None:
         header["model_version"] = model_version
@@ -490,6 +560,6 @@ def encode_response(
     return _assemble(header, chunks)
 
 
-def join(chunks: Sequence[Buffer]) -> bytes:
+def join(chunks: Sequence[Chunk]) -> bytes:
     """One ``bytes`` of body chunks."""
-    return b"".join(chunks)
+    return b"".join(c.values().data if isinstance(c, CastBlock) else c for c in chunks)

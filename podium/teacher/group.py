@@ -222,6 +222,8 @@ class TeacherWorkerGroup:
         """The requested ``outputs`` (default: NeMo RL-convention ``logprobs`` float32 ``[B, S]``,
         plus top-k logprobs ``[B, S, K]`` when ``top_k``; see :mod:`podium.protocol.names` for
         ``topk_logits`` and ``candidate_logprobs``), at ``temperature`` (default: the teacher's).
+        Top-k ids come in :func:`~podium.teacher.logprobs.index_dtype` (int32 for any real
+        vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked).
 
         ``data`` is a :class:`Batch` (trusted: the endpoint validated it) or a mapping (validated here;
         ``candidate_ids`` then go with it).

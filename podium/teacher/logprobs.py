@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from podium.protocol.names import INT32_VOCAB
 from podium.teacher.microbatch import GEMM_ROWS, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,9 +75,9 @@ def to_nemo_rl(
     if topk_values is not None and topk_indices is not None:
         k = topk_values.shape[-1]
         vals = torch.zeros(batch, seq, k, dtype=torch.float32)
-        idx = torch.zeros(batch, seq, k, dtype=torch.int64)
+        idx = torch.zeros(batch, seq, k, dtype=topk_indices.dtype)
         vals[:, 1:] = topk_values[:, :-1].float()
-        idx[:, 1:] = topk_indices[:, :-1].long()
+        idx[:, 1:] = topk_indices[:, :-1]
         result["topk_logprobs"] = vals * valid[..., None]
         result["topk_indices"] = idx * valid[..., None]
     return result
@@ -107,7 +108,7 @@ def next_token_outputs(
     valid = (torch.arange(seq)[None, :] < (lengths[:, None] - 1))[..., None]
     if topk_values is not None and topk_indices is not None and lse is not None:
         out["topk_logits"] = ((topk_values + lse[..., None]) * valid).float()
-        out["topk_logit_indices"] = (topk_indices * valid).long()
+        out["topk_logit_indices"] = topk_indices * valid  # in the head's dtype (index_dtype)
     if candidate_logprobs is not None:
         out["candidate_logprobs"] = (candidate_logprobs * valid).float()
     return out
@@ -304,8 +305,17 @@ class LogprobHead:
             else:
                 top_vals, top_idx = ties_by_id(top_vals, top_idx)
             out["topk_values"] = _unkeep(top_vals, keep, seq, batch)
-            out["topk_indices"] = _unkeep(top_idx, keep, seq, batch)
+            # narrowed on the device: half the bytes to the host, through Ray, onto the wire
+            out["topk_indices"] = _unkeep(top_idx.to(index_dtype(self.vocab_size)), keep, seq, batch)
         return out
+
+
+def index_dtype(vocab_size: int) -> torch.dtype:
+    """The dtype the head answers top-k ids in: int32 when every id fits (any real vocabulary), so
+    the narrowing costs nothing on a GPU; the endpoint widens them for a caller asking INT64."""
+    import torch
+
+    return torch.int32 if vocab_size <= INT32_VOCAB else torch.int64
 
 
 def ties_by_id(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

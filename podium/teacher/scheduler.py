@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 # group's per-call cost (one Ray round trip) is small, few enough that callers take turns often.
 CALL_MICROBATCHES = 2
 
+RowBlocks = tuple[np.ndarray, ...]
+"""A request's output as consecutive row blocks ``[n_i, width, ...]`` (together: its rows in order)."""
+
 
 @dataclass(eq=False)
 class Job:
@@ -59,13 +62,18 @@ class Job:
     batch: Batch
     opts: Options
     outputs: tuple[str, ...]
-    future: asyncio.Future[dict[str, np.ndarray]]
+    future: asyncio.Future[dict[str, RowBlocks]]
     enqueued: float = field(default_factory=time.monotonic)
     seq_multiple: int = 1
     next_row: int = 0  # rows [0, next_row) were sent to the group
     done_rows: int = 0
     started: float | None = None  # when its first rows went to the group
-    results: dict[str, np.ndarray] = field(default_factory=dict)
+    blocks: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # output -> first row -> rows
+
+    @property
+    def results(self) -> dict[str, RowBlocks]:
+        """Each output's row blocks in row order (whole once ``done_rows`` is every row)."""
+        return {name: tuple(by_start[k] for k in sorted(by_start)) for name, by_start in self.blocks.items()}
 
     def __post_init__(self) -> None:
         self.costs = [bucket_length(n, self.seq_multiple) for n in self.batch.input_lengths.tolist()]
@@ -163,7 +171,11 @@ def call_batch(segments: Sequence[Segment]) -> Batch:
 
 
 def deliver(segments: Sequence[Segment], result: dict[str, np.ndarray]) -> list[Job]:
-    """Each segment's rows of a call's ``result`` into its job; the jobs now complete."""
+    """Each segment's rows of a call's ``result`` into its job, as a block; the jobs now complete.
+    A block is the call's own rows (a view) where they span the job's width, so a request's answer
+    is never assembled on the teacher: it leaves block by block (:mod:`podium.protocol.oip`).
+    Assembling a 64 x 2048 x 64 FP32/INT32 answer (67 MB over 8 calls) cost 13 ms on the event loop,
+    against 28 ms for its transfer."""
     finished = []
     for s in segments:
         job = s.job
@@ -171,14 +183,24 @@ def deliver(segments: Sequence[Segment], result: dict[str, np.ndarray]) -> list[
         for name, array in result.items():
             if name not in job.outputs:
                 continue
-            if name not in job.results:
-                job.results[name] = np.zeros((job.batch.rows, job.batch.width, *array.shape[2:]), dtype=array.dtype)
-            w = min(job.batch.width, array.shape[1])
-            job.results[name][s.start:s.end, :w] = array[s.offset:s.offset + rows, :w]
+            block = array[s.offset:s.offset + rows]
+            if block.shape[1] != job.batch.width or not block.flags.c_contiguous:
+                block = _at_width(block, job.batch.width)
+            job.blocks.setdefault(name, {})[s.start] = block
         job.done_rows += rows
         if job.done_rows == job.batch.rows:
             finished.append(job)
     return finished
+
+
+def _at_width(rows: np.ndarray, width: int) -> np.ndarray:
+    """``rows`` cut or zero-padded to ``width`` positions, contiguous (a call is as wide as its
+    longest row; a request as its own)."""
+    out = np.empty((rows.shape[0], width, *rows.shape[2:]), dtype=rows.dtype)
+    w = min(width, rows.shape[1])
+    out[:, :w] = rows[:, :w]
+    out[:, w:] = 0
+    return out
 
 
 Compute = Callable[[Batch, Job], Awaitable[dict[str, np.ndarray]]]

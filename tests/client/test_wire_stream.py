@@ -64,11 +64,13 @@ def answer(ids: np.ndarray, lengths: np.ndarray, top_k: int) -> dict[str, np.nda
     past = pos >= np.asarray(lengths)[:, None, None]
     values, indices = np.where(past, np.float32(0), values), np.where(past, 0, indices)
     return {LOGPROBS: values[:, :, 0].copy(), TOPK_LOGPROBS: values, TOPK_INDICES: indices,
-            TOPK_LOGITS: -values, TOPK_LOGIT_INDICES: indices[:, :, ::-1].copy()}
+            TOPK_LOGITS: np.float32(0) - values, TOPK_LOGIT_INDICES: indices[:, :, ::-1].copy()}  # 0 - 0 is +0
 
 
 class WireGroup:
-    """A stand-in group that answers every top-k output at once (:func:`answer` of the ids)."""
+    """A stand-in group that answers every top-k output at once (:func:`answer` of the ids): the
+    ids of ``get_topk_logits`` in int32 (as podium's worker head answers them), those of
+    ``get_logprobs``' top-k in int64 (as another group may), so the endpoint both narrows and widens."""
 
     vocab_size = VOCAB
     max_sequence_length = 8192
@@ -78,6 +80,7 @@ class WireGroup:
     def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
                      temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
         out = answer(data.input_ids, data.input_lengths, int(top_k or 1))
+        out[TOPK_LOGIT_INDICES] = out[TOPK_LOGIT_INDICES].astype(np.int32)
         return {name: torch.from_numpy(data.pad(value)) for name, value in out.items()
                 if outputs is None or name in outputs}
 
@@ -117,12 +120,14 @@ PAIRS = [("FP32", "INT64"), ("FP32", "INT32"), ("BF16", "INT32"), ("BF16", "INT6
 
 
 @pytest.mark.parametrize(("values", "indices"), PAIRS, ids=[f"{v}-{i}" for v, i in PAIRS])
-@pytest.mark.parametrize(("rows", "seq", "binary"), [(3, 9, True), (8, 640, True), (3, 7, False)],
-                         ids=["small", "streamed", "json"])
+@pytest.mark.parametrize(("rows", "seq", "binary"), [(3, 9, True), (8, 640, True), (40, 1024, True), (3, 7, False)],
+                         ids=["small", "streamed", "streamed-over-calls", "json"])
 def test_topk_answers_arrive_bit_identical(wire_teacher: tuple[Path, Teacher], rows: int, seq: int, binary: bool,
                                            values: str, indices: str) -> None:
     """Each values/indices pair, one write or streamed, binary or JSON tensors (BF16 is binary
-    always): the group's numbers, bit for bit (BF16: their rounding), ids int64 in hand."""
+    always): the group's numbers, bit for bit (BF16: their rounding), ids int64 in hand. The
+    largest request spans several group calls (the answer leaves as their row blocks, some cut to
+    the request's width) and its cast tensors several pieces (:class:`oip.CastBlock`)."""
     path, teacher = wire_teacher
     assert teacher.server is not None
     sender = teacher.server.server.sender

@@ -93,7 +93,7 @@ def assert_topk_matches(out: dict[str, torch.Tensor], checkpoint: Path | str, ba
     logsm = hf_oracle_log_softmax(checkpoint, batch["input_ids"], batch["input_lengths"], temperature)
     ref_vals, ref_idx = torch.topk(logsm, k, dim=-1)
     vals, idx = out["topk_logprobs"], out["topk_indices"]
-    assert vals.dtype == torch.float32 and idx.dtype == torch.int64
+    assert vals.dtype == torch.float32 and idx.dtype == torch.int32  # narrowed on the device (index_dtype)
     assert vals.shape == idx.shape == (*batch["input_ids"].shape, k)
     lengths = batch["input_lengths"]
     valid = torch.arange(vals.shape[1])[None, :] < lengths[:, None]
@@ -124,7 +124,7 @@ def assert_next_token_outputs_match(group: Any, checkpoint: Path | str, batch: d
     logits = hf_oracle_logits(checkpoint, ids, lengths, temperature)
     ref_vals, ref_idx = torch.topk(logits, k, dim=-1)
     vals, idx = out["topk_logits"], out["topk_logit_indices"]
-    assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.shape == (*ids.shape, k)
+    assert vals.dtype == torch.float32 and idx.dtype == torch.int32 and vals.shape == (*ids.shape, k)
     valid = torch.arange(ids.shape[1])[None, :] < (lengths[:, None] - 1)
     assert (vals[valid] - ref_vals[valid]).abs().max().item() <= TOL
     assert torch.equal(idx[valid], ref_idx[valid])

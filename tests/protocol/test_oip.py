@@ -127,3 +127,30 @@ def test_header_length_and_json_errors() -> None:
         oip.decode_request(b'{"inputs": [', None)
     with pytest.raises(oip.OIPError, match="JSON object"):
         oip.decode_request(b"[1, 2]", None)
+
+
+def _bf16_cases() -> np.ndarray:
+    """Exact ties both ways, values just above and below a tie, infinities, the largest finite
+    values, subnormals, signed zeros, and random normals."""
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F800000, 0xFF800000, 0x7F7FFFFF,
+                     0x7F7F7FFF, 0x00000001, 0x00018000, 0x80000000, 0x00000000], dtype=np.uint32)
+    rng = np.random.default_rng(0)
+    return np.concatenate([bits.view(np.float32), rng.standard_normal(4096).astype(np.float32) * 1e3])
+
+
+def test_bf16_rounds_to_nearest_even_and_widens_exactly() -> None:
+    values = _bf16_cases()
+    bits = oip.to_bf16(values)
+    assert list(bits[:4]) == [0x3F80, 0x3F82, 0x3F81, 0x3F80]  # ties to even; off-tie to nearest
+    assert list(bits[4:8]) == [0x7F80, 0xFF80, 0x7F80, 0x7F7F]  # inf stays; the largest finite rounds up to inf
+    wide = oip.from_bf16(bits)
+    assert wide.dtype == np.float32 and np.array_equal(wide.view(np.uint32), bits.astype(np.uint32) << 16)
+    assert np.all(np.abs(wide[12:] - values[12:]) <= np.abs(values[12:]) * 2.0**-8)
+
+
+def test_the_teachers_bf16_cast_gives_the_protocols_bits() -> None:
+    from podium.teacher.endpoint.answer import bf16_bits
+
+    values = _bf16_cases()
+    assert np.array_equal(bf16_bits(values), oip.to_bf16(values))
+    assert bf16_bits(np.array([np.nan], dtype=np.float32)).view(np.uint16)[0] & 0x7FC0 == 0x7FC0  # NaN stays NaN

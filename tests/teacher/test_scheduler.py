@@ -94,6 +94,33 @@ def test_only_requests_with_the_same_options_share_a_call():
         loop.close()
 
 
+def _whole(blocks) -> np.ndarray:
+    return np.concatenate(blocks)
+
+
+def test_a_request_gets_the_calls_rows_as_blocks_never_an_assembled_copy():
+    loop = asyncio.new_event_loop()
+    try:
+        wide, narrow = _job(loop, "a", [7, 7, 7], "wide"), _job(loop, "b", [3], "narrow")
+        results = []
+        while wide.done_rows < wide.batch.rows or narrow.done_rows < narrow.batch.rows:
+            segs = form_call([j for j in (wide, narrow) if j.remaining], 16)  # splits "wide" over calls
+            result = {"logprobs": call_batch(segs).input_ids.astype(np.float32)}
+            results.append(result["logprobs"])
+            deliver(segs, result)
+        blocks = wide.results["logprobs"]
+        assert len(blocks) > 1 and sum(b.shape[0] for b in blocks) == 3  # more than one call, rows in order
+        # each block spans the request's width: it is the call's own rows, not a copy
+        assert all(any(np.shares_memory(b, r) for r in results) for b in blocks)
+        assert np.array_equal(_whole(blocks), wide.batch.input_ids.astype(np.float32))
+        # the narrower request's rows are cut to its own width (a view would not be contiguous)
+        (block,) = narrow.results["logprobs"]
+        assert block.flags.c_contiguous and not any(np.shares_memory(block, r) for r in results)
+        assert np.array_equal(block, narrow.batch.input_ids.astype(np.float32))
+    finally:
+        loop.close()
+
+
 def test_rows_come_back_to_their_own_request_in_their_own_order():
     loop = asyncio.new_event_loop()
     rng = random.Random(3)
@@ -110,6 +137,6 @@ def test_rows_come_back_to_their_own_request_in_their_own_order():
         for job in jobs:
             expected = np.zeros((job.batch.rows, job.batch.width), dtype=np.float32)
             expected[:, :job.batch.input_ids.shape[1]] = job.batch.input_ids
-            assert np.array_equal(job.results["logprobs"], expected), job.request_id
+            assert np.array_equal(_whole(job.results["logprobs"]), expected), job.request_id
     finally:
         loop.close()

@@ -29,6 +29,10 @@ from podium.protocol.names import (
 )
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.stream import AnswerSender
+from podium.teacher.scheduler import RowBlocks
+
+WireBlocks = tuple[np.ndarray | oip.CastBlock, ...]
+"""An output's row blocks in their wire dtypes (:func:`wire`)."""
 
 
 def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarray]:
@@ -45,17 +49,33 @@ def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarr
     return out
 
 
-def wire(name: str, array: np.ndarray, opts: Options, vocab_size: int) -> np.ndarray:
-    """An output as it travels: indices INT64 (INT32 when asked and the vocabulary fits), values
-    float32 (top-k logits and candidate logprobs as BF16 bits when asked)."""
+def wire(name: str, blocks: RowBlocks, opts: Options, vocab_size: int) -> WireBlocks:
+    """An output's row blocks as they travel: indices INT64 (INT32 when asked and the vocabulary
+    fits), values float32 (top-k logits and candidate logprobs as BF16 bits when asked). A block
+    already in its wire dtype goes as it is (the worker's head answers ids in int32); another is
+    cast a piece at a time as it is written (:class:`~podium.protocol.oip.CastBlock`)."""
     if name in INDEX_OUTPUTS:
         narrow = opts.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
-        return array.astype(np.int32 if narrow else np.int64, copy=False)
-    values = array.astype(np.float32, copy=False)
-    return oip.to_bf16(values) if name in VALUE_OUTPUTS and opts.values_datatype == "BF16" else values
+        return _as(blocks, np.dtype(np.int32 if narrow else np.int64))
+    if name in VALUE_OUTPUTS and opts.values_datatype == "BF16":
+        return tuple(oip.CastBlock(b, oip.DATATYPES["BF16"], bf16_bits) for b in blocks)
+    return _as(blocks, np.dtype(np.float32))
 
 
-def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, np.ndarray],
+def _as(blocks: RowBlocks, dtype: np.dtype) -> WireBlocks:
+    return tuple(b if b.dtype == dtype else oip.CastBlock(b, dtype) for b in blocks)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns, ``uint16``: :func:`podium.protocol.oip.to_bf16`'s
+    rounding (to nearest even) by torch's vectorised cast (~5x faster than numpy's integer steps;
+    NaN stays NaN, where the integer steps can carry it into the sign bit)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, WireBlocks],
                    outputs: list[str], opts: Options, request_id: str, sender: AnswerSender) -> web.StreamResponse:
     """The answer to ``req``: its ``outputs`` of ``result`` (already in their wire dtypes); a large
     one is written by ``sender`` from the arrays' memory."""

@@ -24,7 +24,6 @@ import socket
 import time
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from podium.fds import connection_budget, raise_nofile_limit
@@ -57,7 +56,7 @@ from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.endpoint.validation import validate_request
 from podium.teacher.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from podium.teacher.metrics import EndpointMetrics
-from podium.teacher.scheduler import Job, Scheduler
+from podium.teacher.scheduler import Job, RowBlocks, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +360,7 @@ class EndpointServer:
             self._update_idle()
 
     async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str,
-                   caller: str) -> dict[str, np.ndarray]:
+                   caller: str) -> dict[str, RowBlocks]:
         """The request through the scheduler (batched with other callers' rows). Cancelled (its
         client went away) before its first rows were sent, it leaves the queue and never reaches
         the group; mid-way, no more of its rows are sent and its answer is dropped. Either way it
@@ -420,7 +419,7 @@ class EndpointServer:
             raise RequestError(500, f"teacher {self.config.served_name!r} returned no {missing}")
         return await loop.run_in_executor(self._codec, self._encode, req, result, outputs, opts, request_id)
 
-    def _encode(self, req: oip.InferRequest, result: dict[str, np.ndarray], outputs: list[str], opts: Options,
+    def _encode(self, req: oip.InferRequest, result: dict[str, RowBlocks], outputs: list[str], opts: Options,
                 request_id: str) -> web.StreamResponse:
         """The answer, each output in its wire dtype (on a codec thread)."""
         wired = {name: wire(name, array, opts, self.vocab_size) for name, array in result.items()}

@@ -7,8 +7,9 @@ callbacks), moved a third of what the machine's loopback moves. :class:`AnswerSe
 body of at least :data:`STREAM_FROM` bytes with a :class:`StreamedAnswer`: aiohttp sends its
 status line, headers (``Content-Length`` set, so clients and middleware know the size) and the
 small JSON header; then a thread of the sender's pool writes each tensor's bytes to the socket
-straight from the arrays' memory, and the event loop goes on serving others (health probes
-answer while 100 MB leave).
+straight from the arrays' memory (each group call's row block in turn; a block whose dtype is not
+its wire dtype a megabyte at a time, cast as it goes: :class:`~podium.protocol.oip.CastBlock`),
+and the event loop goes on serving others (health probes answer while 100 MB leave).
 
 The thread writes to a duplicate of the connection's descriptor while the event loop's transport
 has nothing buffered (it has written the headers; the client sends nothing until the answer is
@@ -28,12 +29,13 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from podium.protocol.oip import Buffer
+from podium.protocol import oip
+from podium.protocol.oip import CastBlock, Chunk
 from podium.teacher.endpoint.connections import ConnectionGuard
 
 logger = logging.getLogger(__name__)
@@ -60,14 +62,14 @@ class AnswerSender:
         self.sent = 0  # answers written whole
         self.cut = 0  # answers cut off (client gone or stalled, server stopping)
 
-    def response(self, chunks: Sequence[Buffer], headers: Mapping[str, str], content_type: str) -> web.StreamResponse:
+    def response(self, chunks: Sequence[Chunk], headers: Mapping[str, str], content_type: str) -> web.StreamResponse:
         """The HTTP answer of body ``chunks``: one plain response when small, else streamed."""
-        total = sum(memoryview(c).nbytes for c in chunks)
+        total = sum(oip.chunk_nbytes(c) for c in chunks)
         if total < STREAM_FROM or len(chunks) < 2:
-            return web.Response(body=b"".join(chunks), headers=headers, content_type=content_type)
+            return web.Response(body=oip.join(chunks), headers=headers, content_type=content_type)
         return StreamedAnswer(self, chunks, total, headers, content_type)
 
-    def write(self, sock: socket.socket, chunks: Sequence[Buffer], stop: threading.Event) -> int:
+    def write(self, sock: socket.socket, chunks: Sequence[Chunk], stop: threading.Event) -> int:
         """On a sender thread: ``chunks`` written whole to ``sock`` (a duplicate of the connection's
         descriptor, closed here: the event loop may close its own meanwhile); the bytes written, or
         :class:`StreamStopped`."""
@@ -79,8 +81,7 @@ class AnswerSender:
             self.active += 1
         try:
             sock.setblocking(False)  # it is already (the event loop's); says so to this object
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
+            for view in _views(chunks):
                 while view.nbytes:
                     if stop.is_set() or self._stopping.is_set():
                         raise StreamStopped("stopped (the request was cancelled, or the server is stopping)")
@@ -103,7 +104,7 @@ class AnswerSender:
             with self._lock:
                 self.active -= 1
 
-    async def stream(self, transport: asyncio.Transport, chunks: Sequence[Buffer]) -> int:
+    async def stream(self, transport: asyncio.Transport, chunks: Sequence[Chunk]) -> int:
         """``chunks`` written to ``transport``'s socket by a sender thread, the guard counting the
         connection busy meanwhile; the connection aborted when it cannot be written whole."""
         stop = threading.Event()
@@ -135,7 +136,7 @@ class AnswerSender:
             stop.set()
             with self._lock:
                 self.cut += 1
-            logger.info("an answer of %d bytes was cut off: %s", sum(memoryview(c).nbytes for c in chunks),
+            logger.info("an answer of %d bytes was cut off: %s", sum(oip.chunk_nbytes(c) for c in chunks),
                         exc if not isinstance(exc, asyncio.CancelledError) else "the request was cancelled")
             transport.abort()
             if isinstance(exc, StreamStopped):
@@ -152,10 +153,19 @@ class AnswerSender:
         self._pool.shutdown(wait=False)  # queued writes run, see the stop and close their socket
 
 
+def _views(chunks: Sequence[Chunk]) -> Iterator[memoryview]:
+    """The bytes of ``chunks`` in order; a cast block's a piece at a time, cast as it is reached."""
+    for chunk in chunks:
+        if isinstance(chunk, CastBlock):
+            yield from chunk.pieces()
+        else:
+            yield memoryview(chunk).cast("B")
+
+
 class StreamedAnswer(web.StreamResponse):
     """An answer whose body (a small JSON header, then tensor bytes) a sender thread writes."""
 
-    def __init__(self, sender: AnswerSender, chunks: Sequence[Buffer], total: int, headers: Mapping[str, str],
+    def __init__(self, sender: AnswerSender, chunks: Sequence[Chunk], total: int, headers: Mapping[str, str],
                  content_type: str) -> None:
         super().__init__(headers=headers)
         self.content_type = content_type
@@ -173,11 +183,12 @@ class StreamedAnswer(web.StreamResponse):
     async def write_eof(self, data: bytes = b"") -> None:
         if self._eof_sent:
             return
-        head, rest = self._chunks[0], self._chunks[1:]
-        await self.write(head)  # with the status line and headers, through aiohttp
+        head, rest = self._chunks[:1], self._chunks[1:]
+        for view in _views(head):  # the JSON header, with the status line and headers, through aiohttp
+            await self.write(view)
         if self._transport is None:
-            for chunk in rest:  # no socket to hand a thread (not a TCP transport): through aiohttp
-                await self.write(chunk)
+            for view in _views(rest):  # no socket to hand a thread (not a TCP transport): through aiohttp
+                await self.write(view)
         else:
             written = await self._sender.stream(self._transport, rest)
             writer = self._payload_writer
