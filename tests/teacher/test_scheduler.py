@@ -121,6 +121,20 @@ def test_a_request_gets_the_calls_rows_as_blocks_never_an_assembled_copy():
         loop.close()
 
 
+def test_a_call_of_one_whole_request_sends_its_own_ids_and_a_shared_call_a_batch_of_its_own():
+    loop = asyncio.new_event_loop()
+    try:
+        alone = _job(loop, "a", [7, 7, 5], "alone")
+        assert np.shares_memory(call_batch(form_call([alone], 1000)).input_ids, alone.batch.input_ids)
+        first, second = _job(loop, "a", [7, 3], "first"), _job(loop, "b", [4], "second")
+        shared = call_batch(form_call([first, second], 1000))
+        assert shared.input_ids.shape == (3, 7) and not np.shares_memory(shared.input_ids, first.batch.input_ids)
+        assert np.array_equal(shared.input_ids[:2], first.batch.input_ids)
+        assert np.array_equal(shared.input_ids[2, :4], second.batch.input_ids[0]) and not shared.input_ids[2, 4:].any()
+    finally:
+        loop.close()
+
+
 def test_rows_come_back_to_their_own_request_in_their_own_order():
     loop = asyncio.new_event_loop()
     rng = random.Random(3)
