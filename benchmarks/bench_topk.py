@@ -12,6 +12,9 @@ far larger than the request. What it measures:
   once, ``recv_into`` one allocated once), alternating; ``ratio`` = raw time / podium time
   (goal >= 0.7); ``one_request_*``: the same with the client's pipelining off. Medians of
   ``--wire-reps`` x 2.
+- ``request``: the request side: ``get_logprobs`` of large int64 ``input_ids`` (``--request-shape``,
+  default 64 x 16384: 8 MB up, 4 MB of logprobs down) from a teacher without a batching window,
+  against the raw loopback moving the same bytes; ``ratio`` as above.
 - ``callers``: aggregate answer MB/s of 1, 4 and 16 callers at once (``--callers``; threads of
   up to 4 client processes) at the largest shape, FP32/INT32, and the endpoint's health-probe
   latency meanwhile.
@@ -29,7 +32,8 @@ far larger than the request. What it measures:
 The load average at the start and the end is in ``machine``. ``--quick``: a 1-layer model of
 hidden 64, small shapes, k = 8, one repetition (seconds, for tests).
 
-    python benchmarks/bench_topk.py [--shapes 8x512,64x2048] [--k 64] [--reps 3] [--skip-model] [--quick] [--json PATH]
+    python benchmarks/bench_topk.py [--shapes 8x512,64x2048] [--k 64] [--reps 3] [--request-shape 64x16384]
+        [--skip-model] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -55,10 +59,11 @@ from bench_common import add_common_args, emit  # noqa: E402
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64",
-         "callers": "1,2"}
+         "callers": "1,2", "request_shape": "4x256"}
 DATATYPES = (("FP32", "INT64"), ("FP32", "INT32"), ("BF16", "INT32"))
 BYTES = {"FP32": 4, "BF16": 2, "INT64": 8, "INT32": 4}
 CALLER_PROCESSES = 4  # concurrent callers run as threads of this many client processes (fewer when fewer callers)
+CALLER_WARMUP = 3  # untimed calls each caller makes first
 
 
 def _topk_call(client: Any, cmd: dict[str, Any], data: dict[str, Any]) -> Any:
@@ -93,18 +98,28 @@ def _raw_receive(cmd: dict[str, Any]) -> list[float]:
 
 
 def _callers(client: Any, cmd: dict[str, Any], data: dict[str, Any]) -> list[float]:
-    """``threads`` callers at once, each ``reps`` calls; the wall time of all of them."""
+    """``threads`` callers at once, each ``reps`` calls; the wall time of all of them. Each caller
+    first makes :data:`CALLER_WARMUP` calls of its own, untimed: a fresh thread's first answers
+    pay for its connection and for growing its allocator's memory (350 ms, then 100, then ~40)."""
     import concurrent.futures
 
+    threads = cmd["threads"]
+    start = threading.Barrier(threads + 1)
+
     def one() -> None:
+        try:
+            for _ in range(CALLER_WARMUP):
+                _topk_call(client, cmd, data)
+        finally:
+            start.wait()
         for _ in range(cmd["reps"]):
             _topk_call(client, cmd, data)
 
-    for _ in range(cmd["threads"]):  # each thread's connection opened and warm
-        _topk_call(client, cmd, data)
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(cmd["threads"]) as pool:
-        for future in [pool.submit(one) for _ in range(cmd["threads"])]:
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(one) for _ in range(threads)]
+        start.wait()
+        t0 = time.perf_counter()
+        for future in futures:
             future.result()
     return [time.perf_counter() - t0]
 
@@ -171,6 +186,14 @@ def client_main(rendezvous: str) -> None:
                 "input_lengths": np.full((b,), s, dtype=np.int64)}
         if op == "callers":
             times = _callers(client, cmd, data)
+        elif op == "logprobs":  # the request side: large input_ids, a small answer
+            times = []
+            for i in range(cmd["warmup"] + cmd["reps"]):
+                t0 = time.perf_counter()
+                out = client.get_logprobs(cmd["alias"], data)
+                if i >= cmd["warmup"]:
+                    times.append(time.perf_counter() - t0)
+            assert tuple(out["logprobs"].shape) == (b, s)
         else:
             times = []
             for i in range(cmd["warmup"] + cmd["reps"]):
@@ -217,7 +240,8 @@ class RawSender:
 
 
 class InstantTopkGroup:
-    """Answers the top-k outputs at once (zeros, cached per shape): isolates the transport."""
+    """Answers the top-k outputs at once (zeros, cached per shape): isolates the transport. Its ids
+    are in the dtype the real worker's head answers them in (:func:`podium.teacher.logprobs.index_dtype`)."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -229,10 +253,12 @@ class InstantTopkGroup:
                      temperature: float | None = None, outputs: Any = None, **_: Any) -> dict[str, Any]:
         import torch
 
+        from podium.teacher.logprobs import index_dtype
+
         shape = (data.rows, data.width, int(top_k or 1))
         if shape not in self._cache:
             self._cache[shape] = {"topk_logits": torch.zeros(shape),
-                                  "topk_logit_indices": torch.zeros(shape, dtype=torch.long),
+                                  "topk_logit_indices": torch.zeros(shape, dtype=index_dtype(self.vocab_size)),
                                   "logprobs": torch.zeros(shape[:2])}
         return {name: value for name, value in self._cache[shape].items() if outputs is None or name in outputs}
 
@@ -283,6 +309,32 @@ def overlap_rows(client: Any, group: GpuSpeedTopkGroup, shapes: list[tuple[int, 
     return {"tokens_per_s": args.gpu_tokens_per_s, "values/indices": "FP32/INT32", "goal_ratio": 0.95,
             "why": "a 1.7B teacher (Qwen3-1.7B) on one H100: ~3.6 GFLOP per token at 2k context, ~1e15 FLOP/s "
                    "bf16 peak at ~35% utilisation in prefill -> ~1e5 tokens/s", "rows": rows}
+
+
+class WholeCallGroup(InstantTopkGroup):
+    """:class:`InstantTopkGroup` whose token budget takes a large request in one call (the
+    request-side row measures the wire, not the scheduler's per-call costs)."""
+
+    max_tokens_per_microbatch = 1 << 22
+    data_parallel_size = 1
+
+
+def request_rows(client: Any, raw: RawSender, shape: tuple[int, int], args: argparse.Namespace) -> dict[str, Any]:
+    """The request side: ``get_logprobs`` of large int64 ``input_ids`` (8 bytes a token up, 4 of
+    logprobs down) from a teacher with no batching window, against the raw loopback moving the
+    same bytes; alternating, medians."""
+    b, s = shape
+    up, down = b * s * 8 + b * 8, b * s * 4
+    raw_t: list[float] = []
+    podium_t: list[float] = []
+    for _ in range(2):
+        raw_t += client.run(op="raw", port=raw.port, nbytes=up + down, warmup=1, reps=args.wire_reps)
+        podium_t += client.run(op="logprobs", alias="whole", batch=[b, s], vocab=args.vocab, warmup=2,
+                               reps=args.wire_reps)
+    raw_s, podium_s = statistics.median(raw_t), statistics.median(podium_t)
+    return {"shape": f"{b}x{s}", "request": up, "response": down, "median_ms": round(podium_s * 1e3, 2),
+            "raw_median_ms": round(raw_s * 1e3, 2), "MB_per_s": round((up + down) / podium_s / 1e6, 1),
+            "raw_MB_per_s": round((up + down) / raw_s / 1e6, 1), "ratio": round(raw_s / podium_s, 3)}
 
 
 def wire_bytes(b: int, s: int, k: int, values: str, indices: str) -> dict[str, int]:
@@ -375,6 +427,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--callers", default="1,4,16", help="concurrent callers of the aggregate rows")
+    parser.add_argument("--request-shape", default="64x16384", help="the request-side row's batch (8 MB of ids)")
     parser.add_argument("--gpu-tokens-per-s", type=float, default=100_000.0,
                         help="the GPU-speed stand-in's forward speed (a 1.7B teacher on one H100)")
     parser.add_argument("--skip-model", action="store_true", help="the transport part only")
@@ -394,7 +447,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tmp, layout, token = bench_run("podium-bench-topk-", {"instant00000": "instant", "model0000000": "model",
-                                                           "gpuspeed0000": "gpu"})
+                                                           "gpuspeed0000": "gpu", "whole0000000": "whole"})
     shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
     result: dict[str, Any] = {"benchmark": "topk", "quick": args.quick, "k": args.k,
                               "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
@@ -407,6 +460,9 @@ def main() -> None:
         servers.append(serve(InstantTopkGroup(args.vocab), layout, "instant00000", "instant", token, 1))
         result["wire"] = wire_rows(client, raw, shapes, args)
         result["wire_goal_ratio"] = 0.7
+        servers.append(serve(WholeCallGroup(args.vocab), layout, "whole0000000", "whole", token, 4,
+                             max_queue_delay_ms=0))
+        result["request"] = request_rows(client, raw, tuple(map(int, args.request_shape.split("x"))), args)
         result["callers"] = callers_rows(layout.rendezvous_path, shapes[-1], args, client, servers[0].url, token)
         gpu = GpuSpeedTopkGroup(args.vocab, args.gpu_tokens_per_s)
         servers.append(serve(gpu, layout, "gpuspeed0000", "gpu", token, 3))

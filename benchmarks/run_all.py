@@ -9,6 +9,8 @@ benchmark runs on a clean machine). Charts:
   alone and two at once;
 - ``remote_ratio.png``: in-process / endpoint time (= endpoint over in-process throughput) by batch
   shape, for ``get_logprobs`` (bench_endpoint) and ``get_topk_logits`` (bench_topk);
+- ``topk_wire.png``: top-k answers' MB/s beside the raw loopback's per shape and dtype pair, the
+  GPU-speed stand-in's remote / in-process ratio, and callers' aggregate MB/s (bench_topk);
 - ``shared_throughput.png``: tokens/s and p99 by number of callers, FIFO vs batched (bench_shared);
 - ``failover.png``: from a fault to the first good answer, by phase (bench_faults).
 - ``replica_scaling.png``: tokens/s by replica count beside R x tokens/s of one, with the scaling
@@ -19,7 +21,7 @@ reachable Slurm (``--faults-json`` charts a saved run instead), gpu_check's meas
 CUDA (its ``--dry-run`` runs), bench_shared where the script is absent.
 
     python benchmarks/run_all.py [--quick] [--out DIR] [--charts DIR] [--cluster slurm|local|none]
-        [--only launcher,endpoint,...] [--faults-json PATH]
+        [--only launcher,endpoint,...] [--faults-json PATH] [--topk-wire-only]
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def _endpoint(args: argparse.Namespace) -> list[str]:
 
 def _topk(args: argparse.Namespace) -> list[str]:
     # quick: the transport part only; the endpoint benchmark builds the same model group
-    return ["--quick", "--skip-model"] if args.quick else []
+    if args.quick:
+        return ["--quick", "--skip-model"]
+    return ["--skip-model"] if args.topk_wire_only else []
 
 
 def _teacher_group(args: argparse.Namespace) -> list[str]:
@@ -237,6 +241,71 @@ def chart_ratio(endpoint: dict[str, Any] | None, topk: dict[str, Any] | None, pa
     return True
 
 
+def chart_topk_wire(result: dict[str, Any], path: Path, plt: Any) -> bool:
+    """bench_topk's transport: podium's MB/s beside the raw loopback's per shape and dtype pair
+    (ratio over the bars), the GPU-speed stand-in's remote / in-process ratio, callers' aggregate."""
+    wire, overlap, callers = result.get("wire"), result.get("overlap"), result.get("callers")
+    if not wire:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2.4, 1, 1.1]})
+    ax = axes[0]
+    bars = [(n.replace(" ", "\n"), w["raw_MB_per_s"], w["MB_per_s"], w["one_request_MB_per_s"], w["ratio"])
+            for n, w in wire.items()]
+    request = result.get("request")
+    if request:  # the request side: large ids up, logprobs down (no pipelining there)
+        bars.append((f"request\n{request['shape']}", request["raw_MB_per_s"], request["MB_per_s"], None,
+                     request["ratio"]))
+    x = range(len(bars))
+    for j, (offset, label, color) in enumerate(((-0.27, "raw loopback", PHASE_COLORS[5]),
+                                                (0.0, "podium", PHASE_COLORS[0]),
+                                                (0.27, "podium, one request", PHASE_COLORS[2]))):
+        ax.bar([i + offset for i, b in enumerate(bars) if b[1 + j] is not None],
+               [b[1 + j] for b in bars if b[1 + j] is not None], 0.27, label=label, color=color)
+    for i, (_, raw, mine, _, ratio) in enumerate(bars):
+        ax.text(i, max(raw, mine) * 1.02, f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [b[0] for b in bars], fontsize=7)
+    ax.set_ylim(0, max(max(b[1], b[2]) for b in bars) * 1.25)
+    ax.set_ylabel("MB/s (answer; request: both ways)")
+    ax.set_title(f"top-k answer (k={result.get('k')}): podium / raw loopback over the bars "
+                 f"(goal {result.get('wire_goal_ratio', 0.7)})", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    ax = axes[1]
+    if overlap:
+        rows = overlap["rows"]
+        shapes = list(rows)
+        for j, (how, color) in enumerate((("pipelined", PHASE_COLORS[0]), ("one_request", PHASE_COLORS[2]))):
+            ax.bar([i + (j - 0.5) * 0.35 for i in range(len(shapes))], [rows[s][how]["ratio"] for s in shapes], 0.35,
+                   color=color, label=how.replace("_", " "))
+        ax.axhline(overlap["goal_ratio"], color="k", lw=0.8, ls="--", label=f"goal {overlap['goal_ratio']}")
+        ax.set_xticks(list(range(len(shapes))), shapes, fontsize=8)
+        ax.set_ylim(0.5, 1.05)
+        ax.set_ylabel("in-process time / endpoint time")
+        ax.set_title(f"a group computing at {overlap['tokens_per_s']:.0e} tokens/s", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    ax = axes[2]
+    if callers:
+        rows = callers["rows"]
+        ks = sorted(rows, key=int)
+        ax.bar(range(len(ks)), [rows[k]["aggregate_MB_per_s"] for k in ks], 0.6, color=PHASE_COLORS[0])
+        for i, k in enumerate(ks):
+            probe = rows[k]["health_probe_ms"]
+            ax.text(i, rows[k]["aggregate_MB_per_s"] / 2, f"health\n{probe['median']:.0f}/{probe['max']:.0f} ms",
+                    ha="center", va="center", fontsize=7, color="white")
+        raw = wire.get(f"{callers['shape']} {callers['values/indices']}", {}).get("raw_MB_per_s")
+        if raw:
+            ax.axhline(raw, color="k", lw=0.8, ls="--", label="raw loopback, one transfer")
+            ax.legend(fontsize=7, loc="upper left")
+        ax.set_xticks(list(range(len(ks))), ks)
+        ax.set_xlabel("callers at once")
+        ax.set_ylabel("aggregate answer MB/s")
+        ax.set_title(f"{callers['shape']} {callers['values/indices']}: callers' total\n"
+                     "(health probe median/max meanwhile)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def chart_shared(result: dict[str, Any], path: Path, plt: Any) -> bool:
     rows = result.get("callers", [])
     if not rows:
@@ -341,6 +410,7 @@ def make_charts(report: dict[str, Any], charts: Path) -> list[str]:
     made = []
     todo = [("launcher_phases.png", lambda p: results.get("launcher") and chart_launcher(results["launcher"], p, plt)),
             ("remote_ratio.png", lambda p: chart_ratio(results.get("endpoint"), results.get("topk"), p, plt)),
+            ("topk_wire.png", lambda p: results.get("topk") and chart_topk_wire(results["topk"], p, plt)),
             ("shared_throughput.png", lambda p: results.get("shared") and chart_shared(results["shared"], p, plt)),
             ("failover.png", lambda p: results.get("faults") and chart_faults(results["faults"], p, plt)),
             ("replica_scaling.png", lambda p: results.get("replicas") and chart_replicas(results["replicas"], p, plt))]
@@ -362,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="bench_launcher's repetitions")
     parser.add_argument("--only", help=f"comma-separated, of {', '.join(b.name for b in BENCHMARKS)}")
     parser.add_argument("--faults-json", type=Path, help="a saved bench_faults JSON to chart instead of running it")
+    parser.add_argument("--topk-wire-only", action="store_true",
+                        help="bench_topk without its model part (the wire chart alone, in minutes)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one benchmark may take")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {b.name for b in BENCHMARKS}

@@ -82,5 +82,7 @@ def test_every_quick_benchmark_ends_what_it_started(tmp_path):
     assert [r["replicas"] for r in replicas["scaling"]] == [1, 2, 4]
     assert all(r["failed_all"] == 0 and min(r["calls_per_replica"]) > 0 for r in replicas["scaling"]), replicas
     assert replicas["failover"]["failed"] == 0 and replicas["failover"]["calls_on_returned_replica"] > 0, replicas
-    for chart in ("launcher_phases.png", "shared_throughput.png", "replica_scaling.png"):
+    topk = rows["topk"]["result"]
+    assert set(topk["wire"]) and set(topk["callers"]["rows"]) == {"1", "2"} and topk["request"]["ratio"] > 0, topk
+    for chart in ("launcher_phases.png", "topk_wire.png", "shared_throughput.png", "replica_scaling.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
