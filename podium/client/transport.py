@@ -37,11 +37,11 @@ import numpy as np
 
 from podium.client.errors import ServerProofError, TransportError
 from podium.protocol.names import PROOF, PROOF_NONCE
+from podium.protocol.pieces import Buffer
 from podium.rendezvous.token import new_nonce, server_proof
 
 logger = logging.getLogger(__name__)
 
-Buffer = bytes | bytearray | memoryview
 _JOIN_BELOW = 64 * 1024  # small bodies go out in one send
 _READ_CHUNK = 4 * 1024 * 1024  # the time left is re-applied to the socket between chunks
 _PROOF_MAX_BYTES = 4096  # a proof answer is ~150 bytes: a server sending more is not podium's

@@ -24,13 +24,14 @@ import logging
 import math
 import reprlib
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from podium.protocol.json_chunks import dumps_chunked
+from podium.protocol.pieces import Buffer, CastBlock, Chunk, chunk_nbytes, from_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -52,71 +53,13 @@ DATATYPES: dict[str, np.dtype] = {
     "FP16": np.dtype("<f2"),
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
-    # bfloat16 has no numpy dtype: its arrays here hold the raw 16 bits (to_bf16 / from_bf16), and
+    # bfloat16 has no numpy dtype: its arrays here hold the raw 16 bits (pieces.to_bf16 / from_bf16), and
     # it travels only as binary data (a JSON list of its bit patterns would mean something else).
     "BF16": np.dtype("<u2"),
 }
 BINARY_ONLY = frozenset({"BF16"})
 _BY_DTYPE = {dt.newbyteorder("="): name for name, dt in DATATYPES.items() if name not in BINARY_ONLY}
 
-
-def to_bf16(values: np.ndarray) -> np.ndarray:
-    """float32 values as bfloat16 bit patterns (round to nearest even), ``uint16``."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = ((bits >> 16) & 1) + 0x7FFF
-    return ((bits + rounding) >> 16).astype(np.uint16)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (``uint16``) as float32 values (exact)."""
-    wide = np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32)
-    wide <<= 16  # in place: one array made, not two
-    return wide.view(np.float32)
-
-Buffer = bytes | bytearray | memoryview
-
-
-class CastBlock:
-    """A block of an answer whose bytes travel in another dtype than the array holds, cast a piece
-    (:data:`PIECE_BYTES`) at a time as it is written (:meth:`pieces`): no whole converted copy is
-    made (a fresh 64 MB array costs its page faults, on a thread's arena every time), and each piece
-    is still in cache when the socket copies it. ``cast(part)`` gives a part's values in ``dtype``
-    (numpy's ``astype`` by default)."""
-
-    PIECE_BYTES = 1 << 20
-
-    def __init__(self, array: np.ndarray, dtype: Any, cast: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
-        self.array = np.ascontiguousarray(array)
-        self.dtype = np.dtype(dtype)
-        self._cast = cast
-        self.shape = self.array.shape
-        self.ndim = self.array.ndim
-        self.size = self.array.size
-        self.nbytes = self.size * self.dtype.itemsize
-
-    def cast(self, part: np.ndarray) -> np.ndarray:
-        out = self._cast(part) if self._cast is not None else part.astype(self.dtype)
-        if out.dtype != self.dtype or out.shape != part.shape:
-            raise TypeError(f"a cast to {self.dtype} gave {out.dtype} {list(out.shape)} for {list(part.shape)}")
-        return out
-
-    def pieces(self) -> Iterator[memoryview]:
-        flat = self.array.reshape(-1)
-        step = max(1, self.PIECE_BYTES // self.dtype.itemsize)
-        for start in range(0, self.size, step):
-            yield self.cast(flat[start:start + step]).data.cast("B")
-
-    def values(self) -> np.ndarray:
-        """The whole block cast (for JSON, or a small answer sent in one write)."""
-        return self.cast(self.array)
-
-
-Chunk = Buffer | CastBlock
-"""A piece of an encoded body: bytes, or a block cast as it is written."""
-
-
-def chunk_nbytes(chunk: Chunk) -> int:
-    return chunk.nbytes if isinstance(chunk, CastBlock) else memoryview(chunk).nbytes
 
 # The protocol's tensors have at most 3 dimensions; numpy's limit is 64. More than this is refused.
 MAX_RANK = 8
@@ -140,16 +83,12 @@ class OIPError(ValueError):
         self.message = message
 
 
-def datatype_of(array: np.ndarray) -> str:
-    """The OIP datatype of a numpy array."""
-    return _datatype_of_dtype(array.dtype)
-
-
-def _datatype_of_dtype(dtype: np.dtype) -> str:
+def datatype_of(array: np.ndarray | CastBlock) -> str:
+    """The OIP datatype of a numpy array (a cast block's: the dtype it is cast to)."""
     try:
-        return _BY_DTYPE[dtype.newbyteorder("=")]
+        return _BY_DTYPE[array.dtype.newbyteorder("=")]
     except KeyError:
-        raise OIPError(f"numpy dtype {dtype} has no Open Inference Protocol datatype") from None
+        raise OIPError(f"numpy dtype {array.dtype} has no Open Inference Protocol datatype") from None
 
 
 @dataclass
@@ -485,7 +424,7 @@ def _tensor_entry(name: str, tensor: ArrayOrBlocks, binary: bool, chunks: list[C
                              for b in blocks):
             raise OIPError(f"tensor {name!r}: row blocks must share their dtype and all but the first dimension")
         shape = [sum(b.shape[0] for b in blocks), *blocks[0].shape[1:]]
-    datatype = datatype or _datatype_of_dtype(blocks[0].dtype)
+    datatype = datatype or datatype_of(blocks[0])
     if datatype in BINARY_ONLY and not binary:
         raise OIPError(f"tensor {name!r}: datatype {datatype} travels only as binary data")
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
@@ -559,7 +498,3 @@ def encode_response(
     header["outputs"] = [_tensor_entry(n, a, b, chunks, (datatypes or {}).get(n)) for n, a, b in outputs]
     return _assemble(header, chunks)
 
-
-def join(chunks: Sequence[Chunk]) -> bytes:
-    """One ``bytes`` of body chunks."""
-    return b"".join(c.values().data if isinstance(c, CastBlock) else c for c in chunks)

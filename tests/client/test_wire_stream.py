@@ -28,7 +28,7 @@ from harness.run import TeacherDef, make_run
 import podium
 from podium.client.answers import Pipeline
 from podium.client.transport import HTTPTransport
-from podium.protocol import oip
+from podium.protocol import oip, pieces
 from podium.protocol.batch import Batch
 from podium.protocol.names import (
     INDICES_DATATYPE,
@@ -108,7 +108,7 @@ def ragged(rows: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
 
 def as_sent(values: np.ndarray, datatype: str) -> np.ndarray:
     """float32 values as they arrive when sent as ``datatype``."""
-    return oip.from_bf16(oip.to_bf16(values)) if datatype == "BF16" else values
+    return pieces.from_bf16(pieces.to_bf16(values)) if datatype == "BF16" else values
 
 
 def same_bits(got: torch.Tensor, expected: np.ndarray) -> bool:
@@ -127,7 +127,7 @@ def test_topk_answers_arrive_bit_identical(wire_teacher: tuple[Path, Teacher], r
     """Each values/indices pair, one write or streamed, binary or JSON tensors (BF16 is binary
     always): the group's numbers, bit for bit (BF16: their rounding), ids int64 in hand. The
     largest request spans several group calls (the answer leaves as their row blocks, some cut to
-    the request's width) and its cast tensors several pieces (:class:`oip.CastBlock`)."""
+    the request's width) and its cast tensors several pieces (:class:`pieces.CastBlock`)."""
     path, teacher = wire_teacher
     assert teacher.server is not None
     sender = teacher.server.server.sender
@@ -193,7 +193,7 @@ def test_ids_travel_int32_when_asked_and_int64_otherwise(wire_teacher: tuple[Pat
     assert seen[-1] - seen[-2] >= 2 * 6 * K * 4 - 8  # the JSON header may differ by its padding
 
 
-def _raw_request(url: str, token: str, body_chunks: list[oip.Buffer], header_len: int) -> socket.socket:
+def _raw_request(url: str, token: str, body_chunks: list[pieces.Buffer], header_len: int) -> socket.socket:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=30)
     body = b"".join(body_chunks)

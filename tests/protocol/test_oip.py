@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from podium.protocol import oip
+from podium.protocol import oip, pieces
 
 
 def _roundtrip_request(binary: bool) -> oip.InferRequest:
@@ -17,7 +17,7 @@ def _roundtrip_request(binary: bool) -> oip.InferRequest:
         [("input_ids", ids), ("input_lengths", lengths)],
         outputs=["logprobs"], binary_inputs=binary, binary_outputs=binary, parameters={"top_k": 3}, request_id="r1",
     )
-    body = oip.join(chunks)
+    body = pieces.join(chunks)
     assert (header_len is not None) == binary
     req = oip.decode_request(body, header_len)
     np.testing.assert_array_equal(req.inputs["input_ids"].array, ids)
@@ -40,7 +40,7 @@ def test_response_roundtrip(binary: bool) -> None:
     chunks, header_len = oip.encode_response(
         "m", [("logprobs", logprobs, binary), ("topk_indices", idx, False)], request_id="x", model_version="1"
     )
-    resp = oip.decode_response(oip.join(chunks), header_len)
+    resp = oip.decode_response(pieces.join(chunks), header_len)
     assert resp.id == "x" and resp.model_name == "m"
     np.testing.assert_array_equal(resp.outputs["logprobs"], logprobs)  # float32 exact through JSON too
     np.testing.assert_array_equal(resp.outputs["topk_indices"], idx)
@@ -105,7 +105,7 @@ def test_deep_nesting_is_a_400_not_a_recursion_error() -> None:
 def test_request_head_says_what_the_binary_tensors_need_before_they_are_read() -> None:
     ids, lengths = np.arange(8, dtype=np.int64).reshape(2, 4), np.array([4, 3], dtype=np.int64)
     chunks, header_len = oip.encode_request([("input_ids", ids), ("input_lengths", lengths)])
-    body = bytearray(oip.join(chunks))
+    body = bytearray(pieces.join(chunks))
     head = oip.parse_request_head(body[:header_len], body_length=len(body), binary_follows=True)
     assert head.binary_bytes == 64 + 16 == len(body) - header_len
     with pytest.raises(oip.OIPError, match="add up to 80 bytes but 1000 bytes follow"):
@@ -140,10 +140,10 @@ def _bf16_cases() -> np.ndarray:
 
 def test_bf16_rounds_to_nearest_even_and_widens_exactly() -> None:
     values = _bf16_cases()
-    bits = oip.to_bf16(values)
+    bits = pieces.to_bf16(values)
     assert list(bits[:4]) == [0x3F80, 0x3F82, 0x3F81, 0x3F80]  # ties to even; off-tie to nearest
     assert list(bits[4:8]) == [0x7F80, 0xFF80, 0x7F80, 0x7F7F]  # inf stays; the largest finite rounds up to inf
-    wide = oip.from_bf16(bits)
+    wide = pieces.from_bf16(bits)
     assert wide.dtype == np.float32 and np.array_equal(wide.view(np.uint32), bits.astype(np.uint32) << 16)
     assert np.all(np.abs(wide[12:] - values[12:]) <= np.abs(values[12:]) * 2.0**-8)
 
@@ -152,5 +152,5 @@ def test_the_teachers_bf16_cast_gives_the_protocols_bits() -> None:
     from podium.teacher.endpoint.answer import bf16_bits
 
     values = _bf16_cases()
-    assert np.array_equal(bf16_bits(values), oip.to_bf16(values))
+    assert np.array_equal(bf16_bits(values), pieces.to_bf16(values))
     assert bf16_bits(np.array([np.nan], dtype=np.float32)).view(np.uint16)[0] & 0x7FC0 == 0x7FC0  # NaN stays NaN

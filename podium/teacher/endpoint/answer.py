@@ -27,11 +27,12 @@ from podium.protocol.names import (
     TEACHER_HEADER,
     VALUE_OUTPUTS,
 )
+from podium.protocol.pieces import CastBlock
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.scheduler import RowBlocks
 
-WireBlocks = tuple[np.ndarray | oip.CastBlock, ...]
+WireBlocks = tuple[np.ndarray | CastBlock, ...]
 """An output's row blocks in their wire dtypes (:func:`wire`)."""
 
 
@@ -53,21 +54,21 @@ def wire(name: str, blocks: RowBlocks, opts: Options, vocab_size: int) -> WireBl
     """An output's row blocks as they travel: indices INT64 (INT32 when asked and the vocabulary
     fits), values float32 (top-k logits and candidate logprobs as BF16 bits when asked). A block
     already in its wire dtype goes as it is (the worker's head answers ids in int32); another is
-    cast a piece at a time as it is written (:class:`~podium.protocol.oip.CastBlock`)."""
+    cast a piece at a time as it is written (:class:`~podium.protocol.pieces.CastBlock`)."""
     if name in INDEX_OUTPUTS:
         narrow = opts.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
         return _as(blocks, np.dtype(np.int32 if narrow else np.int64))
     if name in VALUE_OUTPUTS and opts.values_datatype == "BF16":
-        return tuple(oip.CastBlock(b, oip.DATATYPES["BF16"], bf16_bits) for b in blocks)
+        return tuple(CastBlock(b, oip.DATATYPES["BF16"], bf16_bits) for b in blocks)
     return _as(blocks, np.dtype(np.float32))
 
 
 def _as(blocks: RowBlocks, dtype: np.dtype) -> WireBlocks:
-    return tuple(b if b.dtype == dtype else oip.CastBlock(b, dtype) for b in blocks)
+    return tuple(b if b.dtype == dtype else CastBlock(b, dtype) for b in blocks)
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 values as bfloat16 bit patterns, ``uint16``: :func:`podium.protocol.oip.to_bf16`'s
+    """float32 values as bfloat16 bit patterns, ``uint16``: :func:`podium.protocol.pieces.to_bf16`'s
     rounding (to nearest even) by torch's vectorised cast (~5x faster than numpy's integer steps;
     NaN stays NaN, where the integer steps can carry it into the sign bit)."""
     import torch

@@ -8,7 +8,7 @@ body of at least :data:`STREAM_FROM` bytes with a :class:`StreamedAnswer`: aioht
 status line, headers (``Content-Length`` set, so clients and middleware know the size) and the
 small JSON header; then a thread of the sender's pool writes each tensor's bytes to the socket
 straight from the arrays' memory (each group call's row block in turn; a block whose dtype is not
-its wire dtype a megabyte at a time, cast as it goes: :class:`~podium.protocol.oip.CastBlock`),
+its wire dtype a megabyte at a time, cast as it goes: :class:`~podium.protocol.pieces.CastBlock`),
 and the event loop goes on serving others (health probes answer while 100 MB leave).
 
 The thread writes to a duplicate of the connection's descriptor while the event loop's transport
@@ -34,8 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from podium.protocol import oip
-from podium.protocol.oip import CastBlock, Chunk
+from podium.protocol.pieces import CastBlock, Chunk, chunk_nbytes, join
 from podium.teacher.endpoint.connections import ConnectionGuard
 
 logger = logging.getLogger(__name__)
@@ -64,9 +63,9 @@ class AnswerSender:
 
     def response(self, chunks: Sequence[Chunk], headers: Mapping[str, str], content_type: str) -> web.StreamResponse:
         """The HTTP answer of body ``chunks``: one plain response when small, else streamed."""
-        total = sum(oip.chunk_nbytes(c) for c in chunks)
+        total = sum(chunk_nbytes(c) for c in chunks)
         if total < STREAM_FROM or len(chunks) < 2:
-            return web.Response(body=oip.join(chunks), headers=headers, content_type=content_type)
+            return web.Response(body=join(chunks), headers=headers, content_type=content_type)
         return StreamedAnswer(self, chunks, total, headers, content_type)
 
     def write(self, sock: socket.socket, chunks: Sequence[Chunk], stop: threading.Event) -> int:
@@ -136,7 +135,7 @@ class AnswerSender:
             stop.set()
             with self._lock:
                 self.cut += 1
-            logger.info("an answer of %d bytes was cut off: %s", sum(oip.chunk_nbytes(c) for c in chunks),
+            logger.info("an answer of %d bytes was cut off: %s", sum(chunk_nbytes(c) for c in chunks),
                         exc if not isinstance(exc, asyncio.CancelledError) else "the request was cancelled")
             transport.abort()
             if isinstance(exc, StreamStopped):
