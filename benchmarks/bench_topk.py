@@ -6,7 +6,7 @@ far larger than the request. What it measures:
 
 - ``wire``: per shape (``--shapes``, default 8 x 512 and 64 x 2048, k = 64) and values/ids pair
   (FP32/INT64, FP32/INT32, BF16/INT32), through server + client (a client in another process,
-  binary tensors, keep-alive) to a group that answers at once (the transport alone): podium's
+  binary tensors, keep-alive) to a group that answers at once, no batching window (the transport alone): podium's
   MB/s (answer bytes / call time, the call's decode to float32/int64 included) next to the raw
   loopback's for the same bytes in the same run (two processes: one ``sendall`` of a buffer made
   once, ``recv_into`` one allocated once), alternating; ``ratio`` = raw time / podium time
@@ -457,7 +457,9 @@ def main() -> None:
     client = ClientProcess(layout.rendezvous_path, __file__)
     raw = RawSender()
     try:
-        servers.append(serve(InstantTopkGroup(args.vocab), layout, "instant00000", "instant", token, 1))
+        # no batching window: these rows measure the transport (the 5 ms window is the scheduler's policy)
+        servers.append(serve(InstantTopkGroup(args.vocab), layout, "instant00000", "instant", token, 1,
+                             max_queue_delay_ms=0))
         result["wire"] = wire_rows(client, raw, shapes, args)
         result["wire_goal_ratio"] = 0.7
         servers.append(serve(WholeCallGroup(args.vocab), layout, "whole0000000", "whole", token, 4,

@@ -264,11 +264,11 @@ def chart_topk_wire(result: dict[str, Any], path: Path, plt: Any) -> bool:
     for i, (_, raw, mine, _, ratio) in enumerate(bars):
         ax.text(i, max(raw, mine) * 1.02, f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [b[0] for b in bars], fontsize=7)
-    ax.set_ylim(0, max(max(b[1], b[2]) for b in bars) * 1.25)
+    ax.set_ylim(0, max(max(b[1], b[2]) for b in bars) * 1.4)
     ax.set_ylabel("MB/s (answer; request: both ways)")
     ax.set_title(f"top-k answer (k={result.get('k')}): podium / raw loopback over the bars "
                  f"(goal {result.get('wire_goal_ratio', 0.7)})", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
     ax = axes[1]
     if overlap:
         rows = overlap["rows"]
