@@ -22,7 +22,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -62,12 +62,16 @@ def request_parameters(opts: Options, *, values_named: bool, indices_named: bool
     return params
 
 
-def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True) -> dict[str, np.ndarray]:
+def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True,
+                  converted: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64
-    (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place)."""
+    (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place);
+    those in ``converted`` as they are (converted while the answer arrived: :mod:`.receive`)."""
     result = {}
     for name in outputs:
-        if name in VALUE_OUTPUTS:
+        if converted and name in converted:
+            result[name] = converted[name]
+        elif name in VALUE_OUTPUTS:
             result[name] = decoded.as_float32(name)
         elif name in INDEX_OUTPUTS and widen:
             result[name] = decoded.outputs[name].astype(np.int64, copy=False)

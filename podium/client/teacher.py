@@ -61,8 +61,9 @@ from podium.client.errors import (
     TransportError,
 )
 from podium.client.options import ClientOptions, convert_outputs
+from podium.client.receive import EagerConversion
 from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
-from podium.client.transport import HTTPResponse
+from podium.client.transport import BodyWatch, HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, Options, as_int_array, batch_inputs, validate_options
 from podium.protocol.names import (
@@ -200,7 +201,7 @@ class TeacherClient:
             self.retries += 1
 
     def _call(self, method: str, path: str, body: list | None = None, headers: dict | None = None,
-              timeout_s: float | None = None) -> tuple[HTTPResponse, EndpointRecord]:
+              timeout_s: float | None = None, watch: BodyWatch | None = None) -> tuple[HTTPResponse, EndpointRecord]:
         """One request, to a replica that can answer, within one deadline (see the module doc);
         returns a 2xx response and the record of the generation that gave it."""
         call = self._new_call(timeout_s)
@@ -216,7 +217,8 @@ class TeacherClient:
             replica = f"replica {record.replica} " if self.replicas.multiple else ""
             at = f"{replica}generation {gen} at {record.url}"
             try:
-                resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0))
+                resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0),
+                                                  watch=watch)
             except TransportError as exc:
                 call.note(f"{at}: {exc}")
                 if exc.dropped:
@@ -432,7 +434,8 @@ class TeacherClient:
                    "Content-Type": oip.BINARY_CONTENT_TYPE if header_len is not None else oip.JSON_CONTENT_TYPE}
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)
-        resp, record = self._call("POST", infer_path(self.name), chunks, headers, timeout_s)
+        eager = EagerConversion(outputs, widen_ids=widen)
+        resp, record = self._call("POST", infer_path(self.name), chunks, headers, timeout_s, watch=eager.received)
         if observed:
             self._pipeline.observe(resp.waited_s, resp.received_s)
         try:
@@ -446,7 +449,7 @@ class TeacherClient:
         if missing:
             raise TeacherServerError(self.label, str(record.generation), resp.status,
                                      f"response lacks outputs {missing}")
-        return caller_arrays(decoded, outputs, widen=widen)
+        return caller_arrays(decoded, outputs, widen=widen, converted=eager.take(resp.body, decoded))
 
     def close(self) -> None:
         self.replicas.close()

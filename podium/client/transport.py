@@ -29,8 +29,9 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from email.message import Message
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -41,6 +42,8 @@ from podium.protocol.pieces import Buffer
 from podium.rendezvous.token import new_nonce, server_proof
 
 logger = logging.getLogger(__name__)
+
+BodyWatch = Callable[[memoryview, int, Message], None]  # (body, bytes arrived, the response's headers)
 
 _JOIN_BELOW = 64 * 1024  # small bodies go out in one send
 _READ_CHUNK = 4 * 1024 * 1024  # the time left is re-applied to the socket between chunks
@@ -207,15 +210,17 @@ class HTTPTransport:
         headers: Mapping[str, str] | None = None,
         *,
         timeout_s: float | None = None,
+        watch: BodyWatch | None = None,
     ) -> HTTPResponse:
         """One exchange, within ``timeout_s`` in all when given; :class:`TransportError` when the
-        connection fails or times out."""
+        connection fails or times out. ``watch(body, got, headers)`` is told after each read of a
+        body how much of it has arrived."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for attempt in (0, 1):
             conn, reused = self._connection(deadline)
             sent: list[bool] = []  # set once the whole request is sent: then a lost connection is a drop
             try:
-                return self._exchange(conn, method, path, body, headers, deadline, sent)
+                return self._exchange(conn, method, path, body, headers, deadline, sent, watch)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
                 lost = isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
@@ -237,6 +242,7 @@ class HTTPTransport:
         headers: Mapping[str, str] | None,
         deadline: float | None,
         sent: list[bool],
+        watch: BodyWatch | None = None,
     ) -> HTTPResponse:
         def bound() -> None:  # each socket operation waits at most what is left
             timeout = self._bounded(self.read_timeout_s, deadline)
@@ -270,6 +276,8 @@ class HTTPTransport:
                 if not n:
                     raise http.client.IncompleteRead(bytes(view[:got]), size - got)
                 got += n
+                if watch is not None:
+                    watch(view, got, resp.headers)
             resp.read()  # lets http.client mark the response complete (keeps the connection)
         else:
             view = memoryview(bytearray(resp.read()))
