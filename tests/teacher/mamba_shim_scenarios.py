@@ -5,6 +5,9 @@ Mamba shims) except the Mamba shim ``NAME``, then builds a tiny Nemotron-H-shape
 (``MEM*-E``: Mamba-2, latent MoE with a shared expert, attention, MLP) as podium builds it and runs
 one forward on one rank; exit status 0 when it worked, 3 when it failed (the error is printed). Run
 it with CUDA hidden (``CUDA_VISIBLE_DEVICES=``, as the test does); TransformerEngine is hidden here.
+``python mamba_shim_scenarios.py --each SKIP ...`` (``""`` for none): every case, each in a child
+forked from one process that imported torch and megatron-core (``forked_cases.py``), their results
+as one JSON line.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 import sys
 import tempfile
 import traceback
+
+from forked_cases import import_shared, run_each
 
 CONFIG = {
     "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 64, "hidden_size": 32,
@@ -24,12 +29,7 @@ CONFIG = {
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--skip", default="")
-    args = parser.parse_args()
-    # A CPU-only build has no TransformerEngine; a GPU node's may (its test hides CUDA, this hides TE).
-    sys.modules["transformer_engine"] = None  # type: ignore[assignment]
+def run_case(skip: str) -> int:
     try:
         import torch
 
@@ -40,7 +40,7 @@ def main() -> int:
         from podium.teacher.worker import destroy_parallel, init_parallel
 
         apply_cuda_shims()
-        apply_mamba_shims(skip=[args.skip] if args.skip else [])
+        apply_mamba_shims(skip=[skip] if skip else [])
         from podium.teacher.hybrid_model import build_hybrid_model
 
         init_parallel(0, 1, f"file://{tempfile.mkdtemp()}/store", {})
@@ -59,6 +59,18 @@ def main() -> int:
         traceback.print_exc()
         return 3
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip", default="")
+    parser.add_argument("--each", nargs="+", metavar="SKIP", default=None)
+    args = parser.parse_args()
+    if args.each is not None:
+        run_each(run_case, args.each)
+        return 0
+    import_shared()
+    return run_case(args.skip)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 ``python shim_scenarios.py SCENARIO --skip NAME``: applies every CPU shim except ``NAME`` and runs
 the scenario; exit status 0 when it worked, 3 when it failed (the error is printed). Run it with
 CUDA hidden (``CUDA_VISIBLE_DEVICES=``, as the test does); TransformerEngine is hidden here.
+``python shim_scenarios.py --each SCENARIO:NAME ...``: every case, each in a child forked from one
+process that imported torch and megatron-core (``forked_cases.py``), their results as one JSON line.
 
 Scenarios:
 - ``forward``: one rank, a tiny GPTModel forward (needs ``current_device``);
@@ -20,6 +22,10 @@ import os
 import sys
 import tempfile
 import traceback
+
+from forked_cases import import_shared, run_each
+
+SCENARIOS = ("forward", "save", "tied_pp2", "moe_ep2")
 
 
 def _build(pp: int):
@@ -51,8 +57,6 @@ def _build(pp: int):
 
 
 def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str) -> None:
-    # A CPU-only build has no TransformerEngine; a GPU node's may (its test hides CUDA, this hides TE).
-    sys.modules["transformer_engine"] = None  # type: ignore[assignment]
     import torch
 
     from podium.teacher.cuda_shims import apply_cuda_shims
@@ -107,24 +111,34 @@ def _moe_forward(rank: int, world: int, store: str) -> None:
         destroy_parallel()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["forward", "save", "tied_pp2", "moe_ep2"])
-    parser.add_argument("--skip", default="")
-    args = parser.parse_args()
+def run_case(scenario: str, skip: str) -> int:
+    """One case, its ranks forked from this process (which has imported torch and megatron-core)."""
     import torch.multiprocessing as mp
 
-    world = 2 if args.scenario in ("tied_pp2", "moe_ep2") else 1
+    world = 2 if scenario in ("tied_pp2", "moe_ep2") else 1
     tmp = tempfile.mkdtemp(prefix="shims-")
     out = os.path.join(tmp, "ckpt")
     os.makedirs(out)
     try:
-        mp.start_processes(_rank, args=(world, f"file://{tmp}/store", args.scenario, args.skip, out),
-                           nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(_rank, args=(world, f"file://{tmp}/store", scenario, skip, out),
+                           nprocs=world, join=True, start_method="fork")
     except Exception:
         traceback.print_exc()
         return 3
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", nargs="?", choices=SCENARIOS)
+    parser.add_argument("--skip", default="")
+    parser.add_argument("--each", nargs="+", metavar="SCENARIO:SKIP", default=[])
+    args = parser.parse_args()
+    if args.each:
+        run_each(lambda key: run_case(*key.split(":")), args.each)
+        return 0
+    import_shared()
+    return run_case(args.scenario, args.skip)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+import forked_cases
 import pytest
 from fixtures.devices import cpu_only_env
 
@@ -41,21 +43,14 @@ def test_scenarios_see_no_cuda():
 
 
 @pytest.fixture(scope="module")
-def scenario_results() -> dict[tuple[str, str], subprocess.CompletedProcess]:
-    runs = {(scenario, ""): None for scenario in NEEDED_BY.values()}
-    runs.update({(scenario, shim): None for shim, scenario in NEEDED_BY.items()})
-    procs = {
-        key: subprocess.Popen(
-            [sys.executable, str(SCRIPT), key[0], "--skip", key[1]],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cpu_only_env(),
-        )
-        for key in runs
-    }
-    results = {}
-    for key, proc in procs.items():
-        out, _ = proc.communicate(timeout=300)
-        results[key] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
-    return results
+def scenario_results() -> Mapping[tuple[str, str], subprocess.CompletedProcess]:
+    """Each scenario with every shim, and without each shim, forked from one process (``forked_cases.py``)."""
+    runs = [*((scenario, "") for scenario in dict.fromkeys(NEEDED_BY.values())),
+            *((scenario, shim) for shim, scenario in NEEDED_BY.items())]
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--each", *(f"{s}:{k}" for s, k in runs)],
+                          capture_output=True, text=True, env=cpu_only_env(), timeout=600)
+    by_key = forked_cases.results(proc)
+    return {key: by_key[f"{key[0]}:{key[1]}"] for key in runs}
 
 
 @pytest.mark.parametrize("shim", SHIM_NAMES)

@@ -14,8 +14,10 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+import forked_cases
 import pytest
 
 from podium.teacher.mamba_shims import MAMBA_SHIM_NAMES
@@ -45,16 +47,12 @@ def test_every_shim_has_its_failure():
 
 
 @pytest.fixture(scope="module")
-def scenario_results() -> dict[str, subprocess.CompletedProcess]:
+def scenario_results() -> Mapping[str, subprocess.CompletedProcess]:
+    """The scenario with every shim (``""``) and without each one, forked from one process (``forked_cases.py``)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    procs = {skip: subprocess.Popen([sys.executable, str(SCRIPT), "--skip", skip], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=env)
-             for skip in ("", *MAMBA_SHIM_NAMES)}
-    results = {}
-    for skip, proc in procs.items():
-        out, _ = proc.communicate(timeout=600)
-        results[skip] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
-    return results
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--each", "", *MAMBA_SHIM_NAMES], capture_output=True,
+                          text=True, env=env, timeout=600)
+    return forked_cases.results(proc)
 
 
 @pytest.mark.parametrize("shim", MAMBA_SHIM_NAMES)
