@@ -36,26 +36,25 @@ def run_each(case: Callable[[str], int], keys: Sequence[str], *, parallel: int =
     import_shared()
     logs = tempfile.mkdtemp(prefix="forked-cases-")
     pending = list(enumerate(keys))
-    running: dict[int, tuple[str, str]] = {}
+    running: dict[int, str] = {}  # pid: key
     codes: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
     while pending or running:
         while pending and len(running) < parallel:
             index, key = pending.pop(0)
-            path = os.path.join(logs, f"{index}.log")
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(case, key, path)
-            running[pid] = (key, path)
+                _child(case, key, os.path.join(logs, f"{index}.log"))
+            running[pid] = key
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid in running:
-            codes[running.pop(pid)[0]] = os.waitstatus_to_exitcode(status)
+            codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
         elif time.monotonic() > deadline:
             for child in running:
                 os.kill(child, signal.SIGKILL)
-            for child, (key, _) in running.items():
+            for child, key in running.items():
                 os.waitpid(child, 0)
                 codes[key] = -9
             running.clear()

@@ -64,9 +64,9 @@ def run_case(skip: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip", default="")
-    parser.add_argument("--each", nargs="+", metavar="SKIP", default=None)
+    parser.add_argument("--each", nargs="+", metavar="SKIP", default=[])
     args = parser.parse_args()
-    if args.each is not None:
+    if args.each:
         run_each(run_case, args.each)
         return 0
     import_shared()

@@ -137,6 +137,8 @@ def main() -> int:
     if args.each:
         run_each(lambda key: run_case(*key.split(":")), args.each)
         return 0
+    if args.scenario is None:
+        parser.error("name a SCENARIO, or cases with --each")
     import_shared()
     return run_case(args.scenario, args.skip)
 

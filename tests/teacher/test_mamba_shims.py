@@ -11,7 +11,6 @@ machine, also on a GPU node.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import forked_cases
 import pytest
+from fixtures.devices import cpu_only_env
 
 from podium.teacher.mamba_shims import MAMBA_SHIM_NAMES
 from podium.teacher.megatron_compat import MEGATRON_VERSION
@@ -49,9 +49,8 @@ def test_every_shim_has_its_failure():
 @pytest.fixture(scope="module")
 def scenario_results() -> Mapping[str, subprocess.CompletedProcess]:
     """The scenario with every shim (``""``) and without each one, forked from one process (``forked_cases.py``)."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--each", "", *MAMBA_SHIM_NAMES], capture_output=True,
-                          text=True, env=env, timeout=600)
+                          text=True, env=cpu_only_env(), timeout=600)
     return forked_cases.results(proc)
 
 
