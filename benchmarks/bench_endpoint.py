@@ -201,7 +201,7 @@ def build_megatron_group(ckpt: Path, log_dir: Path) -> tuple[Any, Any]:
     from fixtures.ray_cluster import start_test_cluster, stop_test_cluster  # the test suite's cluster
 
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     cluster, procs = start_test_cluster(int(os.environ.get("PODIUM_BENCH_RAY_CPUS", "2")), log_dir)
     ray.init(address=cluster.address, _node_ip_address=cluster.head_ip, log_to_driver=False)

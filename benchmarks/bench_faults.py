@@ -148,8 +148,8 @@ def main() -> None:
     from harness.recipes import write_recipe
     from harness.slurm_run import job_ids
 
+    from podium.apps.tiny_models import hf_oracle_logprobs, make_tiny_checkpoint
     from podium.launcher.run_dir import known_teachers
-    from podium.tiny import hf_oracle_logprobs, make_tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="podium-bench-faults-") as tmp:
         root = Path(tmp)

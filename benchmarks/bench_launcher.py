@@ -107,7 +107,7 @@ def podium_run(root: Path, cluster: str, timeout_s: float) -> dict[str, Any]:
     import yaml
     from harness.recipes import write_recipe  # the integration tests' recipe
 
-    from podium.tiny import make_tiny_checkpoint
+    from podium.apps.tiny_models import make_tiny_checkpoint
 
     llama = make_tiny_checkpoint("llama", root / "llama")
     qwen = make_tiny_checkpoint("qwen2", root / "qwen2")

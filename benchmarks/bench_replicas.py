@@ -7,7 +7,7 @@ and on a shared 2-core box two CPU-bound models would measure the cores, not the
 
 The stand-in is a GPU in its compute-bound regime: a call takes ``call_ms`` (the per-call cost: a
 Ray round trip, kernel launches) plus ``token_ms`` for every token position it computes (each row
-at its bucket length, :func:`podium.teacher.microbatch.bucket_length`, padding included); by
+at its bucket length, :func:`podium.teacher.compute.microbatch.bucket_length`, padding included); by
 default 10 ms and 0.2 ms (5000 computed tokens/s a replica: a GPU slowed down so that what this
 machine's CPUs do per request, client, HTTP and checks, stays small beside it). Its cost is
 proportional to the tokens it computes, so the endpoint batching several callers' requests into
@@ -69,8 +69,8 @@ from harness.run import TeacherDef, make_run  # noqa: E402
 
 import podium  # noqa: E402
 from podium.rendezvous import Generation  # noqa: E402
-from podium.teacher.microbatch import bucket_length  # noqa: E402
-from podium.teacher.scheduler import CALL_MICROBATCHES  # noqa: E402
+from podium.teacher.compute.microbatch import bucket_length  # noqa: E402
+from podium.teacher.endpoint.batching import CALL_MICROBATCHES  # noqa: E402
 
 logger = logging.getLogger("bench_replicas")
 

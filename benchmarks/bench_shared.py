@@ -10,7 +10,7 @@ run, from the same group (one endpoint per mode in front of it):
   endpoint with the default ``micro_batch_size: 1``);
 - ``fifo``: one request per group call (``server.batch_requests: false``), its rows in token-budget
   micro-batches;
-- ``batched``: the scheduler (``podium.teacher.scheduler``): every caller's rows in shared calls.
+- ``batched``: the scheduler (``podium.teacher.endpoint.batching``): every caller's rows in shared calls.
 
 Per mode and K: tokens/s served (real tokens / wall time), p50/p99 request latency, and the
 padding share (padded share of the token positions computed, from the endpoint's ``/metrics``).
@@ -104,7 +104,7 @@ def callers_main(args: argparse.Namespace) -> None:
 def scrape(url: str) -> dict[str, float]:
     import requests
 
-    from podium.teacher.metrics import totals
+    from podium.teacher.endpoint.metrics import totals
 
     return totals(requests.get(f"{url}/metrics", timeout=30).text)
 

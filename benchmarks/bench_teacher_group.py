@@ -108,7 +108,7 @@ def main() -> None:
     from fixtures.ray_cluster import start_test_cluster, stop_test_cluster
 
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="podium-bench-teacher-"))

@@ -241,7 +241,7 @@ class RawSender:
 
 class InstantTopkGroup:
     """Answers the top-k outputs at once (zeros, cached per shape): isolates the transport. Its ids
-    are in the dtype the real worker's head answers them in (:func:`podium.teacher.logprobs.index_dtype`)."""
+    are in the dtype the real worker's head answers them in (:func:`podium.teacher.compute.logprobs.index_dtype`)."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -253,7 +253,7 @@ class InstantTopkGroup:
                      temperature: float | None = None, outputs: Any = None, **_: Any) -> dict[str, Any]:
         import torch
 
-        from podium.teacher.logprobs import index_dtype
+        from podium.teacher.compute.logprobs import index_dtype
 
         shape = (data.rows, data.width, int(top_k or 1))
         if shape not in self._cache:

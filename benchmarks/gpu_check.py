@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def hf_model_class_and_config(name: str) -> tuple[Any, Any]:
     import transformers
 
-    from podium.tiny import _BASE_CONFIGS
+    from podium.apps.tiny_models import _BASE_CONFIGS
 
     kind, overrides = MODELS[name]
     config_cls, model_cls, base = _BASE_CONFIGS[kind]
@@ -110,8 +110,8 @@ def describe(name: str, seq: int) -> dict[str, Any]:
     podium's TransformerConfig for it (bf16, TP1): what the dry run checks."""
     import torch
 
-    from podium.teacher.hf import describe_hf_config
-    from podium.teacher.megatron_config import build_transformer_config
+    from podium.teacher.model.hf import describe_hf_config
+    from podium.teacher.model.megatron_config import build_transformer_config
 
     model_cls, config = hf_model_class_and_config(name)
     desc = describe_hf_config(config.to_dict(), name)
@@ -147,11 +147,11 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
     import torch
     from transformers import AutoModelForCausalLM
 
+    from podium.apps.tiny_models import make_tiny_checkpoint, random_batch
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import TeacherWorkerGroup
-    from podium.teacher.hybrid_model import hybrid_spec_here
-    from podium.teacher.megatron_config import te_available
-    from podium.tiny import make_tiny_checkpoint, random_batch
+    from podium.teacher.compute.group import TeacherWorkerGroup
+    from podium.teacher.model.hybrid_model import hybrid_spec_here
+    from podium.teacher.model.megatron_config import te_available
 
     kind, overrides = MODELS[name]
     layer_spec = hybrid_spec_here() if "pattern" in info else "transformer_engine" if te_available() else "local"
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         report["gpu"] = torch.cuda.get_device_name()
         report["torch"] = torch.__version__
-        from podium.teacher.hybrid_model import MambaKernelsMissing
+        from podium.teacher.model.hybrid_model import MambaKernelsMissing
 
         ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
         work = Path(tempfile.mkdtemp(prefix="podium-gpu-check-"))

@@ -86,7 +86,7 @@ def convert(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
 ) -> None:
     """Write a Megatron torch_dist checkpoint from an HF directory (loads at any layout)."""
-    from podium.teacher.convert import convert_hf_to_torch_dist
+    from podium.teacher.model.convert import convert_hf_to_torch_dist
 
     try:
         out = convert_hf_to_torch_dist(src, dst, tp=tp, pp=pp, ep=ep, etp=etp, precision=precision,

@@ -69,7 +69,7 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.0f}s"
 
 
-# What a ready replica's /metrics says (podium.teacher.metrics.summary): "out/s 1m" is the answers'
+# What a ready replica's /metrics says (podium.teacher.endpoint.metrics.summary): "out/s 1m" is the answers'
 # body bytes sent per second, high while tok/s stays low when the wire, not the model, is the limit.
 LOAD_COLUMNS = ("tok/s 1m", "out/s 1m", "queue", "padding")
 

@@ -44,7 +44,7 @@ podium:
 
 def make_checkpoints(root: Path) -> dict[str, Path]:
     """Two tiny random checkpoints (Llama with GQA, Qwen2 with q/k/v biases), fixed seeds."""
-    from podium.tiny import make_tiny_checkpoint
+    from podium.apps.tiny_models import make_tiny_checkpoint
 
     return {kind: make_tiny_checkpoint(kind, root / f"tiny-{kind}", num_hidden_layers=2)
             for kind in ("llama", "qwen2")}
@@ -56,6 +56,7 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from podium.apps.tiny_models import hf_oracle_logprobs
     from podium.cli_render import WaitView
     from podium.client import connect
     from podium.config.plan import load_plan
@@ -63,7 +64,6 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     from podium.launcher.status import WaitFailed, wait
     from podium.launcher.stop import down
     from podium.rendezvous.layout import RunLayout
-    from podium.tiny import hf_oracle_logprobs
 
     console = Console()
     t0 = time.monotonic()

@@ -33,7 +33,7 @@ from podium.config.layout import ParallelLayout
 CheckpointFormat = Literal["hf", "torch_dist"]
 
 # The HF architectures podium loads (``config.json`` ``architectures``), by the family of name
-# maps that reads them (``podium.teacher.hf``): the one list, checked at plan time.
+# maps that reads them (``podium.teacher.model.hf``): the one list, checked at plan time.
 ARCHITECTURE_FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",

@@ -187,7 +187,7 @@ class HeadRun:
         if self.signals.stop.is_set():
             return
         self.lifecycle.publish(Status.LOADING)
-        from podium.teacher.group import GroupOptions, TeacherWorkerGroup
+        from podium.teacher.compute.group import GroupOptions, TeacherWorkerGroup
 
         # The group's torch.distributed rendezvous takes the port this node's block reserves for
         # it (checked free on all addresses, outside Ray's ports): chosen explicitly too.

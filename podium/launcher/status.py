@@ -67,7 +67,7 @@ class TeacherStatus:
     # a failed record: True when the teacher gave up, False when it retries (EndpointRecord.failure_is_final)
     final: bool | None = None
     in_plan: bool = True  # listed in rendezvous.json (a teacher of the recipe, a replica clients use)
-    # From the endpoint's /metrics (podium.teacher.metrics.summary): tokens/s and answer bytes/s
+    # From the endpoint's /metrics (podium.teacher.endpoint.metrics.summary): tokens/s and answer bytes/s
     # (bytes_out_per_s_1m) over the last minute, queue depth, padding share, requests, errors; None
     # when not probed or not answering.
     load: dict[str, float] | None = None
@@ -141,7 +141,7 @@ def _probe(record: EndpointRecord, token: str | None,
     read the run dir but not its token), the probe is as any stranger's: no secret to lose."""
     from podium.client.errors import TransportError
     from podium.client.transport import HTTPTransport, ServerIdentity
-    from podium.teacher.metrics import summary  # prometheus_client only: no torch
+    from podium.teacher.endpoint.metrics import summary  # prometheus_client only: no torch
 
     assert record.url is not None
     identity = ServerIdentity(str(record.generation), record.teacher_key) if token else None

@@ -1,21 +1,18 @@
-"""podium.teacher: one teacher's compute (Megatron-core on Ray) and its HTTP endpoint.
+"""podium.teacher: one teacher, in four layers, each a package that imports only those below it.
 
-Modules (each imports torch/ray/megatron only inside the functions that need them, so importing
-this package, or ``podium.teacher.group``, stays cheap):
+- :mod:`~podium.teacher.endpoint` (serving): the HTTP endpoint on the head node, its admission,
+  the batching of every caller's requests into group calls, its metrics. It knows a group only by
+  :mod:`podium.teacher.seam` and never imports model building;
+- :mod:`~podium.teacher.compute`: the worker group on Ray (placement, rendezvous, micro-batches,
+  data-parallel shards) and each rank's worker, its logprob head and pipeline stage loop;
+- :mod:`~podium.teacher.model` (model building): checkpoints (HF, torch_dist, conversion), the
+  TransformerConfig, megatron-core's GPT and hybrid models; never imports serving or compute;
+- :mod:`~podium.teacher.cpu`: named stand-ins for CUDA-only kernels, applied on a CPU-only
+  machine; imports none of the above.
 
-- ``group``: ``TeacherWorkerGroup`` — placement, rendezvous, ``get_logprobs``, ``shutdown``;
-- ``worker``: the Ray actor (one rank): parallel state, model, forward-only logprobs;
-- ``checkpoint_loader``: which checkpoint (HF dir / torch_dist / cached hub id) and this rank's model;
-- ``hf``: HF checkpoints: architecture description, safetensors slices, per-family weight maps;
-- ``megatron_config``: the TransformerConfig (parallel layout, overrides, MoE routing, vocab padding);
-- ``megatron_model``: the layer spec (TE or local + SDPA attention) and the GPTModel;
-- ``megatron_patches``: inference speed-ups podium installs into megatron-core (RoPE, SwiGLU);
-- ``logprobs``: vocab-parallel logprobs/top-k, NeMo RL alignment, the pipeline stage loop;
-- ``torch_dist``: Megatron dist_checkpointing load (resharding) and save;
-- ``convert``: ``convert_hf_to_torch_dist`` (temp dir + rename);
-- ``cuda_shims``: CPU-only shims for megatron-core;
-- ``endpoint``: the Open Inference Protocol server (its wire is ``podium.protocol``; it serves and
-  reports, the launcher's lifecycle publishes).
+tests/test_structure.py checks these directions. Every module opens with what it owns; torch, ray
+and megatron are imported only inside the functions that need them, so importing this package or
+``podium.teacher.compute.group`` stays cheap.
 """
 
 from __future__ import annotations
@@ -27,11 +24,11 @@ __all__ = ["TeacherWorkerGroup", "convert_hf_to_torch_dist"]
 
 def __getattr__(name: str) -> Any:
     if name == "TeacherWorkerGroup":
-        from podium.teacher.group import TeacherWorkerGroup
+        from podium.teacher.compute.group import TeacherWorkerGroup
 
         return TeacherWorkerGroup
     if name == "convert_hf_to_torch_dist":
-        from podium.teacher.convert import convert_hf_to_torch_dist
+        from podium.teacher.model.convert import convert_hf_to_torch_dist
 
         return convert_hf_to_torch_dist
     raise AttributeError(f"module 'podium.teacher' has no attribute {name!r}")

@@ -34,7 +34,7 @@ QWEN = TeacherDef("22b22b22b22b", "qwen", ("qwen", "chat"))
 def make_group(checkpoint: Path, definition: TeacherDef, **fields: Any) -> Any:
     """A real one-worker ``TeacherWorkerGroup`` (fp32) on a tiny checkpoint."""
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     spec = TeacherSpec(key=definition.key, name=definition.name, aliases=definition.aliases,
                        model_name=str(checkpoint), num_nodes=1, gpus_per_node=1, precision="fp32", **fields)

@@ -36,7 +36,7 @@ def teacher_cfg(checkpoint: Path | str, nodes: int = 1, per_node: int = 1, tp: i
 
 def start_group(checkpoint: Path | str, **layout: Any) -> Iterator[Any]:
     """Generator for a module-scoped fixture: a group, shut down at the end of the module."""
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     group = TeacherWorkerGroup(teacher_cfg(checkpoint, **layout))
     try:

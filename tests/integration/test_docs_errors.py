@@ -202,7 +202,7 @@ def _client_failed(tmp: Path) -> str:
 
 def _mamba_kernels(tmp: Path) -> str:
     from podium.config.architecture import MAMBA_KERNELS
-    from podium.teacher.hybrid_model import MambaKernelsMissing, choose_hybrid_spec
+    from podium.teacher.model.hybrid_model import MambaKernelsMissing, choose_hybrid_spec
 
     with pytest.raises(MambaKernelsMissing) as err:
         choose_hybrid_spec(cuda=True, transformer_engine=True, missing_kernels=MAMBA_KERNELS,

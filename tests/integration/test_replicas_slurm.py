@@ -35,7 +35,7 @@ from harness.recipes import write_recipe
 from podium.launcher.files import TeacherFiles
 from podium.launcher.run_dir import known_teachers
 from podium.rendezvous import read_rendezvous
-from podium.teacher.metrics import summary
+from podium.teacher.endpoint.metrics import summary
 
 
 def replicas_of(run_dir: Path) -> dict[int, TeacherFiles]:

@@ -286,7 +286,7 @@ def test_a_time_limit_stops_by_default_and_requeues_when_asked(monkeypatch: pyte
 # -- 18b: torch's store on rank 0 listens on the allocation's address only --------------------------
 
 def test_the_torch_store_binds_the_masters_address_only() -> None:
-    from podium.teacher.worker import rendezvous_store
+    from podium.teacher.compute.worker import rendezvous_store
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
 """``podium status``'s table shows each teacher's load from its endpoint's /metrics; the figures
-themselves are what ``podium.teacher.metrics.summary`` reads from a real registry."""
+themselves are what ``podium.teacher.endpoint.metrics.summary`` reads from a real registry."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from rich.console import Console
 
 from podium.cli_render import status_table
 from podium.launcher.status import TeacherStatus
-from podium.teacher.metrics import EndpointMetrics, summary
+from podium.teacher.endpoint.metrics import EndpointMetrics, summary
 
 
 def test_summary_reads_the_figures_of_a_registry():

@@ -50,7 +50,7 @@ def warm_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     """A run whose one teacher (fp32; TP1, TP2: the top-k merged and the support summed across
     ranks, or DP2: the rows split over two replicas and joined) divides its logits by its own
     temperature (``TEMPERATURE``; the shared DP2 group's ``LLAMA_DP2_TEMPERATURE``)."""
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     layout, token = make_run(tmp_path_factory.mktemp("topk"), [LLAMA])
     if request.param == "dp2":

@@ -25,7 +25,7 @@ from typing import Any
 
 
 def _old_slicing(self: Any, read: Callable[[int, slice], Any]) -> Any:
-    from podium.teacher.hf.weights import _fuse_qkv
+    from podium.teacher.model.hf.weights import _fuse_qkv
 
     d, lay = self.desc, self.lay
     per = d.num_query_groups // lay.tp_size
@@ -49,7 +49,7 @@ def _split_per_projection(self: Any, read: Callable[[int, slice], Any]) -> Any:
 
 @contextlib.contextmanager
 def _qkv_as(method: Callable[..., Any] | None) -> Iterator[None]:
-    from podium.teacher.hf.weights import _Reader
+    from podium.teacher.model.hf.weights import _Reader
 
     original = _Reader.qkv
     if method is not None:
@@ -64,11 +64,11 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     import torch
     from megatron.core import parallel_state
 
-    from podium.teacher.checkpoint_loader import describe_model
-    from podium.teacher.hf import RankLayout, load_hf_weights
-    from podium.teacher.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.teacher.megatron_model import build_gpt_model
-    from podium.tiny import hf_oracle_logits, random_batch
+    from podium.apps.tiny_models import hf_oracle_logits, random_batch
+    from podium.teacher.model.checkpoint_loader import describe_model
+    from podium.teacher.model.hf import RankLayout, load_hf_weights
+    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
+    from podium.teacher.model.megatron_model import build_gpt_model
 
     desc = describe_model(checkpoint)
     assert desc.num_query_groups == 1, desc
@@ -98,8 +98,8 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
 
 
 def _rank(rank: int, world: int, store: str, checkpoints: list[str], out: str) -> None:
-    from podium.teacher.cuda_shims import apply_cuda_shims
-    from podium.teacher.worker import destroy_parallel, init_parallel
+    from podium.teacher.compute.worker import destroy_parallel, init_parallel
+    from podium.teacher.cpu.cuda_shims import apply_cuda_shims
 
     apply_cuda_shims()
     parallel = {"tensor_model_parallel_size": world}

@@ -33,15 +33,15 @@ def run_case(skip: str) -> int:
     try:
         import torch
 
-        from podium.teacher.cuda_shims import apply_cuda_shims
-        from podium.teacher.hf import describe_hf_config
-        from podium.teacher.mamba_shims import apply_mamba_shims
-        from podium.teacher.megatron_config import build_transformer_config
-        from podium.teacher.worker import destroy_parallel, init_parallel
+        from podium.teacher.compute.worker import destroy_parallel, init_parallel
+        from podium.teacher.cpu.cuda_shims import apply_cuda_shims
+        from podium.teacher.cpu.mamba_shims import apply_mamba_shims
+        from podium.teacher.model.hf import describe_hf_config
+        from podium.teacher.model.megatron_config import build_transformer_config
 
         apply_cuda_shims()
         apply_mamba_shims(skip=[skip] if skip else [])
-        from podium.teacher.hybrid_model import build_hybrid_model
+        from podium.teacher.model.hybrid_model import build_hybrid_model
 
         init_parallel(0, 1, f"file://{tempfile.mkdtemp()}/store", {})
         try:

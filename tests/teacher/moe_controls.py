@@ -45,11 +45,11 @@ def _diffs(checkpoint: str, parallel: dict[str, int], world: int) -> dict[str, f
     import torch
     from megatron.core import parallel_state
 
-    from podium.teacher.checkpoint_loader import describe_model
-    from podium.teacher.hf import RankLayout, load_hf_weights
-    from podium.teacher.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.teacher.megatron_model import build_gpt_model
-    from podium.tiny import hf_oracle_logits, random_batch
+    from podium.apps.tiny_models import hf_oracle_logits, random_batch
+    from podium.teacher.model.checkpoint_loader import describe_model
+    from podium.teacher.model.hf import RankLayout, load_hf_weights
+    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
+    from podium.teacher.model.megatron_model import build_gpt_model
 
     desc = describe_model(checkpoint)
     batch = random_batch(desc.vocab_size, [12, 12], seed=7)
@@ -80,8 +80,8 @@ def _diffs(checkpoint: str, parallel: dict[str, int], world: int) -> dict[str, f
 
 
 def _rank(rank: int, world: int, store: str, checkpoints: list[str], out: str) -> None:
-    from podium.teacher.cuda_shims import apply_cuda_shims
-    from podium.teacher.worker import destroy_parallel, init_parallel
+    from podium.teacher.compute.worker import destroy_parallel, init_parallel
+    from podium.teacher.cpu.cuda_shims import apply_cuda_shims
 
     apply_cuda_shims()
     parallel = {"expert_model_parallel_size": world}

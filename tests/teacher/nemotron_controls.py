@@ -35,11 +35,11 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from podium.teacher.checkpoint_loader import describe_model
-    from podium.teacher.hf import RankLayout, load_hf_weights, weights
-    from podium.teacher.hybrid_model import build_hybrid_model
-    from podium.teacher.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.tiny import hf_oracle_logits, random_batch
+    from podium.apps.tiny_models import hf_oracle_logits, random_batch
+    from podium.teacher.model.checkpoint_loader import describe_model
+    from podium.teacher.model.hf import RankLayout, load_hf_weights, weights
+    from podium.teacher.model.hybrid_model import build_hybrid_model
+    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
 
     desc = describe_model(checkpoint)
     batch = random_batch(desc.vocab_size, [12, 12], seed=7)
@@ -104,8 +104,8 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
 
 
 def _rank(rank: int, world: int, store: str, checkpoint: str, out: str) -> None:
-    from podium.teacher.cuda_shims import apply_cuda_shims
-    from podium.teacher.worker import destroy_parallel, init_parallel
+    from podium.teacher.compute.worker import destroy_parallel, init_parallel
+    from podium.teacher.cpu.cuda_shims import apply_cuda_shims
 
     apply_cuda_shims()
     init_parallel(rank, world, store, PARALLEL)

@@ -18,8 +18,8 @@ import forked_cases
 import pytest
 from fixtures.devices import cpu_only_env
 
-from podium.teacher.cuda_shims import SHIM_NAMES
-from podium.teacher.megatron_compat import shims_not_needed
+from podium.teacher.cpu.cuda_shims import SHIM_NAMES
+from podium.teacher.model.megatron_compat import shims_not_needed
 
 pytestmark = [pytest.mark.megatron]
 
@@ -64,7 +64,7 @@ def test_shim_is_needed_and_sufficient(scenario_results, shim):
         return
     assert without.returncode == 3, (
         f"scenario {scenario!r} works without shim {shim!r}: megatron-core no longer needs it "
-        f"(remove it from podium/teacher/cuda_shims.py)\n{without.stdout[-2000:]}"
+        f"(remove it from podium/teacher/cpu/cuda_shims.py)\n{without.stdout[-2000:]}"
     )
     expected = FAILS_WITH.get(shim)
     if expected:

@@ -30,8 +30,8 @@ from harness.lifecycle import Teacher
 from harness.run import LLAMA, make_run
 from prometheus_client.parser import text_string_to_metric_families
 
-from podium.teacher.metrics import summary
-from podium.teacher.microbatch import bucket_length
+from podium.teacher.compute.microbatch import bucket_length
+from podium.teacher.endpoint.metrics import summary
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

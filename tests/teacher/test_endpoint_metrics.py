@@ -30,9 +30,9 @@ from podium.launcher.run_dir import write_spec
 from podium.launcher.status import status
 from podium.protocol import oip
 from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.endpoint.metrics import WINDOW_S, EndpointMetrics, summary, totals
 from podium.teacher.endpoint.middleware import error_middleware
 from podium.teacher.endpoint.stream import STREAM_FROM
-from podium.teacher.metrics import WINDOW_S, EndpointMetrics, summary, totals
 
 MATH = TeacherDef("feedc0ffee0777", "math", ("math",))
 

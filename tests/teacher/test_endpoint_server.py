@@ -614,7 +614,7 @@ def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
 
 
 def test_a_bug_in_forming_a_call_fails_that_request_and_the_scheduler_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from podium.teacher import scheduler
+    from podium.teacher.endpoint import batching as scheduler
 
     real = scheduler.call_batch
     calls = {"n": 0}

@@ -10,7 +10,7 @@ import pytest
 import ray
 from harness.teacher_groups import assert_matches_oracle, ragged_batch, shut_down_and_check, start_group, teacher_cfg
 
-from podium.teacher.group import TeacherWorkerGroup
+from podium.teacher.compute.group import TeacherWorkerGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

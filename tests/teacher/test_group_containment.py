@@ -19,7 +19,7 @@ FAIL_TOKEN = 7
 @pytest.fixture(scope="module")
 def group(ray_cluster, tiny_llama_checkpoint):
     from podium.faults import FAULTS_ENV
-    from podium.teacher.group import GroupOptions, TeacherWorkerGroup
+    from podium.teacher.compute.group import GroupOptions, TeacherWorkerGroup
 
     options = GroupOptions(env_vars={FAULTS_ENV: f"fail_call_token={FAIL_TOKEN}"}, failed_call_settle_s=60.0)
     group = TeacherWorkerGroup(teacher_cfg(tiny_llama_checkpoint, per_node=2, tp=2), options)

@@ -43,7 +43,7 @@ VOCAB = 256
 
 
 def test_describes_every_layer_kind_and_the_routing(tiny_nemotron_h_checkpoint):
-    from podium.teacher.checkpoint_loader import describe_model
+    from podium.teacher.model.checkpoint_loader import describe_model
 
     desc = describe_model(tiny_nemotron_h_checkpoint)
     assert (desc.family, desc.hybrid_pattern, desc.num_layers) == ("nemotron_h", "MEM*-E", 6)

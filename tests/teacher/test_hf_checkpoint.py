@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from podium.teacher.checkpoint_loader import describe_model
-from podium.teacher.hf import RankLayout, SafetensorsCheckpoint, describe_hf_config
-from podium.teacher.hf.weights import _gpt2_sources, _llama_sources, _Reader
+from podium.teacher.model.checkpoint_loader import describe_model
+from podium.teacher.model.hf import RankLayout, SafetensorsCheckpoint, describe_hf_config
+from podium.teacher.model.hf.weights import _gpt2_sources, _llama_sources, _Reader
 
 
 def reader(path: Path, tp_rank: int = 0, tp: int = 1, padded: int | None = None) -> _Reader:

@@ -20,8 +20,8 @@ import torch
 from mamba_shim_scenarios import CONFIG as SCENARIO_CONFIG
 
 from podium.config.architecture import MAMBA_KERNELS
-from podium.teacher import hybrid_model
-from podium.teacher.hybrid_model import (
+from podium.teacher.model import hybrid_model
+from podium.teacher.model.hybrid_model import (
     LOCAL_SPEC,
     TE_SPEC,
     MambaKernelsMissing,
@@ -68,7 +68,7 @@ def test_missing_kernels_are_found_by_their_module(monkeypatch: pytest.MonkeyPat
 def test_a_cuda_build_without_the_kernels_stops_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
     """build_hybrid_model on a (pretended) CUDA node without mamba-ssm / causal-conv1d: the error that
     names them and the interpreter, not a failure deep inside megatron's Mamba mixer."""
-    from podium.teacher.hf import describe_hf_config
+    from podium.teacher.model.hf import describe_hf_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for package in MAMBA_KERNELS:
@@ -91,8 +91,8 @@ def _parts(spec: Any) -> tuple[Any, Any]:
 @pytest.mark.megatron
 def test_the_te_spec_is_megatrons_with_sequential_experts_and_the_checkpoints_conv(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from podium.teacher.hf import describe_hf_config
-    from podium.teacher.mamba_shims import apply_mamba_shims
+    from podium.teacher.cpu.mamba_shims import apply_mamba_shims
+    from podium.teacher.model.hf import describe_hf_config
 
     apply_mamba_shims()  # megatron's Mamba modules import triton at import time (shimmed where absent)
     from megatron.core.extensions import transformer_engine as te

@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-MODULES = ["podium.teacher", "podium.teacher.group", "podium.teacher.worker", "podium.teacher.convert",
-           "podium.teacher.hf", "podium.teacher.megatron_config", "podium.teacher.megatron_patches",
-           "podium.teacher.megatron_model", "podium.teacher.logprobs",
-           "podium.teacher.torch_dist", "podium.teacher.checkpoint_loader", "podium.teacher.cuda_shims"]
+MODULES = ["podium.teacher", "podium.teacher.compute.group", "podium.teacher.compute.worker",
+           "podium.teacher.model.convert",
+           "podium.teacher.model.hf", "podium.teacher.model.megatron_config", "podium.teacher.model.megatron_patches",
+           "podium.teacher.model.megatron_model", "podium.teacher.compute.logprobs",
+           "podium.teacher.model.torch_dist", "podium.teacher.model.checkpoint_loader", "podium.teacher.cpu.cuda_shims"]
 
 
 def test_teacher_modules_import_nothing_heavy():
@@ -31,9 +32,9 @@ def test_client_and_teacher_never_import_each_other():
         "for m in sys.argv[3:]: importlib.import_module(m)\n"
         "print(sorted(m for m in sys.modules if m == other or m.startswith(other + '.')))\n"
     )
+    teacher_side = ["podium.teacher.endpoint", "podium.teacher.compute.group", "podium.teacher.compute.worker"]
     for side, other, modules in (("client", "podium.teacher", ["podium.client", "podium.nemo_rl"]),
-                                 ("teacher", "podium.client", ["podium.teacher.endpoint", "podium.teacher.group",
-                                                               "podium.teacher.worker"])):
+                                 ("teacher", "podium.client", teacher_side)):
         out = subprocess.run([sys.executable, "-c", code, side, other, *modules], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr

@@ -23,7 +23,7 @@ from fixtures.checkpoints import make_tiny_checkpoint
 from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 from podium.config.architecture import attention_tp_problem
-from podium.teacher.hf.weights import RankLayout, _fuse_qkv, _Reader
+from podium.teacher.model.hf.weights import RankLayout, _fuse_qkv, _Reader
 
 VOCAB = 256
 
@@ -89,8 +89,8 @@ def test_what_megatron_cannot_split_is_refused_with_the_arithmetic(heads: int, g
 
 
 def test_the_worker_check_accepts_one_group_at_tp2_and_names_the_rule(qwen2_one_group: Path) -> None:
-    from podium.teacher.checkpoint_loader import describe_model
-    from podium.teacher.megatron_config import check_model_layout
+    from podium.teacher.model.checkpoint_loader import describe_model
+    from podium.teacher.model.megatron_config import check_model_layout
 
     desc = describe_model(qwen2_one_group)
     assert (desc.num_attention_heads, desc.num_query_groups) == (4, 1)

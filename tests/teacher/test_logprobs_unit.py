@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from podium.teacher.logprobs import (
+from podium.teacher.compute.logprobs import (
     LogprobHead,
     cp_split,
     cp_unsplit,
@@ -139,7 +139,7 @@ def test_cp_split_round_trip(cp):
 
 def test_group_validates_a_plain_mapping_with_the_one_batch_rule():
     from podium.protocol.batch import Batch, BatchError
-    from podium.teacher.group import TeacherWorkerGroup
+    from podium.teacher.compute.group import TeacherWorkerGroup
 
     group = TeacherWorkerGroup.__new__(TeacherWorkerGroup)  # only validate's attributes
     group.vocab_size, group.max_sequence_length = 50, 32
@@ -155,7 +155,7 @@ def test_group_validates_a_plain_mapping_with_the_one_batch_rule():
 
 def test_group_takes_a_spec_from_the_plan_and_known_options_only(tiny_llama_checkpoint):
     from podium.config.spec import TeacherSpec
-    from podium.teacher.group import GroupOptions, TeacherWorkerGroup
+    from podium.teacher.compute.group import GroupOptions, TeacherWorkerGroup
 
     with pytest.raises(TypeError, match="takes a TeacherSpec"):
         TeacherWorkerGroup({"model_name": str(tiny_llama_checkpoint)})

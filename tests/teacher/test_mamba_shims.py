@@ -3,7 +3,7 @@
 ``mamba_shim_scenarios.py`` builds a tiny hybrid model (every layer kind, latent MoE) as podium
 builds it and runs a forward, with all shims (must work) and with all shims but one, for each one
 (must fail, with the error megatron raises without it). A megatron-core upgrade that drops a need
-fails the second check (remove the shim from ``podium/teacher/mamba_shims.py``); one that adds a
+fails the second check (remove the shim from ``podium/teacher/cpu/mamba_shims.py``); one that adds a
 need fails the first. The scenarios run with CUDA hidden (and TransformerEngine): a CPU-only
 machine, also on a GPU node.
 """
@@ -20,8 +20,8 @@ import forked_cases
 import pytest
 from fixtures.devices import cpu_only_env
 
-from podium.teacher.mamba_shims import MAMBA_SHIM_NAMES
-from podium.teacher.megatron_compat import MEGATRON_VERSION
+from podium.teacher.cpu.mamba_shims import MAMBA_SHIM_NAMES
+from podium.teacher.model.megatron_compat import MEGATRON_VERSION
 
 pytestmark = [pytest.mark.megatron]
 
@@ -64,7 +64,7 @@ def test_mamba_shim_is_needed_and_sufficient(scenario_results, shim):
         return
     assert without.returncode == 3, (
         f"the hybrid scenario works without shim {shim!r}: megatron-core no longer needs it "
-        f"(remove it from podium/teacher/mamba_shims.py)\n{without.stdout[-2000:]}"
+        f"(remove it from podium/teacher/cpu/mamba_shims.py)\n{without.stdout[-2000:]}"
     )
     assert FAILS_WITH[shim] in without.stdout, without.stdout[-2000:]
 
@@ -73,7 +73,7 @@ def test_ssd_scan_equals_the_recurrence():
     """The PyTorch SSD scan, chunked, equals Mamba-2's recurrence step by step (and any chunk size)."""
     import torch
 
-    from podium.teacher.mamba_shims import ssd_chunk_scan
+    from podium.teacher.cpu.mamba_shims import ssd_chunk_scan
 
     gen = torch.Generator().manual_seed(0)
     b, length, h, p, g, n = 2, 11, 4, 3, 2, 5

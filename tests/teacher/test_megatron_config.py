@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from podium.teacher.checkpoint_loader import describe_model
-from podium.teacher.megatron_config import build_transformer_config, padded_vocab_size, split_overrides
+from podium.teacher.model.checkpoint_loader import describe_model
+from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size, split_overrides
 
 pytestmark = [pytest.mark.megatron]
 
@@ -90,7 +90,7 @@ def test_moe_layouts_and_overrides_that_cannot_work_name_the_arithmetic(tiny_qwe
 
 
 def test_qwen2_moe_shared_expert_and_its_gate_come_from_the_checkpoint(tiny_qwen2_moe_checkpoint):
-    from podium.teacher.hf import describe_hf_config
+    from podium.teacher.model.hf import describe_hf_config
 
     desc = describe_model(tiny_qwen2_moe_checkpoint)
     assert (desc.moe_shared_ffn_hidden_size, desc.moe_shared_expert_gate) == (48, True)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from podium.protocol.batch import Options, validate_batch
-from podium.teacher.microbatch import assign_replicas, bucket_length, computed_tokens, plan_microbatches
-from podium.teacher.scheduler import Job, call_batch, deliver, form_call
+from podium.teacher.compute.microbatch import assign_replicas, bucket_length, computed_tokens, plan_microbatches
+from podium.teacher.endpoint.batching import Job, call_batch, deliver, form_call
 
 
 def test_a_bucket_depends_on_the_row_alone_and_pads_at_most_an_eighth():

@@ -94,7 +94,7 @@ def test_saved_at_tp2_loads_at_other_layouts(ray_cluster, converted_tp2, tiny_ll
 def converted_moe_ep2(tiny_qwen3_moe_checkpoint, tmp_path_factory):
     """The tiny Qwen3-MoE written by two processes at EP2 (each reads and saves only its experts)."""
     dst = tmp_path_factory.mktemp("dist") / "qwen3_moe_ep2"
-    code = ("import sys\nfrom podium.teacher.convert import convert_hf_to_torch_dist\n"
+    code = ("import sys\nfrom podium.teacher.model.convert import convert_hf_to_torch_dist\n"
             "if __name__ == '__main__':\n"
             "    convert_hf_to_torch_dist(sys.argv[1], sys.argv[2], ep=2, precision='fp32')\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tiny_qwen3_moe_checkpoint), str(dst)],
@@ -121,7 +121,7 @@ def test_moe_saved_at_ep2_loads_with_every_expert_split_over_tp2(ray_cluster, co
 
 
 def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, tiny_llama_checkpoint, tmp_path):
-    from podium.teacher.convert import convert_hf_to_torch_dist
+    from podium.teacher.model.convert import convert_hf_to_torch_dist
 
     proc = run_convert(tiny_llama_checkpoint, converted_tp1, expect_ok=False)
     assert proc.returncode == 2 and f"destination {converted_tp1} exists" in proc.stderr, proc.stderr
@@ -145,7 +145,7 @@ def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, 
 def test_run_directory_with_latest_iteration_resolves(converted_tp1, tmp_path):
     """One rule for plan and worker: what the planner accepts is what the worker loads."""
     from podium.config.checkpoints import CheckpointError, checkpoint_problem, find_checkpoint, torch_dist_dir
-    from podium.teacher.checkpoint_loader import resolve_checkpoint
+    from podium.teacher.model.checkpoint_loader import resolve_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()

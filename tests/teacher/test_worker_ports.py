@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from podium.net import find_free_port
-from podium.teacher.worker import TeacherWorker
+from podium.teacher.compute.worker import TeacherWorker
 
 
 def test_port_held_on_another_address_of_the_node_is_not_picked() -> None:

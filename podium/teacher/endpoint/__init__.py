@@ -9,7 +9,7 @@ endpoint record. The wire codec is :mod:`podium.protocol.oip`, the batch rule
 verb   route                                       auth   answer
 =====  ==========================================  =====  ========================================
 GET    /v2/health/live                             no     200 while the process serves HTTP
-GET    /metrics                                    no*    Prometheus text (``podium.teacher.metrics``)
+GET    /metrics                                    no*    Prometheus text (``podium.teacher.endpoint.metrics``)
 GET    /v2/health/ready                            yes    200 once the owner says ready, 503 when
                                                           not ready (with the reason) or draining
 GET    /v2                                         yes    server metadata (extensions)
@@ -24,24 +24,8 @@ POST   /v2/models/<name>[/versions/<v>]/infer      yes    logprobs (+ top-k) for
 Every response carries ``X-Request-ID`` (the request's header or JSON ``id``, else a new one) and
 ``X-Podium-Generation`` (errors too: a client tells which generation answered).
 
-Modules:
-
-- ``config``: :class:`EndpointConfig` (its tunables are ``ServerSettings``, the recipe's
-  ``podium.server``) and :class:`LogprobGroup`, what the endpoint serves;
-- ``server``: :class:`EndpointServer`, the aiohttp app: routes, readiness, admission (the bounded
-  queue), draining, the scheduler, binding a free port;
-- ``connections``: deadlines and caps on the connections (a flood of idle ones starves nobody);
-- ``cost``: what a request would cost (top-k, tokens, answer size), refused before compute;
-- ``middleware``: request ids, errors answered as JSON, bearer-token auth;
-- ``errors``: :class:`RequestError` and the JSON error answer;
-- ``body``: reading a request body within its size and time limits, its binary framing checked
-  before room for it is allocated;
-- ``validation``: an infer request checked against the model;
-- ``calls``: the group calls (their size, the executor thread, their metrics);
-- ``answer``: the group's outputs checked, in their wire dtypes, encoded as the HTTP answer;
-- ``stream``: large answers written from the arrays' memory by sender threads, never joined;
-- ``metadata``: KServe v2 server and model metadata, the published ``ModelInfo``;
-- ``thread``: :class:`ServerThread`, a server on its own event loop for synchronous callers.
+The serving layer of a teacher (:mod:`podium.teacher`): it knows its group only through
+:mod:`podium.teacher.seam`. Every module opens with what it owns.
 """
 
 from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup

@@ -28,9 +28,9 @@ from podium.protocol.names import (
     VALUE_OUTPUTS,
 )
 from podium.protocol.pieces import CastBlock
+from podium.teacher.endpoint.batching import RowBlocks
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.stream import AnswerSender
-from podium.teacher.scheduler import RowBlocks
 
 WireBlocks = tuple[np.ndarray | CastBlock, ...]
 """An output's row blocks in their wire dtypes (:func:`wire`)."""

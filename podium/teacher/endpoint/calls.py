@@ -1,6 +1,6 @@
 """The endpoint's calls into its group: their size, one at a time on an executor thread, measured.
 
-The scheduler (:mod:`podium.teacher.scheduler`) forms each call from the queued requests' rows;
+The scheduler (:mod:`podium.teacher.endpoint.batching`) forms each call from the queued requests' rows;
 :class:`GroupCalls` runs it on a thread of its own (so health probes answer while the group
 computes), checks what the group returned, and records the call in the endpoint's metrics.
 """
@@ -16,16 +16,16 @@ import numpy as np
 from podium.protocol.batch import Batch, Options
 from podium.protocol.names import OUTPUTS
 from podium.teacher.endpoint.answer import group_outputs
+from podium.teacher.endpoint.batching import CALL_MICROBATCHES, Job, Segment
 from podium.teacher.endpoint.config import LogprobGroup
-from podium.teacher.metrics import EndpointMetrics
-from podium.teacher.scheduler import CALL_MICROBATCHES, Job, Segment
+from podium.teacher.endpoint.metrics import EndpointMetrics
 
 DEFAULT_CALL_TOKENS = 16384  # for a group that does not say its token budget
 
 
 def call_tokens(group: LogprobGroup, configured: int | None) -> int:
     """Tokens of one group call: ``configured``, else the group's micro-batch budget for each DP
-    replica, :data:`~podium.teacher.scheduler.CALL_MICROBATCHES` times."""
+    replica, :data:`~podium.teacher.endpoint.batching.CALL_MICROBATCHES` times."""
     if configured:
         return int(configured)
     budget = getattr(group, "max_tokens_per_microbatch", None)

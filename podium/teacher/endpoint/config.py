@@ -20,7 +20,7 @@ MIB = 1024 * 1024
 
 
 class LogprobGroup(Protocol):
-    """What the endpoint serves: ``podium.teacher.group.TeacherWorkerGroup``, or any stand-in.
+    """What the endpoint serves: ``podium.teacher.compute.group.TeacherWorkerGroup``, or any stand-in.
 
     ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns the
     requested ``outputs`` ``[B, width, ...]`` (names of :mod:`podium.protocol.names`). A group may

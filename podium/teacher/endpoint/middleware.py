@@ -34,7 +34,7 @@ from podium.protocol.names import (
 from podium.rendezvous.token import tokens_equal
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.errors import RequestError, json_error
-from podium.teacher.metrics import EndpointMetrics
+from podium.teacher.endpoint.metrics import EndpointMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ time limits: :mod:`~podium.teacher.endpoint.body`), decoded and checked off the 
 refused when it would cost too much (:mod:`~podium.teacher.endpoint.cost`); only then does it take
 one of ``server.max_queue`` queue slots (queued or computing; beyond it 503 + ``Retry-After``), so
 a stalled upload holds no slot. The requests of all callers are batched into group calls by
-:mod:`podium.teacher.scheduler` (run by :mod:`~podium.teacher.endpoint.calls`); a request whose
+:mod:`podium.teacher.endpoint.batching` (run by :mod:`~podium.teacher.endpoint.calls`); a request whose
 client went away leaves the queue and never reaches the group. Every error answer names its kind
 (``X-Podium-Error-Kind``, :meth:`EndpointServer.failure`). Readiness is set by the owner
 of the teacher's lifecycle, with a reason when it is false; :meth:`EndpointServer.failure` says
@@ -45,18 +45,18 @@ from podium.protocol.names import (
 from podium.rendezvous.records import ModelInfo
 from podium.teacher.endpoint import metadata, proof
 from podium.teacher.endpoint.answer import infer_response, wire
+from podium.teacher.endpoint.batching import Job, RowBlocks, Scheduler
 from podium.teacher.endpoint.body import BodyLimits, RawRequest, read_request
 from podium.teacher.endpoint.calls import GroupCalls, call_tokens
 from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
 from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, guard_middleware
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
+from podium.teacher.endpoint.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from podium.teacher.endpoint.metrics import EndpointMetrics
 from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
 from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.endpoint.validation import validate_request
-from podium.teacher.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from podium.teacher.metrics import EndpointMetrics
-from podium.teacher.scheduler import Job, RowBlocks, Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from podium.config.architecture import attention_tp_problem
 from podium.config.layout import PARALLEL_SIZES
 from podium.config.precision import torch_dtype
-from podium.teacher.hf import ModelDescription
+from podium.teacher.model.hf import ModelDescription
 
 if TYPE_CHECKING:  # pragma: no cover
     from megatron.core.transformer.transformer_config import TransformerConfig

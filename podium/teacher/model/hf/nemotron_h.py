@@ -1,5 +1,5 @@
 """The Nemotron-H map: HF ``backbone.*`` tensors into megatron-core's hybrid model (local spec, see
-:mod:`podium.teacher.hybrid_model`), each rank reading only its slices.
+:mod:`podium.teacher.model.hybrid_model`), each rank reading only its slices.
 
 This module owns ``nemotron_h_sources``, the ``nemotron_h`` entry of ``weights._MAPS``. Layouts
 (TP rank ``r`` of ``tp``; "the rank's part" of ``n`` rows is ``[r·n/tp, (r+1)·n/tp)``), as
@@ -32,12 +32,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from podium.teacher.megatron_compat import mamba_conv1d_params
+from podium.teacher.model.megatron_compat import mamba_conv1d_params
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from podium.teacher.hf.weights import _Reader
+    from podium.teacher.model.hf.weights import _Reader
 
 _EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _NORMS = ("norm.weight", "input_layernorm.weight", "pre_mlp_layernorm.weight")

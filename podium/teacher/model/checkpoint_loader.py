@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podium.config.checkpoints import HF_CONFIG, CheckpointError, find_checkpoint
-from podium.teacher.hf import ModelDescription, describe_hf_config
+from podium.teacher.model.hf import ModelDescription, describe_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def resolve_checkpoint(name: str | os.PathLike[str],
     """The checkpoint a teacher names: a local directory (decided by
     :func:`podium.config.checkpoints.find_checkpoint`, the rule the planner uses) or a hub id
     already in the local HF cache."""
-    from podium.teacher.torch_dist import find_hf_config
+    from podium.teacher.model.torch_dist import find_hf_config
 
     text = str(name)
     path = Path(os.path.expanduser(text))
@@ -115,8 +115,8 @@ def build_and_load(
     """Build this rank's GPTModel stage and fill it from ``checkpoint`` (HF slices or torch_dist)."""
     from megatron.core import parallel_state
 
-    from podium.teacher import megatron_config, megatron_model
-    from podium.teacher.hf import RankLayout, load_hf_weights
+    from podium.teacher.model import megatron_config, megatron_model
+    from podium.teacher.model.hf import RankLayout, load_hf_weights
 
     started = time.perf_counter()
     resolved = resolve_checkpoint(checkpoint, hf_config)
@@ -124,7 +124,7 @@ def build_and_load(
     _, options = megatron_config.split_overrides(overrides or {}, where)
     tp = int(parallel.get("tensor_model_parallel_size", 1))
     if resolved.kind == "torch_dist":
-        from podium.teacher.torch_dist import checkpoint_padded_vocab
+        from podium.teacher.model.torch_dist import checkpoint_padded_vocab
 
         padded = checkpoint_padded_vocab(resolved.path)
         if padded % tp:
@@ -140,13 +140,13 @@ def build_and_load(
         padded = megatron_config.padded_vocab_size(desc.vocab_size, tp, divisor)
     config = megatron_config.build_transformer_config(desc, parallel, precision, overrides, where=where)
     if desc.is_hybrid:
-        from podium.teacher.hybrid_model import build_hybrid_model
+        from podium.teacher.model.hybrid_model import build_hybrid_model
 
         model = build_hybrid_model(desc, config, padded)
     else:
         model = megatron_model.build_gpt_model(desc, config, padded)
     if resolved.kind == "torch_dist":
-        from podium.teacher.torch_dist import load_torch_dist
+        from podium.teacher.model.torch_dist import load_torch_dist
 
         stats = load_torch_dist(model, resolved.path)
     else:

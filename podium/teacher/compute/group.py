@@ -15,7 +15,7 @@ This module owns the driver side of a teacher:
 - ``get_logprobs``: a validated batch (``podium.protocol.batch``: the endpoint validates once per
   request and hands over a ``Batch``, which is trusted; a plain mapping from an in-process caller
   is validated here; bad input is a ``ValueError``, the group stays usable), planned into
-  micro-batches by :mod:`podium.teacher.microbatch` (length buckets, the token budget
+  micro-batches by :mod:`podium.teacher.compute.microbatch` (length buckets, the token budget
   ``max_tokens_per_microbatch``, token-balanced replicas), one shard per data-parallel replica
   (``ray.put`` once, shared by the replica's ranks), the output ranks' rows put back in the
   batch's order; what the call computed in :attr:`last_call`. One call at a time (a lock: a second caller waits);
@@ -35,7 +35,7 @@ from typing import Any
 from podium.config.spec import TeacherSpec
 from podium.protocol.batch import Batch, batch_inputs, validate_batch, validate_options
 from podium.protocol.names import CANDIDATE_LOGPROBS, LOGPROBS, TOPK_INDICES, TOPK_LOGPROBS
-from podium.teacher.microbatch import assign_replicas, computed_tokens, plan_microbatches
+from podium.teacher.compute.microbatch import assign_replicas, computed_tokens, plan_microbatches
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ class TeacherWorkerGroup:
 
     def _preflight(self) -> None:
         """Checks that need only files and config classes: fail before anything is placed."""
-        from podium.teacher.checkpoint_loader import describe_model
-        from podium.teacher.megatron_config import check_model_layout, split_overrides
+        from podium.teacher.model.checkpoint_loader import describe_model
+        from podium.teacher.model.megatron_config import check_model_layout, split_overrides
 
         s = self.spec
         desc = describe_model(s.model_name, self.options.hf_config)
@@ -141,7 +141,7 @@ class TeacherWorkerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from podium.teacher.worker import TeacherWorker
+        from podium.teacher.compute.worker import TeacherWorker
 
         if not ray.is_initialized():
             raise RuntimeError("TeacherWorkerGroup needs a connected Ray driver: call ray.init(address=...) first")
@@ -222,7 +222,7 @@ class TeacherWorkerGroup:
         """The requested ``outputs`` (default: NeMo RL-convention ``logprobs`` float32 ``[B, S]``,
         plus top-k logprobs ``[B, S, K]`` when ``top_k``; see :mod:`podium.protocol.names` for
         ``topk_logits`` and ``candidate_logprobs``), at ``temperature`` (default: the teacher's).
-        Top-k ids come in :func:`~podium.teacher.logprobs.index_dtype` (int32 for any real
+        Top-k ids come in :func:`~podium.teacher.compute.logprobs.index_dtype` (int32 for any real
         vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked).
 
         ``data`` is a :class:`Batch` (trusted: the endpoint validated it) or a mapping (validated here;

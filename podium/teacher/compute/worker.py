@@ -196,9 +196,9 @@ class TeacherWorker:
         import torch
         from megatron.core import parallel_state
 
-        from podium.teacher.checkpoint_loader import build_and_load
-        from podium.teacher.cuda_shims import apply_cuda_shims
-        from podium.teacher.logprobs import LogprobHead
+        from podium.teacher.compute.logprobs import LogprobHead
+        from podium.teacher.cpu.cuda_shims import apply_cuda_shims
+        from podium.teacher.model.checkpoint_loader import build_and_load
 
         started = time.perf_counter()
         shims = apply_cuda_shims()
@@ -289,13 +289,13 @@ class TeacherWorker:
         requested ``outputs`` (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
         top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``).
 
-        ``plan`` is the driver's (:mod:`podium.teacher.microbatch`): consecutive micro-batches of the
+        ``plan`` is the driver's (:mod:`podium.teacher.compute.microbatch`): consecutive micro-batches of the
         shard as ``(rows, seq_len)``, the same on every rank of the replica."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        from podium.teacher.logprobs import (
+        from podium.teacher.compute.logprobs import (
             StageInfo,
             cp_split,
             cp_unsplit,

@@ -1,4 +1,4 @@
-"""podium.teacher.hf: HF checkpoints read directly into a Megatron-core GPTModel, each rank reading
+"""podium.teacher.model.hf: HF checkpoints read directly into a Megatron-core GPTModel, each rank reading
 only its slices.
 
 Modules (none imports torch, safetensors or megatron at import time):
@@ -16,8 +16,8 @@ a describer in ``description._DESCRIBERS`` and a map in ``weights._MAPS``.
 
 from __future__ import annotations
 
-from podium.teacher.hf.description import ModelDescription, describe_hf_config
-from podium.teacher.hf.safetensors_io import SafetensorsCheckpoint
-from podium.teacher.hf.weights import RankLayout, load_hf_weights
+from podium.teacher.model.hf.description import ModelDescription, describe_hf_config
+from podium.teacher.model.hf.safetensors_io import SafetensorsCheckpoint
+from podium.teacher.model.hf.weights import RankLayout, load_hf_weights
 
 __all__ = ["ModelDescription", "RankLayout", "SafetensorsCheckpoint", "describe_hf_config", "load_hf_weights"]

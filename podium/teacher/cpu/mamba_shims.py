@@ -2,7 +2,7 @@
 CUDA, ``mamba-ssm``'s Triton kernels, Triton itself or TransformerEngine.
 
 This module owns those patches and the PyTorch kernels they put in place (the SSD scan and the gated
-group RMSNorm), as :mod:`podium.teacher.cuda_shims` owns the ones every model needs.
+group RMSNorm), as :mod:`podium.teacher.cpu.cuda_shims` owns the ones every model needs.
 ``hybrid_model.build_hybrid_model`` applies them before it imports megatron's Mamba modules; each
 applies only when what it stands in for is missing. Each is named; ``tests/teacher/
 test_mamba_shims.py`` builds and runs a tiny hybrid model with all shims but one and expects it to
@@ -213,7 +213,7 @@ def _shim_gated_rmsnorm() -> None:
 def _shim_hybrid_final_norm() -> None:
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from podium.teacher.megatron_compat import hybrid_block_module
+    from podium.teacher.model.megatron_compat import hybrid_block_module
 
     hybrid_block_module().TENorm = WrappedTorchNorm
 

@@ -11,13 +11,13 @@ gives the group fewer, fuller calls instead:
   temperature, outputs, candidate count; not the row cap ``micro_batch_size``, which cannot change
   an answer), and the call holds the queued requests with those options, up to
   ``call_tokens`` tokens (each row counted at its bucket length,
-  :func:`podium.teacher.microbatch.bucket_length`), taken **round-robin across callers** (each
+  :func:`podium.teacher.compute.microbatch.bucket_length`), taken **round-robin across callers** (each
   caller's share of a call is the room left over the callers that still have rows, at least one
   row), so one caller's huge request is split across calls and never holds the others back;
 - an idle group waits up to ``max_delay_s`` for company (a request that arrives while the group
   computes waits for the call anyway); a full call starts at once;
 - each row's answer goes back to its own request, in its own order; a request is answered when its
-  last row is, identical to its answer alone (see ``podium.teacher.microbatch``);
+  last row is, identical to its answer alone (see ``podium.teacher.compute.microbatch``);
 - a request cancelled before its first row was sent leaves the queue; one cancelled mid-way sends
   no more rows. The queue's bound (503 + Retry-After beyond it) is the endpoint's ``max_queue``;
 - a call that fails while the group is not ``broken`` is computed again one request at a time, so
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from podium.protocol.batch import Batch, Options
-from podium.teacher.microbatch import bucket_length
+from podium.teacher.compute.microbatch import bucket_length
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 local one on CPU, megatron's TE one on CUDA: chosen in one place) and its construction.
 
 This module owns the inference-only hybrid model of one rank (its ``TransformerConfig``, Mamba and
-MoE fields included, comes from ``megatron_config``); :mod:`podium.teacher.megatron_model` owns the
+MoE fields included, comes from ``megatron_config``); :mod:`podium.teacher.model.megatron_model` owns the
 transformer (``GPTModel``) families.
 
 - The stack spec is podium's own, on megatron's local (non-TE) modules: megatron-core ships only a
@@ -12,7 +12,7 @@ transformer (``GPTModel``) families.
   ``MLPLayer`` (squared-ReLU MLP), ``E`` an ``MoETransformerLayer`` (``SequentialMLP`` experts, a
   shared expert, latent projections when the checkpoint has them).
 - Which spec, in one place (:func:`choose_hybrid_spec`): on CPU the local spec above with the shims of
-  :mod:`podium.teacher.mamba_shims` (each applied when what it replaces is missing); on CUDA the
+  :mod:`podium.teacher.cpu.mamba_shims` (each applied when what it replaces is missing); on CUDA the
   Mamba kernels (``mamba-ssm``, ``causal-conv1d``: :data:`~podium.config.architecture.MAMBA_KERNELS`)
   must import, or the build stops with :class:`MambaKernelsMissing` naming them and the ``pip``
   command; with TransformerEngine as well, megatron's own TE spec (:func:`te_hybrid_stack_spec`),
@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from podium.config.architecture import MAMBA_KERNELS, MAMBA_KERNELS_INSTALL
-from podium.teacher.hf import ModelDescription
-from podium.teacher.mamba_shims import apply_mamba_shims
-from podium.teacher.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
-from podium.teacher.megatron_model import _sdpa_core_attention_cls
+from podium.teacher.cpu.mamba_shims import apply_mamba_shims
+from podium.teacher.model.hf import ModelDescription
+from podium.teacher.model.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
+from podium.teacher.model.megatron_model import _sdpa_core_attention_cls
 
 if TYPE_CHECKING:  # pragma: no cover
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -89,7 +89,7 @@ def hybrid_spec_here() -> str:
     """:func:`choose_hybrid_spec` for this process (CUDA, TransformerEngine and the kernels as found)."""
     import torch
 
-    from podium.teacher.megatron_config import te_available
+    from podium.teacher.model.megatron_config import te_available
 
     cuda = bool(torch.cuda.is_available())
     where = f"this Python ({sys.executable}, torch {torch.__version__}, CUDA {torch.version.cuda})"

@@ -63,10 +63,10 @@ def _convert_rank(
     """One spawned rank: parallel state, model stage from HF slices, collective save."""
     import torch
 
-    from podium.teacher.checkpoint_loader import build_and_load
-    from podium.teacher.cuda_shims import apply_cuda_shims
-    from podium.teacher.torch_dist import save_torch_dist
-    from podium.teacher.worker import destroy_parallel, init_parallel
+    from podium.teacher.compute.worker import destroy_parallel, init_parallel
+    from podium.teacher.cpu.cuda_shims import apply_cuda_shims
+    from podium.teacher.model.checkpoint_loader import build_and_load
+    from podium.teacher.model.torch_dist import save_torch_dist
 
     apply_cuda_shims()
     if torch.cuda.is_available():
@@ -105,7 +105,7 @@ def convert_hf_to_torch_dist(
     import torch.multiprocessing as mp
 
     from podium.config.precision import from_hf_config, normalise_precision
-    from podium.teacher.checkpoint_loader import describe_checkpoint, resolve_checkpoint
+    from podium.teacher.model.checkpoint_loader import describe_checkpoint, resolve_checkpoint
 
     resolved = resolve_checkpoint(src)
     if resolved.kind != "hf":
@@ -117,7 +117,7 @@ def convert_hf_to_torch_dist(
         raise ValueError(f"convert: --precision {exc}") from None
     if min(int(tp), int(pp), int(ep), int(etp)) < 1:
         raise ValueError(f"convert: tp ({tp}), pp ({pp}), ep ({ep}) and etp ({etp}) must be ≥ 1")
-    from podium.teacher.megatron_config import check_model_layout
+    from podium.teacher.model.megatron_config import check_model_layout
 
     parallel = {
         "tensor_model_parallel_size": int(tp),

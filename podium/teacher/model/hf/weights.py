@@ -39,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from podium.teacher.hf.description import MOE_NAMES, ModelDescription
-from podium.teacher.hf.nemotron_h import nemotron_h_sources
-from podium.teacher.hf.safetensors_io import SafetensorsCheckpoint
+from podium.teacher.model.hf.description import MOE_NAMES, ModelDescription
+from podium.teacher.model.hf.nemotron_h import nemotron_h_sources
+from podium.teacher.model.hf.safetensors_io import SafetensorsCheckpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

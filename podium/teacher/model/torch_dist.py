@@ -10,7 +10,7 @@ This module owns podium's use of ``megatron.core.dist_checkpointing``:
   ``dist_checkpointing`` reads them from whatever layout the checkpoint was saved at (resharding
   between TP/PP layouts);
 - :func:`save_torch_dist`: write the model's sharded state dict (callers write into a temp dir and
-  rename, see ``podium.teacher.convert``). Saving starts a spawn-context multiprocessing manager
+  rename, see ``podium.teacher.model.convert``). Saving starts a spawn-context multiprocessing manager
   that re-imports ``__main__``: entry points that save need an ``if __name__ == "__main__":`` guard.
 
 The architecture of a ``torch_dist`` checkpoint comes from an HF ``config.json`` stored with it

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from podium.teacher.hf import ModelDescription
-from podium.teacher.megatron_config import te_available
-from podium.teacher.megatron_patches import install_fast_rotary, install_lean_swiglu
+from podium.teacher.model.hf import ModelDescription
+from podium.teacher.model.megatron_config import te_available
+from podium.teacher.model.megatron_patches import install_fast_rotary, install_lean_swiglu
 
 if TYPE_CHECKING:  # pragma: no cover
     from megatron.core.transformer.transformer_config import TransformerConfig

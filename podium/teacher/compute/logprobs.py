@@ -19,7 +19,7 @@ This module owns the numerics of ``get_logprobs`` inside one worker:
   works with gloo and NCCL. Sends are asynchronous, so stage ``p`` starts micro-batch ``m+1`` while
   stage ``p+1`` works on ``m``.
 - CP load-balanced sequence split, and shifting into NeMo RL's alignment (micro-batch planning is
-  ``podium.teacher.microbatch``).
+  ``podium.teacher.compute.microbatch``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from podium.protocol.names import INT32_VOCAB
-from podium.teacher.microbatch import GEMM_ROWS, round_up
+from podium.teacher.compute.microbatch import GEMM_ROWS, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -221,7 +221,7 @@ class LogprobHead:
         n = rows.shape[0]
         # Row counts of the logits GEMM stay multiples of GEMM_ROWS (zero rows, dropped below): a
         # position's logits then never depend on how many positions share its micro-batch (see
-        # podium.teacher.microbatch), and its answer is the same batched or alone.
+        # podium.teacher.compute.microbatch), and its answer is the same batched or alone.
         extra = -n % GEMM_ROWS
         if extra:
             rows = torch.cat([rows, rows.new_zeros((extra, hidden_size))])

@@ -2,7 +2,7 @@
 
 This module owns every patch podium needs for megatron-core to run at all without CUDA, so that an
 upgrade has one place to look (the exact speed-ups of the local layer spec are
-:mod:`podium.teacher.megatron_patches`). They are applied only when CUDA is absent
+:mod:`podium.teacher.model.megatron_patches`). They are applied only when CUDA is absent
 (``torch.cuda.is_available()`` is False; ``te_general_gemm``: when TransformerEngine is), by the
 worker process before it builds a model, and by ``convert`` before it saves a checkpoint.
 
@@ -25,7 +25,7 @@ new one, fails that test instead of hiding):
     The MoE router's forward tests ``te_general_gemm is not None``, a name ``moe_utils`` defines
     only when TransformerEngine imports: ``NameError`` without TE, *also on a GPU*. The shim defines
     it as ``None`` (the router then uses torch). Applied wherever TE is absent, before megatron-core
-    0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.megatron_compat`).
+    0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.model.megatron_compat`).
 ``moe_dtoh_stream``
     Building the ``alltoall`` token dispatcher creates a class-wide ``torch.cuda.Stream()`` for its
     device-to-host copies. The shim sets a placeholder, so none is created.
@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from podium.teacher.megatron_compat import shims_not_needed
+from podium.teacher.model.megatron_compat import shims_not_needed
 
 logger = logging.getLogger(__name__)
 
