@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_common import ALLOCATOR_ENV, add_common_args, emit  # noqa: E402
 from bench_common import reexec_with_allocator as _reexec  # noqa: E402
 
+from podium.teacher.seam import GroupFacts  # noqa: E402
+
 PORTS = (23000, 23999)
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "shapes": "2x32,4x32"}
 
@@ -138,15 +140,15 @@ def _arrays(data: Any) -> tuple[Any, Any, int]:
 class InstantGroup:
     """Answers at once (zeros): isolates the transport."""
 
+    broken = None
+    last_batch = None
+
     def __init__(self, vocab_size: int, delay_s: float = 0.0) -> None:
-        self.vocab_size = vocab_size
-        self.max_sequence_length = None
-        self.sequence_length_multiple = 1
-        self.checkpoint_path = None
+        self.facts = GroupFacts(vocab_size=vocab_size)
         self.delay_s = delay_s
         self._zeros: dict[tuple[int, ...], Any] = {}
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
+    def compute(self, data: Any, query: Any) -> dict:
         import torch
 
         if self.delay_s:
@@ -170,10 +172,10 @@ class HFInProcessGroup:
 
         torch.set_num_threads(threads)
         cfg = AutoConfig.from_pretrained(path)
-        self.vocab_size = cfg.vocab_size
-        self.max_sequence_length = cfg.max_position_embeddings
-        self.sequence_length_multiple = 1
-        self.checkpoint_path = str(path)
+        self.facts = GroupFacts(vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings,
+                                checkpoint_path=str(path))
+        self.broken = None
+        self.last_batch = None
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
 
     def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
@@ -190,6 +192,9 @@ class HFInProcessGroup:
                 out[start:start + mb, 1:ids.shape[1]] = logp
         out *= torch.arange(width)[None, :] < lengths[:, None]
         return {"logprobs": out}
+
+    def compute(self, data: Any, query: Any) -> dict:
+        return self.get_logprobs(data, query.micro_batch_size)
 
     def shutdown(self) -> bool:
         return True

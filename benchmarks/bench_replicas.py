@@ -70,7 +70,8 @@ from harness.run import TeacherDef, make_run  # noqa: E402
 import podium  # noqa: E402
 from podium.rendezvous import Generation  # noqa: E402
 from podium.teacher.compute.microbatch import bucket_length  # noqa: E402
-from podium.teacher.endpoint.batching import CALL_MICROBATCHES  # noqa: E402
+from podium.teacher.endpoint.batching import BATCH_MICROBATCHES  # noqa: E402
+from podium.teacher.seam import GroupFacts  # noqa: E402
 
 logger = logging.getLogger("bench_replicas")
 
@@ -100,21 +101,21 @@ class SleepingGroup:
     """The worker-group interface with a fixed cost per call and per computed token (see the module
     doc); answers ``fake_logprobs``. The endpoint runs one call at a time (its executor)."""
 
+    broken = None
+    last_batch = None
+
     def __init__(self, call_s: float, token_s: float, max_tokens_per_microbatch: int) -> None:
-        self.vocab_size = VOCAB
-        self.max_sequence_length = 4096
-        self.sequence_length_multiple = 1
-        self.max_tokens_per_microbatch = max_tokens_per_microbatch  # the endpoint's calls: CALL_MICROBATCHES of these
-        self.checkpoint_path = None
+        # the endpoint's batches: BATCH_MICROBATCHES of this budget
+        self.facts = GroupFacts(vocab_size=VOCAB, max_sequence_length=4096,
+                                max_tokens_per_microbatch=max_tokens_per_microbatch)
         self.call_s = call_s
         self.token_s = token_s
         self.spans: list[Span] = []
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
-                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
+    def compute(self, data: Any, query: Any) -> dict[str, Any]:
         start = time.monotonic()
         lengths = data.input_lengths.tolist()
-        computed = sum(bucket_length(n, self.sequence_length_multiple) for n in lengths)
+        computed = sum(bucket_length(n, self.facts.sequence_length_multiple) for n in lengths)
         answer = data.pad(fake_logprobs(data.input_ids, data.input_lengths))
         time.sleep(max(0.0, start + self.call_s + self.token_s * computed - time.monotonic()))
         self.spans.append(Span(start, time.monotonic(), int(sum(lengths)), computed))
@@ -419,7 +420,7 @@ def main() -> None:
     counts = [int(x) for x in args.replicas.split(",")]
     result: dict[str, Any] = {
         "stand_in": {"call_ms": args.call_ms, "token_ms": args.token_ms, "microbatch_tokens": args.microbatch_tokens,
-                     "call_tokens": CALL_MICROBATCHES * args.microbatch_tokens,
+                     "batch_tokens": BATCH_MICROBATCHES * args.microbatch_tokens,
                      "cost": "call_ms + token_ms x computed tokens (rows x bucket length), slept"},
         "workload": {"rows_per_request": "2-8", "lengths": f"8 * (1 + Pareto(1.1)), clipped to 8..{args.max_len}",
                      "callers_per_replica": args.callers_per_replica, "window_s": args.seconds,

@@ -152,7 +152,7 @@ def main() -> None:
     servers = {}
     result: dict[str, Any] = {
         "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "dtype": "fp32",
-                  "max_tokens_per_microbatch": group.max_tokens_per_microbatch},
+                  "max_tokens_per_microbatch": group.facts.max_tokens_per_microbatch},
         "workload": {"rows_per_request": "2-8", "lengths": f"8 * (1 + Pareto(1.1)), clipped to 8..{args.max_len}",
                      "requests_per_caller": args.requests},
         "machine": {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()},

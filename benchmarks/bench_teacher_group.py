@@ -89,10 +89,10 @@ def _memory_row(group: Any, label: str) -> list[dict[str, Any]]:
     for info, mem in zip(group.worker_info, group.memory(), strict=True):
         rows.append({
             "layout": label,
-            "rank": info["rank"],
-            "parameters_mb": round(info["parameters_bytes"] / MB, 1),
-            "checkpoint_read_mb": round(info["load_stats"]["bytes_read"] / MB, 1),
-            "checkpoint_load_s": round(info["load_seconds"], 3),
+            "rank": info.rank,
+            "parameters_mb": round(info.parameters_bytes / MB, 1),
+            "checkpoint_read_mb": round(info.load_stats["bytes_read"] / MB, 1),
+            "checkpoint_load_s": round(info.load_seconds, 3),
             "rss_mb": round(mem["rss_bytes"] / MB, 1),
             "peak_rss_mb": round(mem["peak_rss_bytes"] / MB, 1),
         })

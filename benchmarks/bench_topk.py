@@ -58,6 +58,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_common import add_common_args, emit  # noqa: E402
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
+from podium.protocol.query import Query, ask  # noqa: E402
+from podium.teacher.seam import GroupFacts  # noqa: E402
+
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64",
          "callers": "1,2", "request_shape": "4x256"}
 DATATYPES = (("FP32", "INT64"), ("FP32", "INT32"), ("BF16", "INT32"))
@@ -241,26 +244,27 @@ class RawSender:
 
 class InstantTopkGroup:
     """Answers the top-k outputs at once (zeros, cached per shape): isolates the transport. Its ids
-    are in the dtype the real worker's head answers them in (:func:`podium.teacher.compute.logprobs.index_dtype`)."""
+    are in the dtype the real worker's head answers them in (:func:`podium.teacher.compute.head.index_dtype`)."""
+
+    broken = None
+    last_batch = None
+    max_tokens_per_microbatch: int | None = None
 
     def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        self.max_sequence_length = None
-        self.sequence_length_multiple = 1
+        self.facts = GroupFacts(vocab_size=vocab_size, max_tokens_per_microbatch=self.max_tokens_per_microbatch)
         self._cache: dict[tuple, dict[str, Any]] = {}
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
-                     temperature: float | None = None, outputs: Any = None, **_: Any) -> dict[str, Any]:
+    def compute(self, data: Any, query: Query) -> dict[str, Any]:
         import torch
 
-        from podium.teacher.compute.logprobs import index_dtype
+        from podium.teacher.compute.head import index_dtype
 
-        shape = (data.rows, data.width, int(top_k or 1))
+        shape = (data.rows, data.width, int(query.top_k or 1))
         if shape not in self._cache:
             self._cache[shape] = {"topk_logits": torch.zeros(shape),
-                                  "topk_logit_indices": torch.zeros(shape, dtype=index_dtype(self.vocab_size)),
+                                  "topk_logit_indices": torch.zeros(shape, dtype=index_dtype(self.facts.vocab_size)),
                                   "logprobs": torch.zeros(shape[:2])}
-        return {name: value for name, value in self._cache[shape].items() if outputs is None or name in outputs}
+        return {name: value for name, value in self._cache[shape].items() if query.wants(name)}
 
     def shutdown(self) -> bool:
         return True
@@ -269,18 +273,17 @@ class InstantTopkGroup:
 class GpuSpeedTopkGroup(InstantTopkGroup):
     """Computes at a GPU's speed: each call takes its tokens / ``tokens_per_s`` (the host is idle
     meanwhile, as it is while a GPU computes), then answers as :class:`InstantTopkGroup`. Its
-    micro-batch budget makes the endpoint's calls ``CALL_MICROBATCHES`` micro-batches each."""
+    micro-batch budget makes the endpoint's batches ``BATCH_MICROBATCHES`` micro-batches each."""
 
     max_tokens_per_microbatch = 16384
-    data_parallel_size = 1
 
     def __init__(self, vocab_size: int, tokens_per_s: float) -> None:
         super().__init__(vocab_size)
         self.tokens_per_s = tokens_per_s
 
-    def get_logprobs(self, data: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def compute(self, data: Any, query: Query) -> dict[str, Any]:
         time.sleep(data.rows * data.width / self.tokens_per_s)
-        return super().get_logprobs(data, *args, **kwargs)
+        return super().compute(data, query)
 
 
 def overlap_rows(client: Any, group: GpuSpeedTopkGroup, shapes: list[tuple[int, int]],
@@ -298,7 +301,7 @@ def overlap_rows(client: Any, group: GpuSpeedTopkGroup, shapes: list[tuple[int, 
         client.run(**cmd)  # warm
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            group.get_logprobs(shape, top_k=args.k, outputs=("topk_logits", "topk_logit_indices"))
+            group.compute(shape, ask(top_k=args.k, outputs=("topk_logits", "topk_logit_indices")))
             local.append(time.perf_counter() - t0)
             remote["pipelined"] += client.run(**cmd)
             remote["one_request"] += client.run(**cmd, pipeline_mb=None)
@@ -313,10 +316,9 @@ def overlap_rows(client: Any, group: GpuSpeedTopkGroup, shapes: list[tuple[int, 
 
 class WholeCallGroup(InstantTopkGroup):
     """:class:`InstantTopkGroup` whose token budget takes a large request in one call (the
-    request-side row measures the wire, not the scheduler's per-call costs)."""
+    request-side row measures the wire, not the batcher's per-batch costs)."""
 
     max_tokens_per_microbatch = 1 << 22
-    data_parallel_size = 1
 
 
 def request_rows(client: Any, raw: RawSender, shape: tuple[int, int], args: argparse.Namespace) -> dict[str, Any]:

@@ -169,7 +169,7 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
             t0 = time.perf_counter()
             group.get_logprobs(batch)
             timings.append(time.perf_counter() - t0)
-        device = group.worker_info[0].get("device")
+        device = group.worker_info[0].device
     finally:
         group.shutdown()
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()

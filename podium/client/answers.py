@@ -1,8 +1,6 @@
-"""What a call asks and gets back: its parameters, its answer as the caller gets it, and a large
-call as row chunks in flight at once.
+"""What a call gets back: its answer as the caller gets it, and a large call as row chunks in
+flight at once (what it asks is a :class:`~podium.protocol.query.Query`).
 
-:func:`request_parameters` are the request's OIP parameters (ids asked INT32 unless the caller
-names ``indices_datatype``: the teacher answers INT64 for a vocabulary too large).
 :func:`caller_arrays` decodes an OIP answer into the caller's dtypes (values float32, BF16
 decoded; ids int64 whatever they travelled as). :func:`row_chunks` and :func:`pipelined` overlap
 the wire with the teacher's compute: a call whose answer is at least ``ClientOptions.pipeline_mb``
@@ -27,39 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from podium.protocol import oip
-from podium.protocol.batch import Options
 from podium.protocol.names import (
-    CANDIDATE_LOGPROBS,
     INDEX_OUTPUTS,
-    INDICES_DATATYPE,
-    LOGPROBS,
-    MICRO_BATCH_SIZE,
-    TEMPERATURE,
-    TOP_K,
-    TOPK_LOGPROBS,
     VALUE_OUTPUTS,
-    VALUES_DATATYPE,
 )
 
 MAX_CHUNKS = 4  # requests in flight for one call: the last one's transfer is what is not overlapped
 WORTH = 3.0  # pipelined while answers wait this many times longer than their bodies take to arrive
 CHUNK_THREADS = 16  # a teacher client's threads that send pipelined calls' chunks (each keeps its connections)
-
-
-def request_parameters(opts: Options, *, values_named: bool, indices_named: bool) -> dict[str, object]:
-    """The OIP parameters of a request with ``opts`` (the datatypes only where the caller named them,
-    but ids INT32 when it did not)."""
-    params: dict[str, object] = {}
-    if opts.top_k:
-        params[TOP_K] = opts.top_k
-    if opts.micro_batch_size:
-        params[MICRO_BATCH_SIZE] = opts.micro_batch_size
-    if opts.temperature is not None:
-        params[TEMPERATURE] = opts.temperature
-    if values_named:
-        params[VALUES_DATATYPE] = opts.values_datatype
-    params[INDICES_DATATYPE] = opts.indices_datatype if indices_named else "INT32"
-    return params
 
 
 def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True,
@@ -78,24 +51,6 @@ def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: boo
         else:
             result[name] = decoded.outputs[name]
     return result
-
-
-def answer_mb(rows: int, width: int, outputs: Sequence[str], *, top_k: int | None, candidates: int | None,
-              values_datatype: str, indices_datatype: str) -> float:
-    """The size of the binary answer, in MB (10^6 bytes), from the request alone."""
-    per_position = 0
-    for name in outputs:
-        if name == LOGPROBS:
-            per_position += 4
-        elif name == CANDIDATE_LOGPROBS:
-            per_position += (candidates or 1) * (2 if values_datatype == "BF16" else 4)
-        elif name == TOPK_LOGPROBS:
-            per_position += (top_k or 1) * 4
-        elif name in VALUE_OUTPUTS:
-            per_position += (top_k or 1) * (2 if values_datatype == "BF16" else 4)
-        elif name in INDEX_OUTPUTS:
-            per_position += (top_k or 1) * (4 if indices_datatype == "INT32" else 8)
-    return rows * width * per_position / 1e6
 
 
 def row_chunks(rows: int, answer: float, pipeline_mb: float | None) -> list[tuple[int, int]]:

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from podium.client.answers import Pipeline, answer_mb, caller_arrays, request_parameters
+from podium.client.answers import Pipeline, caller_arrays
 from podium.client.errors import (
     TeacherRequestError,
     TeacherRequestFailedError,
@@ -65,7 +65,7 @@ from podium.client.receive import EagerConversion
 from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
 from podium.client.transport import BodyWatch, HTTPResponse
 from podium.protocol import oip
-from podium.protocol.batch import BatchError, Options, as_int_array, batch_inputs, validate_options
+from podium.protocol.batch import BatchError, as_int_array, batch_inputs
 from podium.protocol.names import (
     CALLER_HEADER,
     CANDIDATE_IDS,
@@ -75,19 +75,16 @@ from podium.protocol.names import (
     ERROR_QUEUE_FULL,
     ERROR_REQUEST_FAILED,
     GENERATION_HEADER,
-    INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
-    LOGPROBS,
     REQUEST_ID_HEADER,
     RETRY_AFTER,
-    TOPK_INDICES,
     TOPK_LOGIT_INDICES,
     TOPK_LOGITS,
-    TOPK_LOGPROBS,
     infer_path,
     model_path,
 )
+from podium.protocol.query import Query, ask
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import EndpointRecord, Status, read_record
 
@@ -382,44 +379,47 @@ class TeacherClient:
         request_id: str | None = None,
         timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
-        """One infer request on numpy arrays: the ``outputs`` named in :mod:`podium.protocol.names`
-        (default: ``logprobs``, + top-k logprobs/indices with ``top_k``), as numpy arrays (values
-        float32, BF16 decoded; indices int64, whatever they travelled as: INT32 unless
-        ``indices_datatype`` says otherwise). The options are checked here, by the rule the teacher
-        applies, so a bad one is a :class:`~podium.protocol.batch.BatchError` before anything is sent."""
-        if outputs is None:
-            outputs = [LOGPROBS] + ([TOPK_LOGPROBS, TOPK_INDICES] if top_k else [])
-        outputs = list(outputs)
-        # BatchError before sending; the vocabulary bound of top_k is the teacher's to check
-        opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
-                                values_datatype=values_datatype, indices_datatype=indices_datatype,
-                                vocab_size=2**62)
-        params = request_parameters(opts, values_named=values_datatype is not None,
-                                    indices_named=indices_datatype is not None)
+        """One call on numpy arrays: the ``outputs`` named in :mod:`podium.protocol.names` (default:
+        ``logprobs``, + top-k logprobs/indices with ``top_k``, + ``candidate_logprobs`` with
+        ``candidate_ids``), as numpy arrays (values float32, BF16 decoded; indices int64, whatever
+        they travelled as: INT32 unless ``indices_datatype`` says otherwise). The options are
+        checked here, by the rule the teacher applies (:func:`podium.protocol.query.ask`), so a bad
+        one is a :class:`~podium.protocol.batch.BatchError` before anything is sent (the vocabulary
+        bound of ``top_k`` is the teacher's to check)."""
+        query = ask(outputs=outputs, top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
+                    values_datatype=values_datatype, indices_datatype=indices_datatype or "INT32",
+                    candidates=candidate_ids is not None)
+        return self.infer(ids, lengths, query, candidate_ids=candidate_ids, request_id=request_id, timeout_s=timeout_s)
+
+    def infer(self, ids: np.ndarray, lengths: np.ndarray, query: Query, *, candidate_ids: np.ndarray | None = None,
+              request_id: str | None = None, timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """One call of a checked :class:`~podium.protocol.query.Query` on numpy arrays (the typed form
+        every ``get_*`` method above is an adapter over): one infer request, or a few of
+        consecutive rows at once for a large answer (:class:`~podium.client.answers.Pipeline`)."""
         request_id = request_id or uuid.uuid4().hex
         rows = int(ids.shape[0])
-        size = answer_mb(rows, int(ids.shape[-1]), outputs, top_k=opts.top_k, values_datatype=opts.values_datatype,
-                         candidates=None if candidate_ids is None else int(candidate_ids.shape[-1]),
-                         indices_datatype=str(params[INDICES_DATATYPE]))
+        candidates = None if candidate_ids is None else int(candidate_ids.shape[-1])
+        size = query.answer_bytes(rows, int(ids.shape[-1]), candidates) / 1e6
 
         def whole() -> dict[str, np.ndarray]:
-            return self._request(ids, lengths, candidate_ids, outputs, opts, params, request_id, timeout_s)
+            return self._request(ids, lengths, candidate_ids, query, request_id, timeout_s)
 
         def chunk(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
             cands = None if candidate_ids is None else candidate_ids[start:end]
-            return self._request(ids[start:end], lengths[start:end], cands, outputs, opts, params,
-                                 f"{request_id}.{index}", left, widen=False, observed=index == 0)
+            return self._request(ids[start:end], lengths[start:end], cands, query, f"{request_id}.{index}", left,
+                                 widen=False, observed=index == 0)
 
         return self._pipeline.call(rows, size, whole, chunk,
                                    timeout_s if timeout_s is not None else self.options.call_timeout_s)
 
-    def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, outputs: list[str],
-                 opts: Options, params: dict[str, object], request_id: str, timeout_s: float | None,
-                 widen: bool = True, observed: bool = True) -> dict[str, np.ndarray]:
-        """One infer request; the ``outputs`` of its answer in the caller's dtypes (ids as they
-        travelled unless ``widen``: a pipelined call widens them as it puts them in place); its
+    def _request(self, ids: np.ndarray, lengths: np.ndarray, candidate_ids: np.ndarray | None, query: Query,
+                 request_id: str, timeout_s: float | None, widen: bool = True,
+                 observed: bool = True) -> dict[str, np.ndarray]:
+        """One infer request; the ``query``'s outputs of its answer in the caller's dtypes (ids as
+        they travelled unless ``widen``: a pipelined call widens them as it puts them in place); its
         timing told to the pipeline when ``observed`` (a later chunk waits behind the others)."""
-        binary = self.options.binary or opts.values_datatype in oip.BINARY_ONLY
+        outputs = list(query.outputs)
+        binary = self.options.binary or query.values_datatype in oip.BINARY_ONLY
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
         if candidate_ids is not None:
             inputs.append((CANDIDATE_IDS, candidate_ids))
@@ -428,7 +428,7 @@ class TeacherClient:
             outputs=outputs,
             binary_inputs=self.options.binary,
             binary_outputs=binary,
-            parameters=params,
+            parameters=query.parameters(),
         )
         headers = {REQUEST_ID_HEADER: request_id, CALLER_HEADER: _caller(),
                    "Content-Type": oip.BINARY_CONTENT_TYPE if header_len is not None else oip.JSON_CONTENT_TYPE}

@@ -38,6 +38,7 @@ from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, Resta
 
 if TYPE_CHECKING:  # pragma: no cover
     from podium.launcher.restarts import Decision, RestartLedger
+    from podium.teacher.seam import ServedGroup
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +130,15 @@ class TeacherLifecycle:
             text = reason if not decision.requeue or "requeu" in reason else f"{reason}; requeueing"
             self.publish(Status.STOPPED, reason=text, best_effort=True, **fields)
 
-    def serve(self, group: Any, *, host: str, token: str, on_ready: Callable[[str], None] | None = None) -> None:
+    def serve(self, group: ServedGroup, *, host: str, token: str,
+              on_ready: Callable[[str], None] | None = None) -> None:
         """Serve ``group`` until a stop: endpoint up, ``ready``, heartbeat; then ``draining`` and the
         drain the stop allows (none for a fault or a cancel). :meth:`end` says how it ended."""
         from podium.protocol.tokenizer import fingerprint_from_pretrained
         from podium.teacher.endpoint import EndpointConfig, ServerThread
 
         server_cfg = self.spec.launcher.server
-        fingerprint, tokenizer_size = _fingerprint(fingerprint_from_pretrained, getattr(group, "checkpoint_path", None))
+        fingerprint, tokenizer_size = _fingerprint(fingerprint_from_pretrained, group.facts.checkpoint_path)
         config = EndpointConfig(served_name=self.spec.name, token=token, server=server_cfg, teacher_key=self.spec.key,
                                 aliases=self.spec.aliases, generation=self.generation, host=host,
                                 model_name=self.spec.model_name, tokenizer_fingerprint=fingerprint,

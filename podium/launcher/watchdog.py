@@ -30,10 +30,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.node_files import NodeState, try_read_node_state
+from podium.teacher.seam import ServedGroup
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Watchdog:
     """Checks the job's nodes and group every ``interval_s`` until stopped or a fault is found."""
 
     def __init__(self, *, files: TeacherFiles, job_id: str, restart: int, nodes: list[WatchedNode],
-                 group: Any, head_alive: Callable[[], str | None],
+                 group: ServedGroup, head_alive: Callable[[], str | None],
                  on_fault: Callable[[str, str | None], None], interval_s: float = WATCH_INTERVAL_S) -> None:
         self.files, self.job_id, self.restart = files, job_id, restart
         self.nodes = nodes
@@ -112,7 +112,7 @@ class Watchdog:
             if state is not None and state.done:
                 detail = state.error or state.stop or "no error recorded"
                 return f"{node.describe()} task {state.state.value} while serving: {detail}", node.host
-        broken = getattr(self.group, "broken", None)
+        broken = self.group.broken
         if broken:
             # The endpoint already answers 503 (the group says it is broken): waiting a few
             # seconds for the cause costs no request.

@@ -1,4 +1,5 @@
-"""The one validation of a ``get_logprobs`` batch and its options.
+"""The one validation of a ``get_logprobs`` batch: the rows a call sends (what it asks of them is a
+:class:`~podium.protocol.query.Query`).
 
 The endpoint runs :func:`validate_batch` once per request, before anything reaches the group; the
 in-process group runs it for callers that hand it a plain mapping. A :class:`Batch` is the proof
@@ -17,33 +18,15 @@ Only numpy is imported; torch tensors and lists are accepted through :func:`as_i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from podium.protocol.names import (
-    CANDIDATE_IDS,
-    INDEX_DATATYPES,
-    INDICES_DATATYPE,
-    INPUT_IDS,
-    INPUT_LENGTHS,
-    MICRO_BATCH_SIZE,
-    TEMPERATURE,
-    TOP_K,
-    VALUE_DATATYPES,
-    VALUES_DATATYPE,
-)
-from podium.protocol.oip import brief
+from podium.protocol.names import CANDIDATE_IDS, INPUT_IDS, INPUT_LENGTHS
 
 MAX_CANDIDATES = 1024  # candidate ids per position a request may ask about
-# The temperatures a request may ask for: z / T stays finite and its softmax meaningful (a
-# subnormal T overflows the logits to inf and the logprobs to NaN; a huge one flattens them to
-# the uniform distribution). Sampling temperatures in practice are 0.1..10.
-MIN_TEMPERATURE = 1e-3
-MAX_TEMPERATURE = 1e3
 
 # Keys of a NeMo RL batch that cannot change a teacher's logit: accepted in a mapping and never
 # sent (NeMo RL's distillation loop hands the teacher its whole train batch). Only these: any
@@ -85,6 +68,11 @@ class Batch:
     @property
     def tokens(self) -> int:
         return int(self.input_lengths.sum())
+
+    @property
+    def candidates(self) -> int | None:
+        """C of ``candidate_ids [B, S, C]``, or None without them."""
+        return None if self.candidate_ids is None else int(self.candidate_ids.shape[-1])
 
     def pad(self, array: Any) -> Any:
         """An output computed on the cut ids (``[B, longest, ...]``) padded with zeros to the caller's
@@ -204,69 +192,3 @@ def _candidates(raw: Any, batch: int, seq: int, lengths: np.ndarray, vocab_size:
         raise BatchError(f"{CANDIDATE_IDS} outside the vocabulary: {CANDIDATE_IDS}[{b}, {t}, {c}] = "
                          f"{int(cut[b, t, c])} not in 0..{vocab_size - 1} ({int(bad.sum())} such id(s))")
     return np.where(used, cut, 0).astype(np.int64)
-
-
-def _int_option(value: Any, name: str, lo: int, hi: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise BatchError(f"parameter {name!r} must be an integer, got {brief(value)}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise BatchError(f"parameter {name!r} = {value} is out of range ({bound})")
-    return value
-
-
-@dataclass(frozen=True)
-class Options:
-    """How a batch is to be computed, checked (see :func:`validate_options`)."""
-
-    top_k: int | None = None  # None: no top-k output
-    micro_batch_size: int | None = None  # None: the teacher's
-    temperature: float | None = None  # None: the teacher's (its recipe's generation.temperature)
-    values_datatype: str = "FP32"  # of topk_logits / candidate_logprobs on the wire
-    indices_datatype: str = "INT64"  # of topk_logit_indices on the wire
-
-
-def validate_options(*, top_k: Any = None, micro_batch_size: Any = None, temperature: Any = None,
-                     values_datatype: Any = None, indices_datatype: Any = None,
-                     vocab_size: int, max_top_k: int | None = None) -> Options:
-    """The request's options checked: ``top_k`` in ``1..min(max_top_k, vocab)`` (larger or ``≤ 0``
-    is refused, never clamped), ``micro_batch_size ≥ 1``, ``temperature`` in
-    ``MIN_TEMPERATURE..MAX_TEMPERATURE``,
-    the wire datatypes among the supported ones; ``None`` means not asked for."""
-    limit = min(max_top_k, vocab_size) if max_top_k else vocab_size
-    if temperature is not None:
-        temperature = _temperature(temperature)
-    return Options(
-        top_k=_int_option(top_k, TOP_K, 1, limit),
-        micro_batch_size=_int_option(micro_batch_size, MICRO_BATCH_SIZE, 1, None),
-        temperature=temperature,
-        values_datatype=_choice(values_datatype, VALUES_DATATYPE, VALUE_DATATYPES),
-        indices_datatype=_choice(indices_datatype, INDICES_DATATYPE, INDEX_DATATYPES),
-    )
-
-
-def _temperature(value: Any) -> float:
-    """``value`` as a temperature in ``MIN_TEMPERATURE..MAX_TEMPERATURE`` (an integer too large
-    for a float is refused like any other value out of range)."""
-    number = None
-    if not isinstance(value, bool) and isinstance(value, (int, float, np.floating, np.integer)):
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-    if number is None or not MIN_TEMPERATURE <= number <= MAX_TEMPERATURE:
-        raise BatchError(f"parameter {TEMPERATURE!r} must be a finite number > 0, got {brief(value)}; accepted: "
-                         f"{MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} (podium.protocol.batch MIN_TEMPERATURE.."
-                         "MAX_TEMPERATURE)")
-    return number
-
-
-def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
-    if value is None:
-        return allowed[0]
-    if value not in allowed:
-        raise BatchError(f"parameter {name!r} must be one of {', '.join(allowed)}, got {brief(value)}")
-    return str(value)

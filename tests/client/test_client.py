@@ -47,8 +47,8 @@ class ShiftedGroup(FakeGroup):
         super().__init__(**kw)
         self.shift = shift
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
+    def compute(self, data: Any, query: Any) -> dict:
+        out = super().compute(data, query)
         lp = out["logprobs"]
         out["logprobs"] = torch.where(lp != 0, lp - self.shift, lp)
         return out
@@ -329,8 +329,8 @@ _wait = functools.partial(wait_for, timeout_s=30.0)
 class BreakingGroup(FakeGroup):
     """Fails the call whose ``input_ids[0, 0]`` is 13, after the hold (a worker dies under it)."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
+    def compute(self, data: Any, query: Any) -> dict:
+        out = super().compute(data, query)
         if int(data.input_ids[0, 0]) == 13:
             raise RuntimeError("worker 3 died")
         return out

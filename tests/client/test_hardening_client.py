@@ -211,8 +211,8 @@ def test_a_replica_whose_queue_is_full_is_skipped_for_another(tmp_path: Path, in
 class FailingGroup(FakeGroup):
     """Fails any call whose first token is 13 (the group itself survives: the request's own failure)."""
 
-    def get_logprobs(self, data: Any, *args: Any, **kw: Any) -> dict:
-        out = super().get_logprobs(data, *args, **kw)
+    def compute(self, data: Any, query: Any) -> dict:
+        out = super().compute(data, query)
         if int(data.input_ids[0, 0]) == 13:
             raise RuntimeError("CUDA out of memory (stand-in)")
         return out
@@ -245,11 +245,11 @@ class KilledGroup(FakeGroup):
         self.gate = gate
         self.killed = killed
 
-    def get_logprobs(self, data: Any, *args: Any, **kw: Any) -> dict:
+    def compute(self, data: Any, query: Any) -> dict:
         if int(data.input_ids[0, 0]) == 13:
             self.killed.set()
             self.gate()
-        return super().get_logprobs(data, *args, **kw)
+        return super().compute(data, query)
 
 
 @pytest.fixture

@@ -96,12 +96,11 @@ def test_a_trainer_without_the_extras_connects_and_gets_numpy_logprobs(tmp_path:
     blocked = {MODULE_OF.get(n, n.replace("-", "_")) for x in ("teacher", "launcher") for n in map(_name, extras[x])}
     assert {"torch", "megatron", "ray", "transformers", "submitit"} <= blocked
     layout, token = make_run(tmp_path, [MATH])
-    group = FakeGroup()
-    group.data_parallel_size = 3  # what the facade's sharding reports, read from the teacher's record
+    group = FakeGroup(data_parallel_size=3)  # what the facade's sharding reports, read from the teacher's record
     teacher = Teacher(group, layout, MATH, token).start()
     rng = np.random.default_rng(7)
     lengths = np.array([5, 1, 12, 8])
-    ids = rng.integers(0, group.vocab_size, (4, 12))
+    ids = rng.integers(0, group.facts.vocab_size, (4, 12))
     out = tmp_path / "out"
     out.mkdir()
     np.save(out / "batch.npy", ids)

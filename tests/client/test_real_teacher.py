@@ -160,7 +160,7 @@ def test_k_out_of_range_is_refused_and_the_teacher_keeps_serving(run: tuple[Path
 def test_every_bad_request_gets_its_4xx_then_a_good_one_succeeds(run: tuple[Path, Teacher], llama_group: Any,
                                                                  tiny_llama_checkpoint: Path) -> None:
     _, teacher = run
-    check_bad_requests_then_good(teacher.url, "llama", teacher.token, 256, int(llama_group.max_sequence_length),
+    check_bad_requests_then_good(teacher.url, "llama", teacher.token, 256, int(llama_group.facts.max_sequence_length),
                                  MAX_BODY, lambda ids, lens: oracle(tiny_llama_checkpoint, ids, lens))
 
 

@@ -42,7 +42,9 @@ from podium.protocol.names import (
     TOPK_LOGPROBS,
     infer_path,
 )
+from podium.protocol.query import Query
 from podium.teacher.endpoint.stream import STREAM_FROM
+from podium.teacher.seam import GroupFacts
 
 WIRE = TeacherDef("c3c3c3c3c3c3", "wire", ("wire",))
 VOCAB = 151_936  # a real vocabulary (Qwen's): ids past 65535
@@ -72,17 +74,14 @@ class WireGroup:
     ids of ``get_topk_logits`` in int32 (as podium's worker head answers them), those of
     ``get_logprobs``' top-k in int64 (as another group may), so the endpoint both narrows and widens."""
 
-    vocab_size = VOCAB
-    max_sequence_length = 8192
-    sequence_length_multiple = 1
-    checkpoint_path = None
+    facts = GroupFacts(vocab_size=VOCAB, max_sequence_length=8192)
+    broken = None
+    last_batch = None
 
-    def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
-                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
-        out = answer(data.input_ids, data.input_lengths, int(top_k or 1))
+    def compute(self, data: Batch, query: Query) -> dict[str, Any]:
+        out = answer(data.input_ids, data.input_lengths, int(query.top_k or 1))
         out[TOPK_LOGIT_INDICES] = out[TOPK_LOGIT_INDICES].astype(np.int32)
-        return {name: torch.from_numpy(data.pad(value)) for name, value in out.items()
-                if outputs is None or name in outputs}
+        return {name: torch.from_numpy(data.pad(value)) for name, value in out.items() if query.wants(name)}
 
     def shutdown(self) -> bool:
         return True

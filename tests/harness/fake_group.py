@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from podium.protocol.batch import Batch
+from podium.protocol.query import Query
+from podium.teacher.seam import BatchStats, GroupFacts
 
 
 def fake_logprobs(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -56,11 +58,12 @@ class FakeGroup:
     """Numpy stand-in for ``TeacherWorkerGroup`` (records the order of calls and what they got)."""
 
     def __init__(self, vocab_size: int = 128, max_sequence_length: int | None = 4096, delay_s: float = 0.0,
-                 sequence_length_multiple: int = 1) -> None:
-        self.vocab_size = vocab_size
-        self.max_sequence_length = max_sequence_length
-        self.sequence_length_multiple = sequence_length_multiple
-        self.checkpoint_path = None
+                 **facts: Any) -> None:
+        """``facts``: any other :class:`~podium.teacher.seam.GroupFacts` field (the DP size the
+        endpoint publishes, the checkpoint whose tokenizer the lifecycle fingerprints, ...)."""
+        self.facts = GroupFacts(vocab_size=vocab_size, max_sequence_length=max_sequence_length, **facts)
+        self.broken: str | None = None
+        self.last_batch: BatchStats | None = None
         self.delay_s = delay_s
         self.calls: list[Any] = []  # ids[0, 0] of each call, in the order the calls arrived
         self.received: list[dict[str, np.ndarray]] = []  # copies of each call's input_ids and input_lengths
@@ -85,11 +88,12 @@ class FakeGroup:
         rows of several requests)."""
         return [int(t) for got in self.received for t in got["input_ids"][:, 0]]
 
-    def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
-                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> dict[str, Any]:
+    def compute(self, data: Batch, query: Query) -> dict[str, Any]:
         """What the real group returns for a validated batch: ``[B, width]`` (zeros past the longest row);
         logprobs and the top-k logprobs only (the other outputs need a real model)."""
         assert isinstance(data, Batch), f"the endpoint hands the group a validated Batch, got {type(data).__name__}"
+        assert isinstance(query, Query), f"the endpoint hands the group a checked Query, got {type(query).__name__}"
+        top_k = query.top_k
         assert self._busy.acquire(blocking=False), "two calls at once reached the group"
         try:
             ids, lengths = data.input_ids, data.input_lengths
@@ -104,7 +108,7 @@ class FakeGroup:
             out = {"logprobs": self.answer(ids, lengths)}
             if top_k:
                 b, s = ids.shape
-                idx = (np.arange(top_k)[None, None, :] + ids[:, :, None]) % self.vocab_size
+                idx = (np.arange(top_k)[None, None, :] + ids[:, :, None]) % self.facts.vocab_size
                 out["topk_indices"] = idx.astype(np.int64)
                 out["topk_logprobs"] = -np.broadcast_to(np.arange(top_k, dtype=np.float32), (b, s, top_k)).copy()
             return {name: torch.from_numpy(data.pad(value)) for name, value in out.items()}

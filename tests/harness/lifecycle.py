@@ -125,7 +125,7 @@ class Teacher:
         """What the launcher would hand this generation's lifecycle."""
         d = self.definition
         server = {"port_range": self.port_range, "heartbeat_s": self.heartbeat_s, **self.server_settings}
-        model = getattr(self.group, "checkpoint_path", None) or d.model_name or d.name
+        model = self.group.facts.checkpoint_path or d.model_name or d.name
         return TeacherSpec(key=d.key, name=d.name, aliases=d.aliases, model_name=str(model), num_nodes=1,
                            gpus_per_node=1, replica=self.replica,
                            launcher=TeacherLauncherSettings.model_validate({"server": server}))

@@ -61,7 +61,7 @@ def shut_down_and_check(group: Any) -> None:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.info.remote(), timeout=60)
     with pytest.raises(RuntimeError, match="shut down"):
-        group.get_logprobs(random_batch(int(group.vocab_size), [2]))
+        group.get_logprobs(random_batch(group.facts.vocab_size, [2]))
 
 
 def ragged_batch(vocab_size: int, lengths: tuple[int, ...] = RAGGED_LENGTHS, seed: int = 0,
@@ -118,7 +118,7 @@ def assert_next_token_outputs_match(group: Any, checkpoint: Path | str, batch: d
     zeros from ``length - 1`` on; and ``logprobs`` at the same temperature."""
     ids, lengths = batch["input_ids"], batch["input_lengths"]
     gen = torch.Generator().manual_seed(seed)
-    cands = torch.randint(0, int(group.vocab_size), (*ids.shape, n_candidates), generator=gen)
+    cands = torch.randint(0, group.facts.vocab_size, (*ids.shape, n_candidates), generator=gen)
     out = group.get_logprobs(batch, top_k=k, temperature=temperature, outputs=NEXT_TOKEN_OUTPUTS, candidate_ids=cands)
     assert set(out) == set(NEXT_TOKEN_OUTPUTS)
     logits = hf_oracle_logits(checkpoint, ids, lengths, temperature)

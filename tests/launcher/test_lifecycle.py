@@ -42,8 +42,7 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     signals = Signals()
     lifecycle = TeacherLifecycle(spec, files, Generation(77, 2), signals)
     lifecycle.publish(Status.LOADING)
-    group = FakeGroup(vocab_size=64)
-    group.checkpoint_path = str(saved)  # the lifecycle finds the tokenizer next to the checkpoint
+    group = FakeGroup(vocab_size=64, checkpoint_path=str(saved))  # the lifecycle finds its tokenizer there
     urls: list[str] = []
     thread = threading.Thread(target=lifecycle.serve, args=(group,),
                               kwargs=dict(host="127.0.0.1", token=token, on_ready=urls.append))

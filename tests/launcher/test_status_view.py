@@ -15,7 +15,7 @@ def test_summary_reads_the_figures_of_a_registry():
     metrics.answered(200)
     metrics.answered(503)
     metrics.served(rows=2, tokens=90)
-    metrics.call(seconds=0.1, tokens=90, computed_tokens=100, microbatches=2, waits=[0.01])
+    metrics.batch(seconds=0.1, tokens=90, computed_tokens=100, microbatches=2, waits=[0.01])
     metrics.failed("group")
     figures = summary(metrics.render().decode())
     assert figures["requests"] == 2 and figures["errors"] == 1 and figures["queue_depth"] == 3

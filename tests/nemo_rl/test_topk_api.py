@@ -55,7 +55,7 @@ def warm_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     layout, token = make_run(tmp_path_factory.mktemp("topk"), [LLAMA])
     if request.param == "dp2":
         group = request.getfixturevalue("llama_dp2_group")  # fixtures.groups: shared with the group tests
-        assert group.data_parallel_size == 2
+        assert group.facts.data_parallel_size == 2
         teacher = Teacher(group, layout, LLAMA, token).start()
         yield Run(layout.rendezvous_path, LLAMA_DP2_TEMPERATURE)
         teacher.stop()

@@ -1,5 +1,5 @@
 """Batch validation, the rule defined once for the client and the teacher: cut to the longest row,
-padding zeroed, every bad batch named; options and candidate ids checked where they are used."""
+padding zeroed, every bad batch named; candidate ids checked where they are used."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from podium.protocol.batch import BatchError, batch_inputs, validate_batch, validate_options
+from podium.protocol.batch import BatchError, batch_inputs, validate_batch
 
 
 def test_batch_is_cut_to_the_longest_row_with_padding_zeroed() -> None:
@@ -39,27 +39,13 @@ def test_every_bad_batch_names_what_is_wrong(ids, lengths, message) -> None:
         validate_batch(np.asarray(ids), np.asarray(lengths), vocab_size=10)
 
 
-def test_torch_inputs_and_options() -> None:
+def test_torch_inputs() -> None:
     ids, lengths = batch_inputs({"input_ids": torch.tensor([[1, 2]]), "input_lengths": torch.tensor([2])})
     assert ids.dtype == np.int64 and lengths.tolist() == [2]
     with pytest.raises(BatchError, match="batch has no 'input_lengths'"):
         batch_inputs({"input_ids": ids})
     with pytest.raises(BatchError, match="exceeds the teacher's max_sequence_length 1"):
         validate_batch(ids, lengths, vocab_size=10, max_sequence_length=1)
-    opts = validate_options(top_k=3, micro_batch_size=None, vocab_size=10)
-    assert (opts.top_k, opts.micro_batch_size, opts.temperature) == (3, None, None)
-    assert (opts.values_datatype, opts.indices_datatype) == ("FP32", "INT64")
-    assert validate_options(temperature=2, values_datatype="BF16", indices_datatype="INT32", vocab_size=10) \
-        .temperature == 2.0
-    for kwargs, message in (({"top_k": 11}, r"out of range \(1..10\)"), ({"top_k": True}, "must be an integer"),
-                            ({"top_k": 0}, r"'top_k' = 0 is out of range"),
-                            ({"micro_batch_size": 0}, "'micro_batch_size' = 0"),
-                            ({"temperature": 0}, "'temperature' must be a finite number > 0"),
-                            ({"temperature": float("inf")}, "'temperature' must be a finite number > 0"),
-                            ({"values_datatype": "FP16"}, "'values_datatype' must be one of FP32, BF16"),
-                            ({"indices_datatype": "UINT8"}, "'indices_datatype' must be one of INT64, INT32")):
-        with pytest.raises(BatchError, match=message):
-            validate_options(vocab_size=10, **kwargs)
 
 
 def test_candidate_ids_are_checked_where_they_are_computed() -> None:

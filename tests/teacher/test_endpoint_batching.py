@@ -9,12 +9,13 @@ a small token budget so that requests are split across micro-batches and calls:
 - ``/metrics`` parses with Prometheus' own parser and its counters add up to what was sent.
 
 The fairness, splitting and ordering rules themselves are tested as logic in
-``tests/teacher/test_scheduler.py`` and against the endpoint with a stand-in group in
+``tests/teacher/test_batching.py`` and against the endpoint with a stand-in group in
 ``test_server.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -41,15 +42,15 @@ ATOL = 5e-5
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory: pytest.TempPathFactory, llama_group: Any) -> Iterator[Teacher]:
-    saved = llama_group.max_tokens_per_microbatch
-    llama_group.max_tokens_per_microbatch = BUDGET  # the shared group's budget, for this module only
+    saved = llama_group.facts
+    llama_group.facts = dataclasses.replace(saved, max_tokens_per_microbatch=BUDGET)  # for this module only
     layout, token = make_run(tmp_path_factory.mktemp("batching"), [LLAMA])
     served = Teacher(llama_group, layout, LLAMA, token, server_settings={"max_queue_delay_ms": 20.0}).start()
     try:
         yield served
     finally:
         served.stop()
-        llama_group.max_tokens_per_microbatch = saved
+        llama_group.facts = saved
 
 
 def _requests(seed: int, n: int) -> list[dict[str, Any]]:
@@ -101,7 +102,7 @@ def test_answers_are_bit_identical_batched_or_alone_and_metrics_add_up(teacher: 
         expected = hf_oracle_logprobs(tiny_llama_checkpoint, r["ids"], r["lengths"]).numpy()
         np.testing.assert_allclose(answer["logprobs"], expected, atol=ATOL)
     endpoint = teacher.server.server
-    calls_before = endpoint._scheduler.calls
+    calls_before = endpoint._batcher.batches
     rounds = 3
     for round_ in range(rounds):
         order = list(range(len(reqs)))
@@ -128,9 +129,9 @@ def test_answers_are_bit_identical_batched_or_alone_and_metrics_add_up(teacher: 
             assert answer.keys() == alone[i].keys()
             for name in answer:
                 assert np.array_equal(answer[name], alone[i][name]), (round_, reqs[i]["id"], name)
-    calls = endpoint._scheduler.calls - calls_before
+    calls = endpoint._batcher.batches - calls_before
     assert calls < rounds * len(reqs), "no call was shared: nothing was batched"
-    last = teacher.group.last_call
+    last = teacher.group.last_batch
     assert last is not None and last.computed_tokens >= last.tokens
 
     after = _metrics(teacher)

@@ -33,6 +33,7 @@ from harness.run import TeacherDef, make_run
 
 from podium.config.launcher import ServerSettings
 from podium.net import listen_on_free_port as bind_socket
+from podium.protocol.query import Query
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
 
@@ -134,7 +135,7 @@ class UnmaskedGroup(FakeGroup):
 class NarrowGroup(FakeGroup):
     """A broken group: answers one column fewer than the batch it was given."""
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
+    def compute(self, data: Any, query: Query) -> dict:
         return {"logprobs": torch.from_numpy(fake_logprobs(data.input_ids, data.input_lengths)[:, :-1].copy())}
 
 
@@ -299,13 +300,12 @@ def test_port_collision_takes_the_next_port() -> None:
 
 def test_group_error_is_a_json_500_and_the_server_keeps_serving() -> None:
     class Flaky(FakeGroup):
-        def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None,
-                         **kw: Any) -> dict:
+        def compute(self, data: Any, query: Query) -> dict:
             if int(data.input_ids[0, 0]) == 13:
                 raise RuntimeError("worker 3 died")
             if int(data.input_ids[0, 0]) == 14:
                 raise ValueError("sequence too long for this layout")
-            return super().get_logprobs(data, micro_batch_size, top_k, **kw)
+            return super().compute(data, query)
 
     server = _server(Flaky())
     headers = {"Authorization": "Bearer t0ken"}
@@ -503,10 +503,9 @@ class BreakingGroup(FakeGroup):
     def __init__(self, marks_broken: bool = False, **kw: Any) -> None:
         super().__init__(**kw)
         self.marks_broken = marks_broken
-        self.broken: str | None = None
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
+    def compute(self, data: Any, query: Query) -> dict:
+        out = super().compute(data, query)
         if int(data.input_ids[0, 0]) == 13:
             if self.marks_broken:
                 self.broken = "ActorDiedError: worker 3 died"
@@ -562,7 +561,7 @@ def test_a_huge_request_is_split_and_other_callers_take_turns_with_it() -> None:
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, settings={"max_queue_delay_ms": 0}, call_tokens=32)
+    server = _server(group, settings={"max_queue_delay_ms": 0}, batch_tokens=32)
     outcome: dict[int, Any] = {}
     threads = []
     try:
@@ -595,7 +594,7 @@ def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
     group = FakeGroup(vocab_size=128)
     gate = Gate()
     group.hold = gate
-    server = _server(group, settings={"max_queue_delay_ms": 0}, call_tokens=32)
+    server = _server(group, settings={"max_queue_delay_ms": 0}, batch_tokens=32)
     endpoint = server.server
     try:
         a = _raw_infer(server, _rows_body(1, 40))
@@ -613,23 +612,23 @@ def test_a_request_whose_client_went_away_mid_way_sends_no_more_rows() -> None:
         server.stop()
 
 
-def test_a_bug_in_forming_a_call_fails_that_request_and_the_scheduler_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from podium.teacher.endpoint import batching as scheduler
+def test_a_bug_in_forming_a_batch_fails_that_request_and_the_batcher_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from podium.teacher.endpoint import batching
 
-    real = scheduler.call_batch
+    real = batching.join_rows
     calls = {"n": 0}
 
     def once_broken(segments: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 1:
-            raise IndexError("a bug in call_batch")
+            raise IndexError("a bug in join_rows")
         return real(segments)
 
-    monkeypatch.setattr(scheduler, "call_batch", once_broken)
+    monkeypatch.setattr(batching, "join_rows", once_broken)
     server = _server(FakeGroup(vocab_size=128))
     try:
         first = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(1), headers=AUTH, timeout=60)
-        assert first.status_code == 500 and "IndexError: a bug in call_batch" in first.json()["error"], first.text
+        assert first.status_code == 500 and "IndexError: a bug in join_rows" in first.json()["error"], first.text
         second = requests.post(f"{server.url}/v2/models/m/infer", data=_tagged(2), headers=AUTH, timeout=60)
         assert second.status_code == 200, second.text
     finally:

@@ -51,9 +51,9 @@ def dp2(llama_dp2_group):
 
 
 def test_tp1_matches_hf_with_topk(tp1, tiny_llama_checkpoint):
-    assert tp1.vocab_size == VOCAB and tp1.max_sequence_length == 128
-    assert tp1.sequence_length_multiple == 1
-    assert tp1.checkpoint_path == str(tiny_llama_checkpoint)
+    assert tp1.facts.vocab_size == VOCAB and tp1.facts.max_sequence_length == 128
+    assert tp1.facts.sequence_length_multiple == 1
+    assert tp1.facts.checkpoint_path == str(tiny_llama_checkpoint)
     assert_matches_oracle(tp1, tiny_llama_checkpoint, ragged_batch(VOCAB, width=20), top_k=5)
 
 
@@ -63,42 +63,42 @@ def test_tp1_micro_batch_sizes_agree(tp1, tiny_llama_checkpoint, micro_batch_siz
 
 
 def test_tp2_matches_hf_with_topk(tp2, tiny_llama_checkpoint):
-    assert {i["tp_rank"] for i in tp2.worker_info} == {0, 1}
+    assert {i.tp_rank for i in tp2.worker_info} == {0, 1}
     assert_matches_oracle(tp2, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=2), top_k=4)
 
 
 def test_tp2_worker_holds_half_the_weights(tp1, tp2):
-    full = tp1.worker_info[0]["parameters_bytes"]
+    full = tp1.worker_info[0].parameters_bytes
     for info in tp2.worker_info:
         # embedding, output layer and linear layers split; norms are replicated (tiny)
-        assert info["parameters_bytes"] < 0.55 * full
-        assert info["load_stats"]["bytes_read"] < 0.55 * tp1.worker_info[0]["load_stats"]["bytes_read"]
+        assert info.parameters_bytes < 0.55 * full
+        assert info.load_stats["bytes_read"] < 0.55 * tp1.worker_info[0].load_stats["bytes_read"]
 
 
 def test_pp2_matches_hf(pp2, tiny_llama_checkpoint):
-    assert {i["node_ip"] for i in pp2.worker_info} == {"127.0.0.2", "127.0.0.3"}
-    assert [i["pp_rank"] for i in pp2.worker_info] == [0, 1]
+    assert {i.node_ip for i in pp2.worker_info} == {"127.0.0.2", "127.0.0.3"}
+    assert [i.pp_rank for i in pp2.worker_info] == [0, 1]
     assert_matches_oracle(pp2, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=3))
 
 
 def test_tp2pp2_matches_hf_with_topk(tp2pp2, tiny_llama_checkpoint):
     nodes = {}
     for info in tp2pp2.worker_info:
-        nodes.setdefault(info["node_ip"], set()).add(info["pp_rank"])
+        nodes.setdefault(info.node_ip, set()).add(info.pp_rank)
     # each node holds one pipeline stage (its TP pair), stages on different nodes
     assert sorted(map(sorted, nodes.values())) == [[0], [1]]
     assert_matches_oracle(tp2pp2, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=4, width=18), top_k=3)
 
 
 def test_dp2_matches_hf_on_odd_batches(dp2, tiny_llama_checkpoint):
-    assert dp2.data_parallel_size == 2 and dp2.spec.temperature == 0.8
+    assert dp2.facts.data_parallel_size == 2 and dp2.spec.temperature == 0.8
     for lengths in [(5,), (3, 9, 1), (16, 2, 7, 7, 11)]:
         assert_matches_oracle(dp2, tiny_llama_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)), top_k=2)
     # DP copies get balanced tokens, not equal shares of micro-batches: of the micro-batches of 120
     # (3 × 40), 104 (the 100-token row) and 24 tokens (2 × 12), the smallest joins the 104 (taken in
     # turn, it would join the 120: 144 vs 104)
     assert_matches_oracle(dp2, tiny_llama_checkpoint, ragged_batch(VOCAB, (100, 40, 40, 40, 12, 12), seed=3))
-    assert sorted(dp2.last_call.dp_tokens) == [120, 128] and dp2.last_call.microbatches == 3, dp2.last_call
+    assert sorted(dp2.last_batch.dp_tokens) == [120, 128] and dp2.last_batch.microbatches == 3, dp2.last_batch
 
 
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])

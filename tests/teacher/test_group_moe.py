@@ -74,8 +74,8 @@ def test_qwen3_moe_one_rank_holds_every_expert(qwen_ep1, tiny_qwen3_moe_checkpoi
 
 
 def test_qwen3_moe_experts_split_over_two_ranks_with_their_own_rows(qwen_ep2, tiny_qwen3_moe_checkpoint):
-    assert qwen_ep2.data_parallel_size == 2
-    assert sorted(i["ep_rank"] for i in qwen_ep2.worker_info) == [0, 1]
+    assert qwen_ep2.facts.data_parallel_size == 2
+    assert sorted(i.ep_rank for i in qwen_ep2.worker_info) == [0, 1]
     for lengths in [(5,), (3, 9, 1), (16, 2, 7, 7, 11)]:  # odd counts: ranks get different tokens
         assert_matches_oracle(qwen_ep2, tiny_qwen3_moe_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)),
                               top_k=3)
@@ -88,8 +88,8 @@ def test_qwen3_moe_without_renormalised_top_k(qwen_unnormed_ep2, tiny_qwen3_moe_
 def test_qwen3_moe_tp2_ep2(qwen_tp2_ep2, tiny_qwen3_moe_checkpoint):
     # attention split in two (TP2), the experts in two groups (EP2) of whole experts (ETP1)
     info = qwen_tp2_ep2.worker_info
-    assert sorted(i["tp_rank"] for i in info) == sorted(i["ep_rank"] for i in info) == [0, 0, 1, 1]
-    assert {i["etp_rank"] for i in info} == {0}
+    assert sorted(i.tp_rank for i in info) == sorted(i.ep_rank for i in info) == [0, 0, 1, 1]
+    assert {i.etp_rank for i in info} == {0}
     assert_matches_oracle(qwen_tp2_ep2, tiny_qwen3_moe_checkpoint, ragged_batch(VOCAB, seed=53, width=18), top_k=4)
 
 
@@ -105,7 +105,7 @@ def _assert_within(group, checkpoint, batch, top_k, tol=1e-5):
 
 
 def test_qwen2_moe_shared_expert_with_experts_split_over_two_ranks(qwen2_moe_ep2, tiny_qwen2_moe_checkpoint):
-    assert sorted(i["ep_rank"] for i in qwen2_moe_ep2.worker_info) == [0, 1]
+    assert sorted(i.ep_rank for i in qwen2_moe_ep2.worker_info) == [0, 1]
     for lengths in [(3, 9, 1), (16, 2, 7, 7, 11)]:  # odd counts: ranks get different tokens
         _assert_within(qwen2_moe_ep2, tiny_qwen2_moe_checkpoint, ragged_batch(VOCAB, lengths, seed=len(lengths)), 3)
 
@@ -114,7 +114,7 @@ def test_qwen2_moe_shared_expert_split_over_tp2(qwen2_moe_tp2_ep2, tiny_qwen2_mo
     # two ranks: attention and the shared expert split in two (TP2), the routed experts in two
     # groups of whole experts (EP2·ETP1)
     info = qwen2_moe_tp2_ep2.worker_info
-    assert sorted(i["tp_rank"] for i in info) == sorted(i["ep_rank"] for i in info) == [0, 1]
+    assert sorted(i.tp_rank for i in info) == sorted(i.ep_rank for i in info) == [0, 1]
     _assert_within(qwen2_moe_tp2_ep2, tiny_qwen2_moe_checkpoint, ragged_batch(VOCAB, seed=55), 4)
 
 

@@ -93,19 +93,19 @@ def control_diffs(tiny_nemotron_h_checkpoint, tmp_path_factory) -> dict:
 
 
 def test_nemotron_h_one_rank(nemotron_tp1, tiny_nemotron_h_checkpoint):
-    assert nemotron_tp1.worker_info[0]["architecture"] == "NemotronHForCausalLM"
+    assert nemotron_tp1.worker_info[0].architecture == "NemotronHForCausalLM"
     assert_matches_oracle(nemotron_tp1, tiny_nemotron_h_checkpoint, ragged_batch(VOCAB, seed=61), top_k=4)
     assert_next_token_outputs_match(nemotron_tp1, tiny_nemotron_h_checkpoint, ragged_batch(VOCAB, seed=62), k=3,
                                     temperature=0.7)
 
 
 def test_nemotron_h_tp2_splits_the_mamba_mixer_part_by_part(nemotron_tp2, tiny_nemotron_h_checkpoint):
-    assert sorted(i["tp_rank"] for i in nemotron_tp2.worker_info) == [0, 1]
+    assert sorted(i.tp_rank for i in nemotron_tp2.worker_info) == [0, 1]
     assert_matches_oracle(nemotron_tp2, tiny_nemotron_h_checkpoint, ragged_batch(VOCAB, seed=63), top_k=4)
 
 
 def test_nemotron_h_ep2_experts_split_with_their_own_rows(nemotron_ep2, tiny_nemotron_h_checkpoint):
-    assert sorted(i["ep_rank"] for i in nemotron_ep2.worker_info) == [0, 1]
+    assert sorted(i.ep_rank for i in nemotron_ep2.worker_info) == [0, 1]
     for lengths in [(3, 9, 1), (16, 2, 7, 7, 11)]:  # odd counts: ranks get different tokens
         assert_matches_oracle(nemotron_ep2, tiny_nemotron_h_checkpoint,
                               ragged_batch(VOCAB, lengths, seed=len(lengths)))
@@ -113,8 +113,8 @@ def test_nemotron_h_ep2_experts_split_with_their_own_rows(nemotron_ep2, tiny_nem
 
 def test_nemotron_h_tp2_ep2_over_two_nodes(nemotron_tp2_ep2, tiny_nemotron_h_checkpoint):
     info = nemotron_tp2_ep2.worker_info
-    assert sorted(i["tp_rank"] for i in info) == sorted(i["ep_rank"] for i in info) == [0, 0, 1, 1]
-    assert len({i["node_ip"] for i in info}) == 2
+    assert sorted(i.tp_rank for i in info) == sorted(i.ep_rank for i in info) == [0, 0, 1, 1]
+    assert len({i.node_ip for i in info}) == 2
     assert_matches_oracle(nemotron_tp2_ep2, tiny_nemotron_h_checkpoint, ragged_batch(VOCAB, seed=64, width=18),
                           top_k=4)
 
@@ -124,9 +124,9 @@ def test_nemotron_h_tp2_etp2_pp2_splits_the_experts_and_the_pattern_over_two_nod
     info = nemotron_tp2_etp2_pp2.worker_info
     stages: dict[str, set[int]] = {}
     for i in info:
-        stages.setdefault(i["node_ip"], set()).add(i["pp_rank"])
+        stages.setdefault(i.node_ip, set()).add(i.pp_rank)
     assert sorted(map(sorted, stages.values())) == [[0], [1]]  # one pipeline stage (its TP pair) per node
-    assert sorted((i["pp_rank"], i["tp_rank"], i["etp_rank"]) for i in info) == [(0, 0, 0), (0, 1, 1), (1, 0, 0),
+    assert sorted((i.pp_rank, i.tp_rank, i.etp_rank) for i in info) == [(0, 0, 0), (0, 1, 1), (1, 0, 0),
                                                                                   (1, 1, 1)]
     batch = ragged_batch(VOCAB, seed=65, width=18)
     out = assert_matches_oracle(nemotron_tp2_etp2_pp2, tiny_nemotron_h_checkpoint, batch, top_k=4)

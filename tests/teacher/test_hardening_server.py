@@ -36,6 +36,7 @@ from podium.protocol.names import (
     ERROR_REQUEST_FAILED,
     ERROR_UNAVAILABLE,
 )
+from podium.protocol.query import Query
 from podium.teacher.endpoint import EndpointConfig, ServerThread
 
 AUTH = {"Authorization": "Bearer t0ken"}
@@ -328,12 +329,10 @@ class Poisoned(FakeGroup):
 
     def __init__(self, *args: Any, broken_by: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.broken: str | None = None
         self.broken_by = broken_by
 
-    def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None,
-                     **kw: Any) -> dict:
-        out = super().get_logprobs(data, micro_batch_size, top_k, **kw)
+    def compute(self, data: Any, query: Query) -> dict:
+        out = super().compute(data, query)
         if self.broken_by is not None and self.broken_by in data.input_ids[:, 0]:
             self.broken = "worker 1 died"
             raise ValueError("worker 1 died while refusing")
@@ -413,7 +412,7 @@ def test_a_caller_with_other_options_takes_turns_with_a_long_run() -> None:
     group = FakeGroup(vocab_size=128, delay_s=0.01)
     gate = Gate()
     group.hold = gate
-    server = _server(group, {"max_queue_delay_ms": 0.0}, call_tokens=64)
+    server = _server(group, {"max_queue_delay_ms": 0.0}, batch_tokens=64)
     outcome: dict[str, Any] = {}
     try:
         long_ids = np.full((128, 16), 1)

@@ -113,7 +113,7 @@ def moe_tp2_ep2(ray_cluster, qwen3_moe_one_group: Path):
 @pytest.mark.ray
 @pytest.mark.megatron
 def test_dense_teacher_with_one_kv_group_at_tp2_matches_hf(dense_tp2, qwen2_one_group: Path) -> None:
-    assert {i["tp_rank"] for i in dense_tp2.worker_info} == {0, 1}
+    assert {i.tp_rank for i in dense_tp2.worker_info} == {0, 1}
     assert_matches_oracle(dense_tp2, qwen2_one_group, ragged_batch(VOCAB, seed=21), top_k=4)
 
 
@@ -121,7 +121,7 @@ def test_dense_teacher_with_one_kv_group_at_tp2_matches_hf(dense_tp2, qwen2_one_
 @pytest.mark.megatron
 def test_moe_teacher_with_one_kv_group_at_tp2_matches_hf(moe_tp2_ep2, qwen3_moe_one_group: Path) -> None:
     info = moe_tp2_ep2.worker_info
-    assert sorted(i["tp_rank"] for i in info) == sorted(i["ep_rank"] for i in info) == [0, 1]
+    assert sorted(i.tp_rank for i in info) == sorted(i.ep_rank for i in info) == [0, 1]
     assert_matches_oracle(moe_tp2_ep2, qwen3_moe_one_group, ragged_batch(VOCAB, seed=22), top_k=4)
 
 

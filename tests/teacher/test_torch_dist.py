@@ -73,7 +73,7 @@ def test_convert_output_layout(converted_tp1, tiny_llama_checkpoint):
 
 @pytest.mark.ray
 def test_converted_loads_at_tp2_and_equals_direct_hf_load(hf_tp2, dist_tp1_at_tp2, tiny_llama_checkpoint):
-    assert {i["checkpoint_kind"] for i in dist_tp1_at_tp2.worker_info} == {"torch_dist"}
+    assert {i.checkpoint_kind for i in dist_tp1_at_tp2.worker_info} == {"torch_dist"}
     batch = ragged_batch(VOCAB, seed=21)
     direct = assert_matches_oracle(hf_tp2, tiny_llama_checkpoint, batch, top_k=3)
     loaded = assert_matches_oracle(dist_tp1_at_tp2, tiny_llama_checkpoint, batch, top_k=3)
@@ -111,7 +111,7 @@ def test_moe_saved_at_ep2_loads_with_every_expert_split_over_tp2(ray_cluster, co
     provenance = json.loads((converted_moe_ep2 / "podium_convert.json").read_text())
     assert provenance["saved_layout"]["expert_model_parallel_size"] == 2
     for group in start_group(converted_moe_ep2, per_node=2, tp=2, expert_tensor_parallel_size=2):
-        assert {(i["ep_rank"], i["etp_rank"]) for i in group.worker_info} == {(0, 0), (0, 1)}
+        assert {(i.ep_rank, i.etp_rank) for i in group.worker_info} == {(0, 0), (0, 1)}
         batch = ragged_batch(VOCAB, seed=23)
         out = assert_matches_oracle(group, tiny_qwen3_moe_checkpoint, batch, top_k=3)
         expected = hf_oracle_logprobs(tiny_qwen3_moe_checkpoint, batch["input_ids"], batch["input_lengths"])

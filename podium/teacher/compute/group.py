@@ -12,13 +12,15 @@ This module owns the driver side of a teacher:
   "PACK within a bundle group, SPREAD across groups" strategy; per-node bundles give exactly that.)
 - rendezvous: worker 0 reports its node IP and picks ``MASTER_PORT`` by a bind test on that IP;
   every worker joins ``torch.distributed`` there (NCCL on GPU, gloo on CPU);
-- ``get_logprobs``: a validated batch (``podium.protocol.batch``: the endpoint validates once per
-  request and hands over a ``Batch``, which is trusted; a plain mapping from an in-process caller
-  is validated here; bad input is a ``ValueError``, the group stays usable), planned into
-  micro-batches by :mod:`podium.teacher.compute.microbatch` (length buckets, the token budget
-  ``max_tokens_per_microbatch``, token-balanced replicas), one shard per data-parallel replica
-  (``ray.put`` once, shared by the replica's ranks), the output ranks' rows put back in the
-  batch's order; what the call computed in :attr:`last_call`. One call at a time (a lock: a second caller waits);
+- ``compute(batch, query)``: a validated :class:`~podium.protocol.batch.Batch` and
+  :class:`~podium.protocol.query.Query` (the endpoint checks both once per request; they are
+  trusted here), planned into micro-batches by :mod:`podium.teacher.compute.microbatch` (length
+  buckets, the token budget ``max_tokens_per_microbatch``, token-balanced replicas), one shard per
+  data-parallel replica (``ray.put`` once, shared by the replica's ranks), the output ranks' rows
+  put back in the batch's order; what it computed in :attr:`last_batch`. One batch at a time (a
+  lock: a second caller waits). ``get_logprobs(data, micro_batch_size, top_k, ...)`` is NeMo RL's
+  shape of the same call for in-process callers: it checks a plain mapping and the options (bad
+  input is a ``ValueError``, the group stays usable) and calls ``compute``;
 - ``shutdown`` (idempotent) and a ``__del__`` safety net.
 """
 
@@ -33,9 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podium.config.spec import TeacherSpec
-from podium.protocol.batch import Batch, batch_inputs, validate_batch, validate_options
-from podium.protocol.names import CANDIDATE_LOGPROBS, LOGPROBS, TOPK_INDICES, TOPK_LOGPROBS
-from podium.teacher.compute.microbatch import assign_replicas, computed_tokens, plan_microbatches
+from podium.protocol.batch import Batch, batch_inputs, validate_batch
+from podium.protocol.query import Query, ask
+from podium.teacher.compute.microbatch import MicroBatch, assign_replicas, computed_tokens, plan_microbatches
+from podium.teacher.compute.rank import RankInfo
+from podium.teacher.seam import BatchStats, GroupFacts
 
 logger = logging.getLogger(__name__)
 
@@ -62,26 +66,14 @@ class GroupOptions:
     name_prefix: str = "podium-teacher"
 
 
-@dataclass(frozen=True)
-class CallStats:
-    """What one ``get_logprobs`` call computed: its rows and tokens, the micro-batches it ran and
-    the token positions they computed (rows × bucket length: padding included), its seconds."""
-
-    rows: int
-    tokens: int
-    microbatches: int
-    computed_tokens: int
-    seconds: float
-    dp_tokens: tuple[int, ...] = ()  # the token positions each data-parallel copy of the model computed
-
-
 class TeacherWorkerGroup:
     """One teacher: ``num_nodes × gpus_per_node`` Ray workers holding one Megatron model.
 
     Assumes ``ray.init`` was called by the caller. See the module docstring for placement and the
-    call protocol. Attributes after construction: ``vocab_size`` (the HF config's, not padded),
-    ``max_sequence_length``, ``sequence_length_multiple`` (what TP/CP require; padding is internal),
-    ``checkpoint_path``, ``spec``, ``worker_info``.
+    call protocol. Attributes after construction: ``facts`` (:class:`~podium.teacher.seam.GroupFacts`:
+    the vocabulary, not padded, the longest row, what TP/CP pad a row to, DP size, micro-batch
+    budget, checkpoint), ``spec``, ``worker_info`` (one :class:`~podium.teacher.compute.rank.RankInfo`
+    per rank).
     """
 
     def __init__(self, spec: TeacherSpec, options: GroupOptions | None = None, **kw: Any) -> None:
@@ -93,7 +85,6 @@ class TeacherWorkerGroup:
         self.spec = spec
         self.options = dataclasses.replace(options or GroupOptions(), **kw) if kw else (options or GroupOptions())
         self._preflight()
-        self.checkpoint_path: str = str(self.spec.model_name)
         self._actors: list[Any] = []
         self._placement_group: Any = None
         started = time.perf_counter()
@@ -104,24 +95,27 @@ class TeacherWorkerGroup:
             self.shutdown()
             raise
         self.setup_seconds = time.perf_counter() - started
-        info0 = self.worker_info[0]
-        self.vocab_size: int = int(info0["vocab_size"])
-        self.padded_vocab_size: int = int(info0["padded_vocab_size"])
-        self.max_sequence_length: int = int(info0["max_position_embeddings"])
-        self.sequence_length_multiple: int = int(info0["sequence_length_multiple"])
-        self.data_parallel_size: int = int(info0["dp_size"])
-        self.max_tokens_per_microbatch: int = spec.token_budget(self.max_sequence_length)
+        rank0 = self.worker_info[0]
+        self.facts = GroupFacts(
+            vocab_size=rank0.vocab_size,
+            max_sequence_length=rank0.max_position_embeddings,
+            sequence_length_multiple=rank0.sequence_length_multiple,
+            data_parallel_size=rank0.dp_size,
+            max_tokens_per_microbatch=spec.token_budget(rank0.max_position_embeddings),
+            checkpoint_path=str(spec.model_name),
+            temperature=spec.temperature,
+            parallel_sizes=spec.parallel_sizes(),
+        )
         # Experts sharded (EP·ETP > 1): their groups may span DP replicas (they do once EP·ETP > TP),
         # and every forward is a collective over them, so every replica runs as many micro-batches.
         expert_ranks = spec.expert_model_parallel_size * spec.expert_tensor_parallel_size
-        self._lockstep = self.data_parallel_size > 1 and expert_ranks > 1
-        self.last_call: CallStats | None = None
-        self.loaded_checkpoint_path: str = str(info0.get("checkpoint_path", self.checkpoint_path))
+        self._lockstep = rank0.dp_size > 1 and expert_ranks > 1
+        self.last_batch: BatchStats | None = None
         logger.info(
             "teacher %r ready in %.1fs: %d workers, TP%d PP%d CP%d DP%d, vocab %d, checkpoint %s",
             self.spec.name, self.setup_seconds, len(self._actors), self.spec.tensor_model_parallel_size,
-            self.spec.pipeline_model_parallel_size, self.spec.context_parallel_size, self.data_parallel_size,
-            self.vocab_size, self.checkpoint_path,
+            self.spec.pipeline_model_parallel_size, self.spec.context_parallel_size, rank0.dp_size,
+            rank0.vocab_size, self.spec.model_name,
         )
 
     # -- construction -------------------------------------------------------------------------------
@@ -198,102 +192,111 @@ class TeacherWorkerGroup:
             )
             for actor in self._actors
         ]
-        self.worker_info: list[dict[str, Any]] = _get_first_error(futures, o.setup_timeout_s)
-        outputs = [i for i in self.worker_info if i["is_output"]]
-        dp = int(self.worker_info[0]["dp_size"])
-        if sorted(i["dp_rank"] for i in outputs) != list(range(dp)):
+        self.worker_info: list[RankInfo] = _get_first_error(futures, o.setup_timeout_s)
+        outputs = [i for i in self.worker_info if i.is_output]
+        dp = self.worker_info[0].dp_size
+        if sorted(i.dp_rank for i in outputs) != list(range(dp)):
             raise RuntimeError(f"teacher {s.name!r}: expected one output rank per DP replica, got {outputs}")
 
-    # -- input ------------------------------------------------------------------------------------------
+    # -- compute ----------------------------------------------------------------------------------------
 
-    def validate(self, data: Any) -> Batch:
+    def validate(self, data: Any, candidate_ids: Any = None) -> Batch:
         """``data`` (a mapping with ``input_ids``/``input_lengths``, or a :class:`Batch`) as a validated
         batch for this teacher; ``BatchError`` (a ``ValueError``) naming what is wrong."""
         if isinstance(data, Batch):
             return data
         ids, lengths = batch_inputs(data)
-        return validate_batch(ids, lengths, vocab_size=self.vocab_size, max_sequence_length=self.max_sequence_length)
-
-    # -- compute ----------------------------------------------------------------------------------------
+        return validate_batch(ids, lengths, vocab_size=self.facts.vocab_size,
+                              max_sequence_length=self.facts.max_sequence_length, candidate_ids=candidate_ids)
 
     def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
                      temperature: float | None = None, outputs: Sequence[str] | None = None,
                      candidate_ids: Any = None) -> dict[str, Any]:
-        """The requested ``outputs`` (default: NeMo RL-convention ``logprobs`` float32 ``[B, S]``,
-        plus top-k logprobs ``[B, S, K]`` when ``top_k``; see :mod:`podium.protocol.names` for
-        ``topk_logits`` and ``candidate_logprobs``), at ``temperature`` (default: the teacher's).
-        Top-k ids come in :func:`~podium.teacher.compute.logprobs.index_dtype` (int32 for any real
-        vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked).
+        """NeMo RL's shape of :meth:`compute`: the requested ``outputs`` (default: NeMo RL-convention
+        ``logprobs`` float32 ``[B, S]``, plus top-k logprobs ``[B, S, K]`` when ``top_k``, plus
+        ``candidate_logprobs`` with candidate ids; see :mod:`podium.protocol.names`), at
+        ``temperature`` (default: the teacher's). ``data`` is a :class:`Batch` or a mapping, checked
+        here with the options (:mod:`podium.protocol.query`)."""
+        batch = self.validate(data, candidate_ids)
+        query = ask(outputs=outputs, top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
+                    candidates=batch.candidate_ids is not None, vocab_size=self.facts.vocab_size)
+        return self.compute(batch, query)
 
-        ``data`` is a :class:`Batch` (trusted: the endpoint validated it) or a mapping (validated here;
-        ``candidate_ids`` then go with it).
-        """
-        import ray
-        import torch
-
-        if isinstance(data, Batch):
-            batch = data
-        else:
-            ids, lengths = batch_inputs(data)
-            batch = validate_batch(ids, lengths, vocab_size=self.vocab_size,
-                                   max_sequence_length=self.max_sequence_length, candidate_ids=candidate_ids)
-        opts = validate_options(top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
-                                vocab_size=self.vocab_size)
-        if outputs is None:
-            outputs = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES) if opts.top_k else (LOGPROBS,)
-        if batch.candidate_ids is not None and CANDIDATE_LOGPROBS not in outputs:
-            outputs = (*outputs, CANDIDATE_LOGPROBS)
-        t = opts.temperature if opts.temperature is not None else self.spec.temperature
+    def compute(self, batch: Batch, query: Query) -> dict[str, Any]:
+        """The ``query``'s outputs for ``batch`` (both trusted), ``[B, width, ...]`` torch tensors.
+        Top-k ids come in :func:`~podium.teacher.compute.head.index_dtype` (int32 for any real
+        vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked)."""
+        if query.temperature is None:
+            query = dataclasses.replace(query, temperature=self.spec.temperature)
         with self._lock:
             if self._shutdown_done:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is shut down")
             if self._broken:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is broken by an earlier failure: {self._broken}")
             started = time.perf_counter()
-            plan = plan_microbatches(batch.input_lengths.tolist(), self.max_tokens_per_microbatch,
-                                     max_rows=opts.micro_batch_size, seq_multiple=self.sequence_length_multiple)
-            replicas = assign_replicas(plan, self.data_parallel_size, lockstep=self._lockstep,
-                                       seq_multiple=self.sequence_length_multiple)
-            arrays = {"ids": batch.input_ids, "lengths": batch.input_lengths}
-            if batch.candidate_ids is not None:
-                arrays["cands"] = batch.candidate_ids
+            plan = plan_microbatches(batch.input_lengths.tolist(), self.facts.max_tokens_per_microbatch or 1,
+                                     max_rows=query.micro_batch_size, seq_multiple=self.facts.sequence_length_multiple)
+            replicas = assign_replicas(plan, self.facts.data_parallel_size, lockstep=self._lockstep,
+                                       seq_multiple=self.facts.sequence_length_multiple)
             # each replica's rows in its plan's order (a filler row, -1, is one token 0 of length 1)
             order = [[i for mb in shard for i in mb.rows] for shard in replicas]
-            shards = [{name: ray.put(torch.from_numpy(_take(a, rows, filler_length=name == "lengths")))
-                       for name, a in arrays.items()} if rows else None for rows in order]
-            futures = []
-            for actor, info in zip(self._actors, self.worker_info, strict=True):
-                d = info["dp_rank"]
-                if shards[d] is None:  # fewer micro-batches than replicas: this one has nothing to do
-                    continue
-                steps = [(len(mb.rows), mb.seq_len) for mb in replicas[d]]
-                futures.append((d, info["is_output"], actor.get_logprobs.remote(
-                    shards[d]["ids"], shards[d]["lengths"], steps, opts.top_k, temperature=t, outputs=tuple(outputs),
-                    candidate_ids=shards[d].get("cands"))))
-            try:
-                results = _get_first_error([f for _, _, f in futures], None)
-            except Exception as exc:
-                if not _workers_settled([f for _, _, f in futures], self.options.failed_call_settle_s):
-                    self._broken = f"{type(exc).__name__}: {exc}"[:2000]
-                raise
-            answer: dict[str, Any] = {}
-            for (d, is_output, _), out in zip(futures, results, strict=True):
-                if not is_output:
-                    continue
-                real = [k for k, i in enumerate(order[d]) if i >= 0]
-                where = torch.tensor([order[d][k] for k in real], dtype=torch.long)
-                for key, value in out.items():
-                    if key not in outputs:
-                        continue
-                    if key not in answer:
-                        answer[key] = value.new_zeros((batch.rows, *value.shape[1:]))
-                    answer[key][where] = value[real]
-            self.last_call = CallStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
-                                       computed_tokens=computed_tokens(replicas),
-                                       seconds=time.perf_counter() - started,
-                                       dp_tokens=tuple(computed_tokens([shard]) for shard in replicas))
+            calls = self._dispatch(batch, query, replicas, order)
+            answer = self._collect(calls, order, batch.rows, query)
+            self.last_batch = BatchStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
+                                         computed_tokens=computed_tokens(replicas),
+                                         seconds=time.perf_counter() - started,
+                                         dp_tokens=tuple(computed_tokens([shard]) for shard in replicas))
             # positions past the longest row come back as zeros, up to the caller's width
             return {key: batch.pad(value).contiguous() for key, value in answer.items()}
+
+    def _dispatch(self, batch: Batch, query: Query, replicas: Sequence[Sequence[MicroBatch]],
+                  order: Sequence[Sequence[int]]) -> list[tuple[int, bool, Any]]:
+        """Each replica's shard to its ranks (``ray.put`` once per replica); ``(dp rank, is output
+        rank, future)`` of every rank that has rows."""
+        import ray
+        import torch
+
+        arrays = {"ids": batch.input_ids, "lengths": batch.input_lengths}
+        if batch.candidate_ids is not None:
+            arrays["cands"] = batch.candidate_ids
+        shards = [{name: ray.put(torch.from_numpy(_take(a, rows, filler_length=name == "lengths")))
+                   for name, a in arrays.items()} if rows else None for rows in order]
+        calls = []
+        for actor, info in zip(self._actors, self.worker_info, strict=True):
+            shard = shards[info.dp_rank]
+            if shard is None:  # fewer micro-batches than replicas: this one has nothing to do
+                continue
+            steps = [(len(mb.rows), mb.seq_len) for mb in replicas[info.dp_rank]]
+            calls.append((info.dp_rank, info.is_output,
+                          actor.get_logprobs.remote(shard["ids"], shard["lengths"], steps, query, shard.get("cands"))))
+        return calls
+
+    def _collect(self, calls: Sequence[tuple[int, bool, Any]], order: Sequence[Sequence[int]], rows: int,
+                 query: Query) -> dict[str, Any]:
+        """The output ranks' answers, each row put back at its place in the batch. A failure whose
+        workers do not all come back (a dead one, one stuck in a collective) breaks the group."""
+        import torch
+
+        futures = [future for _, _, future in calls]
+        try:
+            results = _get_first_error(futures, None)
+        except Exception as exc:
+            if not _workers_settled(futures, self.options.failed_call_settle_s):
+                self._broken = f"{type(exc).__name__}: {exc}"[:2000]
+            raise
+        answer: dict[str, Any] = {}
+        for (d, is_output, _), out in zip(calls, results, strict=True):
+            if not is_output:
+                continue
+            real = [k for k, i in enumerate(order[d]) if i >= 0]
+            where = torch.tensor([order[d][k] for k in real], dtype=torch.long)
+            for key, value in out.items():
+                if not query.wants(key):
+                    continue
+                if key not in answer:
+                    answer[key] = value.new_zeros((rows, *value.shape[1:]))
+                answer[key][where] = value[real]
+        return answer
 
     # -- observability / lifecycle --------------------------------------------------------------
 

@@ -32,6 +32,11 @@ from typing import Any
 from podium.faults import faults
 from podium.net import find_free_port, is_loopback
 from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS
+from podium.protocol.query import Query
+from podium.teacher.compute.alignment import cp_split, cp_unsplit, next_token_labels, next_token_outputs, to_nemo_rl
+from podium.teacher.compute.head import HeadCall, HeadInputs
+from podium.teacher.compute.rank import RankInfo
+from podium.teacher.compute.stages import StageInfo, forward_only_stage_loop
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +163,7 @@ class TeacherWorker:
         if torch_threads:
             torch.set_num_threads(int(torch_threads))
         self._ready = False
-        self._info: dict[str, Any] = {}
+        self._info: RankInfo | None = None
 
     # -- rendezvous -----------------------------------------------------------------------------
 
@@ -191,12 +196,10 @@ class TeacherWorker:
         seed: int = DEFAULT_SEED,
         teacher_name: str = "teacher",
         dist_timeout_s: float = 600.0,
-    ) -> dict[str, Any]:
-        """Initialise parallel state, build and load the model stage; return this rank's layout."""
+    ) -> RankInfo:
+        """Initialise parallel state, build and load the model stage; return this rank's :class:`RankInfo`."""
         import torch
-        from megatron.core import parallel_state
 
-        from podium.teacher.compute.logprobs import LogprobHead
         from podium.teacher.cpu.cuda_shims import apply_cuda_shims
         from podium.teacher.model.checkpoint_loader import build_and_load
 
@@ -212,143 +215,140 @@ class TeacherWorker:
             checkpoint, parallel, precision, overrides, hf_config=hf_config,
             where=f"teacher {teacher_name!r} megatron_cfg_overrides",
         )
+        self._place(loaded)
+        self._ready = True
+        self._info = self._rank_info(loaded, shims, time.perf_counter() - started)
+        logger.info("rank %d ready: %s", self.rank, self._info)
+        return self._info
+
+    def _place(self, loaded: Any) -> None:
+        """This rank's model stage, its place in every parallel group, and (last stage) its head."""
+        import torch
+        from megatron.core import parallel_state
+
+        from podium.teacher.compute.head import LogprobHead
+
         self.loaded = loaded
         self.model = loaded.model
         self.desc = loaded.desc
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_size = parallel_state.get_context_parallel_world_size()
-        self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.dp_size = parallel_state.get_data_parallel_world_size()
         self.is_first = parallel_state.is_pipeline_first_stage()
         self.is_last = parallel_state.is_pipeline_last_stage()
         on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.dtype = loaded.config.params_dtype
-        self.head = None
+        self.head: LogprobHead | None = None
         if self.is_last:
-            self.head = LogprobHead(
-                vocab_size=self.desc.vocab_size,
-                tp_group=parallel_state.get_tensor_model_parallel_group(),
-                tp_rank=self.tp_rank,
-                tp_size=self.tp_size,
-            )
+            self.head = LogprobHead(vocab_size=self.desc.vocab_size,
+                                    tp_group=parallel_state.get_tensor_model_parallel_group(),
+                                    tp_rank=self.tp_rank, tp_size=self.tp_size)
             self.head.install(self.model)
         self.seq_multiple = 2 * self.cp_size if self.cp_size > 1 else 1
-        self._ready = True
-        self._info = {
-            "rank": self.rank,
-            "node_ip": self.node_ip(),
-            "pid": os.getpid(),
-            "tp_rank": self.tp_rank,
-            "pp_rank": self.pp_rank,
-            "cp_rank": self.cp_rank,
-            "dp_rank": self.dp_rank,
-            "dp_size": self.dp_size,
-            "ep_rank": parallel_state.get_expert_model_parallel_rank(),
-            "etp_rank": parallel_state.get_expert_tensor_parallel_rank(),
-            "is_output": bool(self.is_last and self.tp_rank == 0 and self.cp_rank == 0),
-            "checkpoint_kind": loaded.checkpoint.kind,
-            "checkpoint_path": str(loaded.checkpoint.path),
-            "architecture": self.desc.architecture,
-            "vocab_size": self.desc.vocab_size,
-            "padded_vocab_size": loaded.padded_vocab_size,
-            "max_position_embeddings": self.desc.max_position_embeddings,
-            "sequence_length_multiple": self.seq_multiple,
-            "load_seconds": loaded.load_seconds,
-            "setup_seconds": time.perf_counter() - started,
-            "load_stats": loaded.stats,
-            "cuda_shims": list(shims),
-            "torch_threads": torch.get_num_threads(),
-            "device": str(self.device),
-            "parameters_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
-        }
-        logger.info("rank %d ready: %s", self.rank, self._info)
-        return dict(self._info)
 
-    def info(self) -> dict[str, Any]:
-        return dict(self._info)
+    def _rank_info(self, loaded: Any, shims: Sequence[str], setup_seconds: float) -> RankInfo:
+        import torch
+        from megatron.core import parallel_state
+
+        return RankInfo(
+            rank=self.rank, node_ip=self.node_ip(), pid=os.getpid(),
+            tp_rank=self.tp_rank, pp_rank=self.pp_rank, cp_rank=self.cp_rank,
+            dp_rank=parallel_state.get_data_parallel_rank(), dp_size=parallel_state.get_data_parallel_world_size(),
+            ep_rank=parallel_state.get_expert_model_parallel_rank(),
+            etp_rank=parallel_state.get_expert_tensor_parallel_rank(),
+            is_output=bool(self.is_last and self.tp_rank == 0 and self.cp_rank == 0),
+            checkpoint_kind=loaded.checkpoint.kind, checkpoint_path=str(loaded.checkpoint.path),
+            architecture=self.desc.architecture, vocab_size=self.desc.vocab_size,
+            padded_vocab_size=loaded.padded_vocab_size, max_position_embeddings=self.desc.max_position_embeddings,
+            sequence_length_multiple=self.seq_multiple, load_seconds=loaded.load_seconds,
+            setup_seconds=setup_seconds, torch_threads=torch.get_num_threads(), device=str(self.device),
+            parameters_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            load_stats=dict(loaded.stats), cuda_shims=tuple(shims),
+        )
+
+    def info(self) -> RankInfo | None:
+        return self._info
 
     # -- compute ------------------------------------------------------------------------------------
 
-    def get_logprobs(
-        self,
-        input_ids: Any,
-        input_lengths: Any,
-        plan: Sequence[tuple[int, int]],
-        top_k: int | None = None,
-        *,
-        temperature: float = 1.0,
-        outputs: Sequence[str] = ("logprobs",),
-        candidate_ids: Any = None,
-    ) -> dict[str, Any] | None:
+    def get_logprobs(self, input_ids: Any, input_lengths: Any, plan: Sequence[tuple[int, int]], query: Query,
+                     candidate_ids: Any = None) -> dict[str, Any] | None:
         """This replica's shard ``input_ids [b, S]`` through the model; on the output rank, the
-        requested ``outputs`` (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
-        top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``).
+        ``query``'s outputs (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
+        top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``) at its
+        temperature (the group resolved the teacher's default); other ranks return ``None``.
 
-        ``plan`` is the driver's (:mod:`podium.teacher.compute.microbatch`): consecutive micro-batches of the
-        shard as ``(rows, seq_len)``, the same on every rank of the replica."""
+        ``plan`` is the driver's (:mod:`podium.teacher.compute.microbatch`): consecutive micro-batches
+        of the shard as ``(rows, seq_len)``, the same on every rank of the replica."""
         import torch
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        from podium.teacher.compute.logprobs import (
-            StageInfo,
-            cp_split,
-            cp_unsplit,
-            forward_only_stage_loop,
-            next_token_labels,
-            next_token_outputs,
-            to_nemo_rl,
-        )
 
         if not self._ready:
             raise RuntimeError(f"worker {self.rank}: get_logprobs before setup")
         started = time.perf_counter()
-        wanted_out = set(outputs)
-        want_shifted_topk = bool(top_k) and TOPK_LOGPROBS in wanted_out
-        want_logits = bool(top_k) and TOPK_LOGITS in wanted_out
-        ids_all = torch.as_tensor(input_ids, dtype=torch.long)
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
         lengths = torch.as_tensor(input_lengths, dtype=torch.long)
-        cands_all = torch.as_tensor(candidate_ids, dtype=torch.long) if candidate_ids is not None else None
-        batch, width = ids_all.shape
+        cands = torch.as_tensor(candidate_ids, dtype=torch.long) if candidate_ids is not None else None
         fail_token = faults().fail_call_token
-        if fail_token is not None and batch and int(ids_all[0, 0]) == fail_token:
+        if fail_token is not None and ids.shape[0] and int(ids[0, 0]) == fail_token:
             raise RuntimeError(f"worker {self.rank}: fault injected by {faults().injected('fail_call_token')}")
+        spans = self._spans(plan, int(ids.shape[0]))
+        microbatches, inputs = self._microbatches(ids, lengths, cands, spans)
+        results = self._forward(microbatches, inputs, _head_call(query))
+        if not self.is_last:
+            return None
+        full = self._assemble(results, spans, ids.shape)
+        self.last_call_seconds = time.perf_counter() - started
+        if not (self.tp_rank == 0 and self.cp_rank == 0):
+            return None
+        return _answer(full, lengths, query)
+
+    def _spans(self, plan: Sequence[tuple[int, int]], rows: int) -> list[tuple[int, int, int]]:
+        """The plan's micro-batches as ``(first row, end row, seq_len)``."""
         spans, start = [], 0
-        for rows, seq_len in plan:
-            spans.append((start, start + int(rows), int(seq_len)))
-            start += int(rows)
-        if start != batch:
-            raise ValueError(f"worker {self.rank}: the plan covers {start} rows of a shard of {batch}")
-        microbatches, candidates = [], []
+        for count, seq_len in plan:
+            spans.append((start, start + int(count), int(seq_len)))
+            start += int(count)
+        if start != rows:
+            raise ValueError(f"worker {self.rank}: the plan covers {start} rows of a shard of {rows}")
+        return spans
+
+    def _microbatches(self, ids_all: Any, lengths: Any, cands_all: Any,
+                      spans: Sequence[tuple[int, int, int]]) -> tuple[list[dict[str, Any]], list[HeadInputs]]:
+        """Each micro-batch's model inputs (this CP rank's part, on the device) and head inputs."""
+        import torch
+
+        width = ids_all.shape[1]
+        microbatches, inputs = [], []
         for lo, hi, seq_len in spans:
             ids = torch.zeros(hi - lo, seq_len, dtype=torch.long)
             take = min(width, seq_len)
             ids[:, :take] = ids_all[lo:hi, :take]
             # padding positions hold token 0: never out of the vocabulary, never looked at
             ids[torch.arange(seq_len)[None, :] >= lengths[lo:hi, None]] = 0
-            labels = next_token_labels(ids)
             pos = torch.arange(seq_len, dtype=torch.long)[None, :].expand_as(ids)
             # the head computes only positions whose next token is in the sequence
             wanted = torch.arange(seq_len)[None, :] < (lengths[lo:hi, None] - 1)
-            tensors = {"input_ids": ids, "position_ids": pos, "labels": labels, "wanted": wanted}
-            tensors = {k: cp_split(v, self.cp_size, self.cp_rank).contiguous().to(self.device)
-                       for k, v in tensors.items()}
-            microbatches.append(tensors)
+            tensors = {"input_ids": ids, "position_ids": pos, "labels": next_token_labels(ids)}
+            microbatches.append({k: self._local(v) for k, v in tensors.items()})
+            cands = None
             if cands_all is not None:
-                c = torch.zeros(hi - lo, seq_len, cands_all.shape[-1], dtype=torch.long)
-                c[:, :take] = cands_all[lo:hi, :take]
-                candidates.append(cp_split(c, self.cp_size, self.cp_rank).contiguous().to(self.device))
-        if self.head is not None:
-            self.head.top_k = top_k if (want_shifted_topk or want_logits) else None
-            self.head.temperature = float(temperature)
-            self.head.want_lse = want_logits
-            self.head.pending_masks = [mb["wanted"] for mb in microbatches]
-            self.head.pending_candidates = candidates
+                cands = torch.zeros(hi - lo, seq_len, cands_all.shape[-1], dtype=torch.long)
+                cands[:, :take] = cands_all[lo:hi, :take]
+                cands = self._local(cands)
+            inputs.append(HeadInputs(wanted=self._local(wanted), candidates=cands))
+        return microbatches, inputs
+
+    def _local(self, tensor: Any) -> Any:
+        """This CP rank's part of a ``[b, s, ...]`` tensor, on this rank's device."""
+        return cp_split(tensor, self.cp_size, self.cp_rank).contiguous().to(self.device)
+
+    def _forward(self, microbatches: list[dict[str, Any]], inputs: list[HeadInputs], call: HeadCall) -> list[Any]:
+        """The micro-batches through this pipeline stage (the last stage's head answering ``call``)."""
+        from megatron.core import parallel_state
+
         stage = StageInfo(
             is_first=self.is_first,
             is_last=self.is_last,
@@ -359,9 +359,20 @@ class TeacherWorker:
             dtype=self.dtype,
             device=self.device,
         )
-        results = forward_only_stage_loop(self.model, microbatches, stage)
-        if not self.is_last:
-            return None
+        if self.head is None:
+            return forward_only_stage_loop(self.model, microbatches, stage)
+        with self.head.serving(call, inputs):
+            return forward_only_stage_loop(self.model, microbatches, stage)
+
+    def _assemble(self, results: Sequence[Mapping[str, Any]], spans: Sequence[tuple[int, int, int]],
+                  shape: Any) -> dict[str, Any]:
+        """The head's per-micro-batch outputs as ``[b, S, ...]`` of the shard, on the host (CP pieces
+        gathered first)."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        batch, width = shape
         full: dict[str, torch.Tensor] = {}
         for (lo, hi, seq_len), out in zip(spans, results, strict=True):
             pieces = dict(out)
@@ -376,15 +387,7 @@ class TeacherWorker:
                 if key not in full:
                     full[key] = torch.zeros((batch, width, *value.shape[2:]), dtype=value.dtype)
                 full[key][lo:hi, :take] = value[:, :take].cpu()
-        self.last_call_seconds = time.perf_counter() - started
-        if not (self.tp_rank == 0 and self.cp_rank == 0):
-            return None
-        result = to_nemo_rl(full["logprobs"], lengths, full.get("topk_values") if want_shifted_topk else None,
-                            full.get("topk_indices") if want_shifted_topk else None)
-        result.update(next_token_outputs(lengths, topk_values=full.get("topk_values") if want_logits else None,
-                                         topk_indices=full.get("topk_indices"), lse=full.get("lse"),
-                                         candidate_logprobs=full.get("candidate_logprobs")))
-        return result
+        return full
 
     # -- observability / teardown -----------------------------------------------------------------
 
@@ -400,3 +403,24 @@ class TeacherWorker:
             "torch_threads": torch.get_num_threads(),
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         }
+
+
+def _head_call(query: Query) -> HeadCall:
+    """What the head computes for ``query``: top-k when a top-k output is asked, the log-sum-exp for
+    top-k logits (logits = logprobs + lse)."""
+    want_shifted = bool(query.top_k) and query.wants(TOPK_LOGPROBS)
+    want_logits = bool(query.top_k) and query.wants(TOPK_LOGITS)
+    return HeadCall(temperature=1.0 if query.temperature is None else float(query.temperature),
+                    top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits)
+
+
+def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, Any]:
+    """The output rank's answer: the head's outputs in NeMo RL's and the next-token alignment."""
+    want_shifted = bool(query.top_k) and query.wants(TOPK_LOGPROBS)
+    want_logits = bool(query.top_k) and query.wants(TOPK_LOGITS)
+    result = to_nemo_rl(full["logprobs"], lengths, full.get("topk_values") if want_shifted else None,
+                        full.get("topk_indices") if want_shifted else None)
+    result.update(next_token_outputs(lengths, topk_values=full.get("topk_values") if want_logits else None,
+                                     topk_indices=full.get("topk_indices"), lse=full.get("lse"),
+                                     candidate_logprobs=full.get("candidate_logprobs")))
+    return result

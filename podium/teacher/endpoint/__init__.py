@@ -28,9 +28,9 @@ The serving layer of a teacher (:mod:`podium.teacher`): it knows its group only 
 :mod:`podium.teacher.seam`. Every module opens with what it owns.
 """
 
-from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.server import EndpointServer
 from podium.teacher.endpoint.thread import ServerThread
 
-__all__ = ["EndpointConfig", "EndpointServer", "LogprobGroup", "RequestError", "ServerThread"]
+__all__ = ["EndpointConfig", "EndpointServer", "RequestError", "ServerThread"]

@@ -16,7 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from podium.protocol import oip
-from podium.protocol.batch import Batch, Options
+from podium.protocol.batch import Batch
 from podium.protocol.names import (
     GENERATION_HEADER,
     GENERATION_PARAMETER,
@@ -28,6 +28,7 @@ from podium.protocol.names import (
     VALUE_OUTPUTS,
 )
 from podium.protocol.pieces import CastBlock
+from podium.protocol.query import Query
 from podium.teacher.endpoint.batching import RowBlocks
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.stream import AnswerSender
@@ -50,15 +51,15 @@ def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarr
     return out
 
 
-def wire(name: str, blocks: RowBlocks, opts: Options, vocab_size: int) -> WireBlocks:
+def wire(name: str, blocks: RowBlocks, query: Query, vocab_size: int) -> WireBlocks:
     """An output's row blocks as they travel: indices INT64 (INT32 when asked and the vocabulary
     fits), values float32 (top-k logits and candidate logprobs as BF16 bits when asked). A block
     already in its wire dtype goes as it is (the worker's head answers ids in int32); another is
     cast a piece at a time as it is written (:class:`~podium.protocol.pieces.CastBlock`)."""
     if name in INDEX_OUTPUTS:
-        narrow = opts.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
+        narrow = query.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
         return _as(blocks, np.dtype(np.int32 if narrow else np.int64))
-    if name in VALUE_OUTPUTS and opts.values_datatype == "BF16":
+    if name in VALUE_OUTPUTS and query.values_datatype == "BF16":
         return tuple(CastBlock(b, oip.DATATYPES["BF16"], bf16_bits) for b in blocks)
     return _as(blocks, np.dtype(np.float32))
 
@@ -76,18 +77,18 @@ def bf16_bits(values: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
-def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, WireBlocks],
-                   outputs: list[str], opts: Options, request_id: str, sender: AnswerSender) -> web.StreamResponse:
-    """The answer to ``req``: its ``outputs`` of ``result`` (already in their wire dtypes); a large
-    one is written by ``sender`` from the arrays' memory."""
+def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mapping[str, WireBlocks], query: Query,
+                   request_id: str, sender: AnswerSender) -> web.StreamResponse:
+    """The answer to ``req``: the outputs its ``query`` asks, of ``result`` (already in their wire
+    dtypes); a large one is written by ``sender`` from the arrays' memory."""
     gen = str(config.generation) if config.generation is not None else ""
     chunks, header_len = oip.encode_response(
         config.served_name,
-        [(name, result[name], req.wants_binary(name)) for name in outputs],
+        [(name, result[name], req.wants_binary(name)) for name in query.outputs],
         model_version=config.model_version,
         request_id=req.id,
         parameters={GENERATION_PARAMETER: gen} if gen else None,
-        datatypes={name: opts.values_datatype for name in outputs if name in VALUE_OUTPUTS},
+        datatypes={name: query.values_datatype for name in query.outputs if name in VALUE_OUTPUTS},
     )
     headers = {REQUEST_ID_HEADER: request_id, GENERATION_HEADER: gen, TEACHER_HEADER: config.teacher_key}
     if header_len is not None:

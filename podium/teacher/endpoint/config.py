@@ -1,4 +1,4 @@
-"""What an endpoint is handed: its :class:`EndpointConfig`, and the :class:`LogprobGroup` it serves.
+"""What an endpoint is handed beside its group (:class:`~podium.teacher.seam.ServedGroup`): its :class:`EndpointConfig`.
 
 The tunables a recipe sets (port range, limits, deadlines, queue size, batching) are the
 recipe's ``podium.server`` section itself, :class:`~podium.config.launcher.ServerSettings`, which
@@ -8,32 +8,12 @@ the model facts it publishes) and the few knobs no recipe sets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from podium.config.launcher import ServerSettings
-from podium.protocol.batch import Batch
 from podium.rendezvous.records import Generation
 
 MIB = 1024 * 1024
-
-
-class LogprobGroup(Protocol):
-    """What the endpoint serves: ``podium.teacher.compute.group.TeacherWorkerGroup``, or any stand-in.
-
-    ``get_logprobs`` receives a validated :class:`~podium.protocol.batch.Batch` and returns the
-    requested ``outputs`` ``[B, width, ...]`` (names of :mod:`podium.protocol.names`). A group may
-    also have ``broken``: ``None``, or why it can serve no more (a worker died); the endpoint then
-    answers not ready, and a failed call 503 (see
-    :meth:`~podium.teacher.endpoint.server.EndpointServer.failure`)."""
-
-    vocab_size: int
-    max_sequence_length: int | None
-    sequence_length_multiple: int
-
-    def get_logprobs(self, data: Batch, micro_batch_size: int | None = None, top_k: int | None = None, *,
-                     temperature: float | None = None, outputs: tuple[str, ...] | None = None) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +29,7 @@ class EndpointConfig:
     host: str = "127.0.0.1"
     advertise_host: str | None = None  # host in the published URL (default: host, or the FQDN for 0.0.0.0)
     retry_after_s: int = 5  # the Retry-After of a 503
-    call_tokens: int | None = None  # tokens of one group call; default: the group's budget × DP × 2
+    batch_tokens: int | None = None  # tokens of one batch through the group; default: the group's budget × DP × 2
     max_body_bytes: int | None = None  # a body limit in bytes (under 1 MiB: tests); default: server.max_body_mb
     model_name: str | None = None
     tokenizer_fingerprint: str | None = None

@@ -10,57 +10,24 @@ would be over ``max_response_mb``. The bounds are the recipe's; a refusal names 
 
 from __future__ import annotations
 
-from podium.protocol.batch import Batch, Options
-from podium.protocol.names import (
-    CANDIDATE_LOGPROBS,
-    INDEX_OUTPUTS,
-    LOGPROBS,
-    TOPK_LOGPROBS,
-    VALUE_OUTPUTS,
-)
+from podium.protocol.batch import Batch
+from podium.protocol.query import Query
 from podium.teacher.endpoint.config import MIB, EndpointConfig
 from podium.teacher.endpoint.errors import RequestError
 
-JSON_BYTES_PER_VALUE = 16  # a value written as JSON text ("-12.345678,"), about
 
-
-def response_bytes(batch: Batch, opts: Options, outputs: list[str], binary: dict[str, bool]) -> int:
-    """The size of the answer to a request, from its shape, outputs and their wire dtypes."""
-    positions = batch.rows * batch.width
-    total = 0
-    for name in outputs:
-        if name == LOGPROBS:
-            per, size = 1, 4
-        elif name == CANDIDATE_LOGPROBS:
-            per = int(batch.candidate_ids.shape[-1]) if batch.candidate_ids is not None else 1
-            size = 2 if opts.values_datatype == "BF16" else 4
-        else:
-            per = opts.top_k or 1
-            if name == TOPK_LOGPROBS:
-                size = 4
-            elif name in VALUE_OUTPUTS:
-                size = 2 if opts.values_datatype == "BF16" else 4
-            elif name in INDEX_OUTPUTS:
-                size = 4 if opts.indices_datatype == "INT32" else 8
-            else:
-                size = 8
-        total += positions * per * (size if binary.get(name, True) else JSON_BYTES_PER_VALUE)
-    return total
-
-
-def check_cost(config: EndpointConfig, batch: Batch, opts: Options, outputs: list[str], binary: dict[str, bool],
-               vocab_size: int) -> None:
+def check_cost(config: EndpointConfig, batch: Batch, query: Query, binary: dict[str, bool], vocab_size: int) -> None:
     """Refuse (413) a request over one of the cost bounds of ``config.server``."""
     settings = config.server
     top_k_limit = config.max_top_k(vocab_size)
-    if opts.top_k is not None and opts.top_k > top_k_limit:
-        raise RequestError(413, f"parameter 'top_k' = {opts.top_k} is over this teacher's limit of "
+    if query.top_k is not None and query.top_k > top_k_limit:
+        raise RequestError(413, f"parameter 'top_k' = {query.top_k} is over this teacher's limit of "
                                 f"{top_k_limit} (podium.server.max_top_k)")
     rows, width, tokens, most = batch.rows, batch.width, batch.rows * batch.width, settings.max_request_tokens
     if tokens > most:
         raise RequestError(413, f"request of {rows} rows × {width} positions = {tokens} tokens is over the limit of "
                                 f"{most} (podium.server.max_request_tokens; split it into smaller requests)")
-    size, mb = response_bytes(batch, opts, outputs, binary), settings.max_response_mb
+    size, mb = query.answer_bytes(batch.rows, batch.width, batch.candidates, binary), settings.max_response_mb
     if size > mb * MIB:
         raise RequestError(413, f"the answer would take about {size / MIB:.0f} MiB, over the limit of {mb}"
                                 " MiB (podium.server.max_response_mb; ask for fewer rows, a smaller top_k, binary)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from podium.protocol.batch import MAX_TEMPERATURE, MIN_TEMPERATURE
 from podium.protocol.names import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
@@ -34,8 +33,10 @@ from podium.protocol.names import (
     VALUE_DATATYPES,
     VALUES_DATATYPE,
 )
+from podium.protocol.query import MAX_TEMPERATURE, MIN_TEMPERATURE
 from podium.rendezvous.records import ModelInfo
-from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.seam import GroupFacts
 
 
 def server_metadata() -> dict[str, Any]:
@@ -43,20 +44,18 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
 
 
-def model_info(group: LogprobGroup, config: EndpointConfig, *, vocab_size: int, max_sequence_length: int | None,
-               sequence_length_multiple: int) -> ModelInfo:
-    """The model's facts: the group's (its spec, checkpoint and layout) and the config's (names, tokenizer)."""
-    spec: Any = getattr(group, "spec", None)  # LogprobGroup promises no spec (a stand-in may lack one)
+def model_info(facts: GroupFacts, config: EndpointConfig) -> ModelInfo:
+    """The model's facts: the group's (its checkpoint and layout) and the config's (names, tokenizer)."""
     return ModelInfo(
         served_name=config.served_name,
         model_name=config.model_name,
-        checkpoint_path=str(getattr(group, "checkpoint_path", None) or "") or None,
-        vocab_size=vocab_size,
-        max_sequence_length=max_sequence_length,
-        sequence_length_multiple=sequence_length_multiple,
-        data_parallel_size=int(getattr(group, "data_parallel_size", 1) or 1),
-        temperature=float(getattr(spec, "temperature", 1.0)),
-        parallel_sizes=spec.parallel_sizes() if hasattr(spec, "parallel_sizes") else {},
+        checkpoint_path=facts.checkpoint_path or None,
+        vocab_size=facts.vocab_size,
+        max_sequence_length=facts.max_sequence_length,
+        sequence_length_multiple=facts.sequence_length_multiple,
+        data_parallel_size=facts.data_parallel_size,
+        temperature=facts.temperature,
+        parallel_sizes=dict(facts.parallel_sizes),
         tokenizer_fingerprint=config.tokenizer_fingerprint,
         tokenizer_vocab_size=config.tokenizer_vocab_size,
     )

@@ -61,19 +61,19 @@ class EndpointMetrics:
         self.tokens = counter("podium_tokens", "Real tokens (input lengths) of rows answered 200")
         self.computed = counter("podium_computed_tokens",
                                 "Token positions the model computed (rows x bucket length, padding included)")
-        self.calls = counter("podium_group_calls", "Group calls (one or more requests each)")
+        self.batches = counter("podium_group_calls", "Batches through the group (one or more requests each)")
         self.microbatches = counter("podium_microbatches", "Forward micro-batches run")
         self.errors = counter("podium_errors", "Failed infer requests, by kind", ("kind",))
         self.abandoned = counter("podium_abandoned_requests", "Requests whose client went away before the answer")
-        self.forward = Histogram("podium_forward_seconds", "Seconds of one group call", ("teacher",),
+        self.forward = Histogram("podium_forward_seconds", "Seconds of one batch through the group", ("teacher",),
                                  buckets=_TIME_BUCKETS, registry=r)
-        self.wait = Histogram("podium_queue_wait_seconds", "Seconds from a request's arrival to its first rows' call",
+        self.wait = Histogram("podium_queue_wait_seconds", "Seconds from a request's arrival to its first rows' batch",
                               ("teacher",), buckets=_TIME_BUCKETS, registry=r)
-        self.call_tokens = Histogram("podium_call_tokens", "Real tokens in one group call", ("teacher",),
+        self.batch_tokens = Histogram("podium_call_tokens", "Real tokens in one batch", ("teacher",),
                                      buckets=_TOKEN_BUCKETS, registry=r)
         self.queue = Gauge("podium_queue_depth", "Requests queued or computing", ("teacher",), registry=r)
         self.queue.labels(**labels).set_function(queue_depth)
-        self.queue_rows = Gauge("podium_queue_rows", "Rows waiting for a group call", ("teacher",), registry=r)
+        self.queue_rows = Gauge("podium_queue_rows", "Rows waiting for a batch", ("teacher",), registry=r)
         self.queue_rows.labels(**labels).set_function(queued_rows)
         self.rate = Gauge("podium_tokens_per_second_1m", "Real tokens answered per second over the last minute",
                           ("teacher",), registry=r)
@@ -89,7 +89,7 @@ class EndpointMetrics:
         self.generation = Gauge("podium_generation_info", "The job and restart that answer (value 1)",
                                 ("teacher", "job_id", "restart"), registry=r)
         self._teacher = teacher
-        for metric in (self.rows, self.tokens, self.computed, self.calls, self.microbatches, self.abandoned,
+        for metric in (self.rows, self.tokens, self.computed, self.batches, self.microbatches, self.abandoned,
                        self.response_bytes):
             metric.labels(**labels)  # present (at 0) from the start
 
@@ -117,12 +117,12 @@ class EndpointMetrics:
     def failed(self, kind: str) -> None:
         self.errors.labels(teacher=self._teacher, kind=kind).inc()
 
-    def call(self, *, seconds: float, tokens: int, computed_tokens: int | None, microbatches: int | None,
+    def batch(self, *, seconds: float, tokens: int, computed_tokens: int | None, microbatches: int | None,
              waits: list[float]) -> None:
         t = self._teacher
-        self.calls.labels(teacher=t).inc()
+        self.batches.labels(teacher=t).inc()
         self.forward.labels(teacher=t).observe(seconds)
-        self.call_tokens.labels(teacher=t).observe(tokens)
+        self.batch_tokens.labels(teacher=t).observe(tokens)
         self.computed.labels(teacher=t).inc(computed_tokens if computed_tokens is not None else tokens)
         if microbatches:
             self.microbatches.labels(teacher=t).inc(microbatches)
@@ -148,7 +148,7 @@ def summary(text: str) -> dict[str, float]:
     requests and errors."""
     values = totals(text)
     computed = values.get("podium_computed_tokens_total", 0.0)
-    tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every call
+    tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every batch
     return {
         "tokens_per_s_1m": values.get("podium_tokens_per_second_1m", 0.0),
         "bytes_out_per_s_1m": values.get("podium_response_bytes_per_second_1m", 0.0),

@@ -6,9 +6,9 @@ infer request's body is read first (at most 2 × ``server.max_queue`` at once, e
 time limits: :mod:`~podium.teacher.endpoint.body`), decoded and checked off the event loop, and
 refused when it would cost too much (:mod:`~podium.teacher.endpoint.cost`); only then does it take
 one of ``server.max_queue`` queue slots (queued or computing; beyond it 503 + ``Retry-After``), so
-a stalled upload holds no slot. The requests of all callers are batched into group calls by
-:mod:`podium.teacher.endpoint.batching` (run by :mod:`~podium.teacher.endpoint.calls`); a request whose
-client went away leaves the queue and never reaches the group. Every error answer names its kind
+a stalled upload holds no slot. The requests of all callers are joined into batches by
+:mod:`~podium.teacher.endpoint.batching` (computed by :mod:`~podium.teacher.endpoint.runner`); a
+request whose client went away leaves the queue and never reaches the group. Every error answer names its kind
 (``X-Podium-Error-Kind``, :meth:`EndpointServer.failure`). Readiness is set by the owner
 of the teacher's lifecycle, with a reason when it is false; :meth:`EndpointServer.failure` says
 what a group failure is answered with; draining answers 503 + ``Retry-After`` while queued
@@ -29,7 +29,7 @@ from aiohttp import web
 from podium.fds import connection_budget, raise_nofile_limit
 from podium.net import http_url, listen_on_free_port
 from podium.protocol import oip
-from podium.protocol.batch import Batch, Options
+from podium.protocol.batch import Batch
 from podium.protocol.names import (
     CALLER_HEADER,
     ERROR_GROUP_BROKEN,
@@ -42,21 +42,23 @@ from podium.protocol.names import (
     RETRY_AFTER,
     SERVER_METADATA,
 )
+from podium.protocol.query import Query
 from podium.rendezvous.records import ModelInfo
 from podium.teacher.endpoint import metadata, proof
 from podium.teacher.endpoint.answer import infer_response, wire
-from podium.teacher.endpoint.batching import Job, RowBlocks, Scheduler
+from podium.teacher.endpoint.batching import QueuedRequest, RequestBatcher, RowBlocks
 from podium.teacher.endpoint.body import BodyLimits, RawRequest, read_request
-from podium.teacher.endpoint.calls import GroupCalls, call_tokens
-from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, guard_middleware
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from podium.teacher.endpoint.metrics import EndpointMetrics
 from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
+from podium.teacher.endpoint.runner import GroupRunner, batch_tokens
 from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.endpoint.validation import validate_request
+from podium.teacher.seam import ServedGroup
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +69,11 @@ LISTEN_BACKLOG = 1024  # handshakes the kernel completes before the endpoint acc
 class EndpointServer:
     """The aiohttp application around one group (asyncio API: ``await start()``, ``await stop()``)."""
 
-    def __init__(self, group: LogprobGroup, config: EndpointConfig) -> None:
+    def __init__(self, group: ServedGroup, config: EndpointConfig) -> None:
         self.group = group
         self.config = config
-        self.vocab_size = int(group.vocab_size)
-        self.max_sequence_length: int | None = getattr(group, "max_sequence_length", None)
-        self.sequence_length_multiple = int(getattr(group, "sequence_length_multiple", 1) or 1)
+        self.facts = group.facts  # stated once the group is up: fixed while it serves
+        self.vocab_size = self.facts.vocab_size
         self._names = {config.served_name, *config.aliases} | ({config.teacher_key} if config.teacher_key else set())
         self._ready = False  # until the lifecycle says so (set_ready), once the endpoint is published
         self._not_ready_reason = "starting"
@@ -82,12 +83,12 @@ class EndpointServer:
         self._served = 0
         self.abandoned = 0  # requests whose client went away before its answer
         self._idle: asyncio.Event | None = None
-        self._scheduler: Scheduler | None = None
+        self._batcher: RequestBatcher | None = None
         self.metrics = EndpointMetrics(config.teacher_key or config.served_name, lambda: self.queue_depth,
-                                       lambda: self._scheduler.queued_rows if self._scheduler else 0)
+                                       lambda: self._batcher.queued_rows if self._batcher else 0)
         if config.generation is not None:
             self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
-        self._calls = GroupCalls(group, self.metrics)
+        self._group_runner = GroupRunner(group, self.metrics)
         # decoding, checking and encoding bodies: CPU work that would stall health probes on the loop
         self._codec = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="podium-codec")
         settings = config.server
@@ -109,7 +110,7 @@ class EndpointServer:
     @property
     def broken(self) -> str | None:
         """Why the group can serve no more, when it says so (its ``broken``), else None."""
-        broken = getattr(self.group, "broken", None)
+        broken = self.group.broken
         return str(broken) if broken else None
 
     def _why_not_ready(self) -> str | None:
@@ -133,7 +134,7 @@ class EndpointServer:
     def queue_depth(self) -> int:
         """Requests queued or in the group's call (one whose client went away while the group computes
         it too: the group is busy with it); requests still reading their body not included."""
-        return self._scheduler.depth if self._scheduler is not None else 0
+        return self._batcher.depth if self._batcher is not None else 0
 
     @property
     def served(self) -> int:
@@ -153,9 +154,7 @@ class EndpointServer:
         self._not_ready_reason = "" if ready else (reason or "not ready")
 
     def model_info(self) -> ModelInfo:
-        return metadata.model_info(self.group, self.config, vocab_size=self.vocab_size,
-                                   max_sequence_length=self.max_sequence_length,
-                                   sequence_length_multiple=self.sequence_length_multiple)
+        return metadata.model_info(self.facts, self.config)
 
     def metadata(self) -> dict[str, Any]:
         """The model metadata answer, with this server's state."""
@@ -191,11 +190,13 @@ class EndpointServer:
         """Bind, start serving, return the URL."""
         self._idle = asyncio.Event()
         self._idle.set()
-        self._scheduler = Scheduler(self._calls.call, call_tokens=call_tokens(self.group, self.config.call_tokens),
-                                    max_delay_s=self.config.server.max_queue_delay_ms / 1000.0,
-                                    batch_requests=self.config.server.batch_requests, on_call=self._calls.observe,
-                                    on_change=self._update_idle, broken=lambda: self.broken is not None)
-        self._scheduler.start()
+        self._batcher = RequestBatcher(self._group_runner.compute,
+                                       batch_tokens=batch_tokens(self.facts, self.config.batch_tokens),
+                                       max_delay_s=self.config.server.max_queue_delay_ms / 1000.0,
+                                       batch_requests=self.config.server.batch_requests,
+                                       on_batch=self._group_runner.observe, on_change=self._update_idle,
+                                       broken=lambda: self.broken is not None)
+        self._batcher.start()
         raise_nofile_limit()
         budget = connection_budget()
         if budget is not None and budget < self.connections.max_connections:
@@ -245,10 +246,10 @@ class EndpointServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._scheduler is not None:
-            await self._scheduler.stop()
+        if self._batcher is not None:
+            await self._batcher.stop()
         await self.connections.stop()
-        self._calls.shutdown()
+        self._group_runner.shutdown()
         self.sender.shutdown()
         self._codec.shutdown(wait=False, cancel_futures=True)
         logger.info("teacher %r stopped serving at %s after %d requests",
@@ -281,8 +282,8 @@ class EndpointServer:
                             {**self._retry_after(), ERROR_KIND_HEADER: ERROR_QUEUE_FULL})
 
     def failure(self, exc: Exception) -> RequestError:
-        """What a group call that raised ``exc`` is answered with (the scheduler has computed a
-        failed call's requests again one at a time, so ``exc`` is this request's own unless the
+        """What a batch that raised ``exc`` is answered with (the batcher has computed a
+        failed batch's requests again one at a time, so ``exc`` is this request's own unless the
         group broke).
 
         - any error while the teacher is no longer ready (the lifecycle said so with
@@ -359,24 +360,23 @@ class EndpointServer:
             self._admitted -= 1
             self._update_idle()
 
-    async def _run(self, batch: Batch, opts: Options, outputs: list[str], request_id: str,
-                   caller: str) -> dict[str, RowBlocks]:
-        """The request through the scheduler (batched with other callers' rows). Cancelled (its
+    async def _run(self, batch: Batch, query: Query, request_id: str, caller: str) -> dict[str, RowBlocks]:
+        """The request through the batcher (joined with other callers' rows). Cancelled (its
         client went away) before its first rows were sent, it leaves the queue and never reaches
         the group; mid-way, no more of its rows are sent and its answer is dropped. Either way it
         counts in :attr:`abandoned`."""
-        assert self._scheduler is not None, "endpoint not started"
+        assert self._batcher is not None, "endpoint not started"
         loop = asyncio.get_running_loop()
-        job = Job(request_id, caller, batch, opts, tuple(outputs), loop.create_future(),
-                  seq_multiple=self.sequence_length_multiple)
-        self._scheduler.submit(job)
+        queued = QueuedRequest(request_id, caller, batch, query, loop.create_future(),
+                               seq_multiple=self.facts.sequence_length_multiple)
+        self._batcher.submit(queued)
         self._update_idle()
         try:
-            result = await job.future
+            result = await queued.future
         except asyncio.CancelledError:
             self.abandoned += 1
             self.metrics.abandoned_request()
-            if job.started is None:
+            if queued.started is None:
                 logger.info("request %s: the client went away while it was queued; dropped before the group",
                             request_id)
             else:
@@ -394,34 +394,33 @@ class EndpointServer:
             self._update_idle()
         return result
 
-    def _check(self, req: oip.InferRequest) -> tuple[Batch, Options, list[str]]:
+    def _check(self, req: oip.InferRequest) -> tuple[Batch, Query]:
         """The request checked against the model and its cost (on a codec thread)."""
-        batch, opts, outputs = validate_request(req, vocab_size=self.vocab_size,
-                                               max_sequence_length=self.max_sequence_length, max_top_k=None)
-        check_cost(self.config, batch, opts, outputs, {name: req.wants_binary(name) for name in outputs},
+        batch, query = validate_request(req, vocab_size=self.vocab_size,
+                                        max_sequence_length=self.facts.max_sequence_length, max_top_k=None)
+        check_cost(self.config, batch, query, {name: req.wants_binary(name) for name in query.outputs},
                    self.vocab_size)
-        return batch, opts, outputs
+        return batch, query
 
     async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         req = await loop.run_in_executor(self._codec, raw.decode)
         request_id = req.id or request[REQUEST_ID]
         request[REQUEST_ID] = request_id
-        batch, opts, outputs = await loop.run_in_executor(self._codec, self._check, req)
+        batch, query = await loop.run_in_executor(self._codec, self._check, req)
         started = time.perf_counter()
         caller = request.headers.get(CALLER_HEADER) or request.remote or "?"
-        result = await self._run(batch, opts, outputs, request_id, caller)
+        result = await self._run(batch, query, request_id, caller)
         self._served += 1
         self.metrics.served(batch.rows, batch.tokens)
         logger.debug("request %s: %s in %.3fs", request_id, list(batch.input_ids.shape), time.perf_counter() - started)
-        missing = [name for name in outputs if name not in result]
+        missing = [name for name in query.outputs if name not in result]
         if missing:
             raise RequestError(500, f"teacher {self.config.served_name!r} returned no {missing}")
-        return await loop.run_in_executor(self._codec, self._encode, req, result, outputs, opts, request_id)
+        return await loop.run_in_executor(self._codec, self._encode, req, result, query, request_id)
 
-    def _encode(self, req: oip.InferRequest, result: dict[str, RowBlocks], outputs: list[str], opts: Options,
+    def _encode(self, req: oip.InferRequest, result: dict[str, RowBlocks], query: Query,
                 request_id: str) -> web.StreamResponse:
         """The answer, each output in its wire dtype (on a codec thread)."""
-        wired = {name: wire(name, array, opts, self.vocab_size) for name, array in result.items()}
-        return infer_response(self.config, req, wired, outputs, opts, request_id, self.sender)
-
+        wired = {name: wire(name, array, query, self.vocab_size) for name, array in result.items()}
+        return infer_response(self.config, req, wired, query, request_id, self.sender)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from podium.teacher.endpoint.config import EndpointConfig, LogprobGroup
+from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.server import EndpointServer
+from podium.teacher.seam import ServedGroup
 
 
 class ServerThread:
     """An :class:`EndpointServer` on its own event loop in a background thread."""
 
-    def __init__(self, group: LogprobGroup, config: EndpointConfig) -> None:
+    def __init__(self, group: ServedGroup, config: EndpointConfig) -> None:
         self.server = EndpointServer(group, config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
