@@ -62,7 +62,7 @@ from podium.client.errors import (
 )
 from podium.client.options import ClientOptions, convert_outputs
 from podium.client.receive import EagerConversion
-from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
+from podium.client.replicas import CallDeadline, ReplicaConnection, ReplicaSet, error_text
 from podium.client.transport import BodyWatch, HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, Options, as_int_array, batch_inputs, validate_options
@@ -152,17 +152,17 @@ class TeacherClient:
         """Call the replicas whose endpoint records are ``record_paths`` from now on."""
         self.replicas.set_paths(record_paths)
 
-    def _new_call(self, timeout_s: float | None) -> Call:
+    def _new_deadline(self, timeout_s: float | None) -> CallDeadline:
         limit = self.options.call_timeout_s if timeout_s is None else float(timeout_s)
-        return Call(self.label, limit, self.options.ready_timeout_s)
+        return CallDeadline(self.label, limit, self.options.ready_timeout_s)
 
     def wait_ready(self, timeout_s: float | None = None) -> EndpointRecord:
         """Block until a replica of the teacher is ready (at most ``timeout_s``, default
         ``ready_timeout_s``); return its record."""
         limit = self.options.ready_timeout_s if timeout_s is None else float(timeout_s)
-        endpoint = self.replicas.acquire(Call(self.label, limit, limit))
-        self.replicas.release(endpoint)
-        return endpoint.record
+        connection = self.replicas.acquire(CallDeadline(self.label, limit, limit))
+        self.replicas.release(connection)
+        return connection.record
 
     # ------------------------------------------------------------------ tokenizer safety
 
@@ -178,7 +178,7 @@ class TeacherClient:
 
     # ------------------------------------------------------------------ calls
 
-    def _answerer_gone(self, answered: Endpoint, resp: HTTPResponse) -> str | None:
+    def _answerer_gone(self, answered: ReplicaConnection, resp: HTTPResponse) -> str | None:
         """After a 5xx: what says the generation that answered it is gone since (None: nothing).
 
         The replica's record is re-read: it names another generation, or that generation is not
@@ -204,60 +204,60 @@ class TeacherClient:
               timeout_s: float | None = None, watch: BodyWatch | None = None) -> tuple[HTTPResponse, EndpointRecord]:
         """One request, to a replica that can answer, within one deadline (see the module doc);
         returns a 2xx response and the record of the generation that gave it."""
-        call = self._new_call(timeout_s)
+        deadline = self._new_deadline(timeout_s)
         crashes: list[str] = []  # the generations that died under this request, and how
         full_answers = 0  # queue-full answers this call got: its backoff doubles with each
         while True:
-            if call.left() <= 0:
-                raise call.unavailable()
-            endpoint = self.replicas.acquire(call)
-            record = endpoint.record
+            if deadline.left() <= 0:
+                raise deadline.unavailable()
+            connection = self.replicas.acquire(deadline)
+            record = connection.record
             gen, where = str(record.generation), self.replicas.where(record)
-            call.generation = gen
+            deadline.generation = gen
             replica = f"replica {record.replica} " if self.replicas.multiple else ""
             at = f"{replica}generation {gen} at {record.url}"
             try:
-                resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0),
-                                                  watch=watch)
+                resp = connection.transport.request(method, path, body, headers,
+                                                    timeout_s=max(deadline.left(), 0.0), watch=watch)
             except TransportError as exc:
-                call.note(f"{at}: {exc}")
+                deadline.note(f"{at}: {exc}")
                 if exc.dropped:
                     self._crashed(crashes, where, gen, f"{at}: connection lost with the request sent")
                 logger.warning("teacher %s generation %s: %s; re-reading the records", where, gen, exc)
-                self._failed_over(endpoint, call)
+                self._failed_over(connection, deadline)
                 continue
             finally:
-                self.replicas.release(endpoint)
+                self.replicas.release(connection)
             kind = resp.header(ERROR_KIND_HEADER)
             if kind == ERROR_QUEUE_FULL:
                 full_answers += 1
                 wait = self._backoff(_retry_after(resp), full_answers)
-                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
+                deadline.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
                 logger.info("teacher %s generation %s: queue full; none sent there for %.1fs", where, gen, wait)
-                self.replicas.full(endpoint, wait)
+                self.replicas.full(connection, wait)
                 self._retried()
                 continue
             if kind == ERROR_GROUP_BROKEN:
                 self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status} {error_text(resp.body)}")
             if resp.status == 503 or kind == ERROR_GROUP_BROKEN:
-                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
+                deadline.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
                 logger.info("teacher %s generation %s answered 503; another replica or a ready endpoint", where, gen)
-                self._failed_over(endpoint, call)
+                self._failed_over(connection, deadline)
                 retry_after = _retry_after(resp)
                 if retry_after and not self.replicas.any_usable():
-                    time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, call.left())))
+                    time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, deadline.left())))
                 continue
             if 400 <= resp.status < 500:
                 raise TeacherRequestError(where, gen, resp.status, error_text(resp.body))
             if resp.status >= 500:
-                gone = self._answerer_gone(endpoint, resp)
+                gone = self._answerer_gone(connection, resp)
                 if gone is not None:
-                    call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}; {gone}")
+                    deadline.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}; {gone}")
                     if kind != ERROR_GROUP_BROKEN:  # counted above
                         self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status}; {gone}")
                     logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", where, gen,
                                    resp.status, gone)
-                    self._failed_over(endpoint, call)
+                    self._failed_over(connection, deadline)
                     continue
                 if kind == ERROR_REQUEST_FAILED:
                     raise TeacherRequestFailedError(where, gen, resp.status, error_text(resp.body))
@@ -267,7 +267,7 @@ class TeacherClient:
             if served and served != gen:
                 logger.info("teacher %s: answered by generation %s, record said %s; re-reading the record",
                             where, served, gen)
-                self.replicas.forget(endpoint)
+                self.replicas.forget(connection)
             return resp, record
 
     def _crashed(self, crashes: list[str], where: str, gen: str, how: str) -> None:
@@ -288,11 +288,11 @@ class TeacherClient:
         base = max(retry_after, self.options.poll_interval_s) * 2 ** min(full_answers - 1, 16)
         return min(base * random.uniform(1.0, 1.5), max(self.options.max_backoff_s, retry_after))
 
-    def _failed_over(self, endpoint: Endpoint, call: Call) -> None:
-        """This endpoint did not answer the call: none goes there until its record says it is
-        ready again; the call is sent again (to another replica when one answers)."""
-        self.replicas.forget(endpoint)
-        call.unusable()
+    def _failed_over(self, connection: ReplicaConnection, deadline: CallDeadline) -> None:
+        """The replica did not answer the request: none goes there until its record says it is
+        ready again; the request is sent again (to another replica when one answers)."""
+        self.replicas.forget(connection)
+        deadline.unusable()
         self._retried()
 
     def metadata(self, *, timeout_s: float | None = None) -> dict[str, Any]:

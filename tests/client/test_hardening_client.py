@@ -180,7 +180,8 @@ def test_a_replica_whose_queue_is_full_is_skipped_for_another(tmp_path: Path, in
     try:
         client.get_logprobs("math", DATA)  # both replicas known
         until(lambda: len(client.teacher("math").replicas._replicas) == 2
-              and all(r.endpoint is not None for r in client.teacher("math").replicas._replicas), what="both replicas")
+              and all(r.connection is not None for r in client.teacher("math").replicas._replicas),
+              what="both replicas")
         import requests
 
         full_group.hold = gate
