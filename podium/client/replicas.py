@@ -1,8 +1,8 @@
-"""A teacher's replicas as one client sees them: which can answer now, and which to call next.
+"""A teacher's replicas as one client sees them: which can answer now, and which the next request goes to.
 
 A teacher may be served by several replicas: independent allocations of the same model, each with
 its own job, generation and endpoint record (``rendezvous.json`` lists their records). The teacher
-is deterministic, so any replica gives the same answer and a call may go to any of them.
+is deterministic, so any replica gives the same answer and a request may go to any of them.
 
 Owns :class:`ReplicaSet`: the records of a teacher's replicas, the endpoints among them that are
 known to answer (ready, heartbeat not stale, and confirmed by a health probe on a connection where
@@ -11,18 +11,19 @@ the choice:
 
 - **least outstanding requests** among the usable replicas (ties taken in turn), so concurrent
   callers spread over the replicas by how busy each is;
-- a replica whose call failed (connection lost, 503 while it drains, a generation gone) is
-  dropped from the usable ones (:meth:`ReplicaSet.forget`) and the call goes at once to another;
+- a replica whose request failed (connection lost, 503 while it drains, a generation gone) is
+  dropped from the usable ones (:meth:`ReplicaSet.forget`) and the request goes at once to another;
   when none is usable the call waits, re-reading every replica's record, until one is;
-- a replica whose queue is full (503 + Retry-After) gets no call until its backoff has passed
-  (:meth:`ReplicaSet.full`): calls go to the others, or wait for the first one to be due;
+- a replica whose queue is full (503 + Retry-After) gets no request until its backoff has passed
+  (:meth:`ReplicaSet.full`): requests go to the others, or wait for the first one to be due;
 - replicas not in use are looked at again every ``ClientOptions.refresh_s``, in a thread of its
   own started by the call that finds it due (so a replica that hangs its probe delays no call; a
   failed probe backs off), so a replica that comes back after a preemption, or one newly listed,
   takes its share again;
 - ``failed`` for good (:meth:`EndpointRecord.failure_is_final`) ends a call only when every replica is.
 
-:class:`Call` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`.
+:class:`CallDeadline` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`;
+:class:`ReplicaConnection` is a replica known to answer, as a request reaches it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ PROBE_BACKOFF_MAX_S = 60.0  # a replica whose ready record does not answer is pr
 
 
 @dataclass
-class Call:
+class CallDeadline:
     """One call's deadline and what it saw (for :class:`TeacherUnavailableError`)."""
 
     teacher: str
@@ -60,12 +61,12 @@ class Call:
     waiting_since: float | None = None  # when the teacher was found unusable (the ready timeout runs)
 
     @property
-    def deadline(self) -> float:
+    def ends_at(self) -> float:
         return self.started + self.limit_s
 
     def left(self) -> float:
         """Seconds left before the call's deadline (or the ready timeout, while waiting)."""
-        end = self.deadline
+        end = self.ends_at
         if self.waiting_since is not None:
             end = min(end, self.waiting_since + self.ready_timeout_s)
         return end - time.monotonic()
@@ -86,7 +87,7 @@ class Call:
 
     def unavailable(self) -> TeacherUnavailableError:
         now = time.monotonic()
-        if now >= self.deadline or self.waiting_since is None:
+        if now >= self.ends_at or self.waiting_since is None:
             limit = f"call deadline {self.limit_s:g}s"
         else:
             limit = f"not ready within ready_timeout_s {self.ready_timeout_s:g}s"
@@ -95,21 +96,22 @@ class Call:
 
 @dataclass(eq=False)
 class Replica:
-    """One replica's record, and the endpoint this client uses there (None: not known to answer)."""
+    """One replica's record, and how this client reaches it (None: not known to answer)."""
 
     path: Path
-    endpoint: Endpoint | None = None
+    connection: ReplicaConnection | None = None
     transport: HTTPTransport | None = None  # kept while the URL and the generation stay the same
-    outstanding: int = 0  # calls of this client in flight there
+    outstanding: int = 0  # requests of this client in flight there
     final: EndpointRecord | None = None  # its record says failed for good
     probe_after: float = 0.0  # monotonic: a background look probes it again no sooner
     probe_backoff_s: float = 0.0
-    full_until: float = 0.0  # monotonic: its queue said full; no call goes there sooner
+    full_until: float = 0.0  # monotonic: its queue said full; no request goes there sooner
 
 
 @dataclass(frozen=True, eq=False)
-class Endpoint:
-    """A replica's endpoint known to answer: its record (the generation) and the transport to it."""
+class ReplicaConnection:
+    """A replica known to answer, as this client reaches it: its record (the generation) and the
+    transport to its endpoint (which holds the sockets, one per thread)."""
 
     replica: Replica
     record: EndpointRecord
@@ -136,7 +138,7 @@ class ReplicaSet:
         self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
         self._looking: threading.Thread | None = None  # the look in a thread of its own, if one runs
         self._closed = False
-        self.last: Endpoint | None = None  # the endpoint of the last call
+        self.last: ReplicaConnection | None = None  # where the last request went
 
     # ------------------------------------------------------------------ what it holds
 
@@ -155,7 +157,7 @@ class ReplicaSet:
 
     def set_paths(self, paths: Sequence[str | Path]) -> None:
         """The replicas are now those whose records are ``paths`` (the rendezvous changed): new ones
-        are looked at with the next call; calls in flight on a removed one finish there."""
+        are looked at with the next call; requests in flight on a removed one finish there."""
         if not paths:
             raise ValueError(f"teacher {self.label}: no replica to call")
         with self._lock:
@@ -168,29 +170,29 @@ class ReplicaSet:
 
     # ------------------------------------------------------------------ choosing one
 
-    def acquire(self, call: Call) -> Endpoint:
-        """An endpoint to send this call to (least outstanding requests among the usable replicas),
-        waiting for one within the call's deadline; :meth:`release` it after the exchange."""
+    def acquire(self, deadline: CallDeadline) -> ReplicaConnection:
+        """Where to send a request (least outstanding requests among the usable replicas), waiting
+        for one within the call's ``deadline``; :meth:`release` it after the exchange."""
         while True:
             if self._due():
                 self._look_aside()
             picked, full_for = self._pick()
             if picked is not None:
-                call.usable()
+                deadline.usable()
                 return picked
             if full_for is not None:  # every usable replica said its queue is full: wait for the first due
-                left = call.left()
+                left = deadline.left()
                 if left <= 0:
-                    raise call.unavailable()
+                    raise deadline.unavailable()
                 time.sleep(min(full_for, left))
                 continue
             # none answers now: one thread waits for one (the others wait for it, within their deadlines)
-            if not self._finding.acquire(timeout=max(call.left(), 0.0)):
-                call.note("another call of this client was waiting for the teacher")
-                raise call.unavailable()
+            if not self._finding.acquire(timeout=max(deadline.left(), 0.0)):
+                deadline.note("another call of this client was waiting for the teacher")
+                raise deadline.unavailable()
             try:
                 if not self.any_usable():
-                    self._wait(call)
+                    self._wait(deadline)
             finally:
                 self._finding.release()
 
@@ -208,41 +210,41 @@ class ReplicaSet:
         if not self._finding.acquire(blocking=False):
             return  # a call waits for a replica: it looks at them itself
         try:
-            limit = self.options.connect_timeout_s
-            self._look(Call(self.label, limit, limit), background=True)
+            limit = self.options.connect_timeout_s  # the look's own deadline: it serves no call, its notes are dropped
+            self._look(CallDeadline(self.label, limit, limit), background=True)
         except Exception as exc:  # a tokenizer mismatch, a failure: the call that goes there says it
             logger.warning("teacher %s: looking at its replicas: %s", self.label, exc)
         finally:
             self._finding.release()
 
-    def release(self, endpoint: Endpoint) -> None:
+    def release(self, connection: ReplicaConnection) -> None:
         with self._lock:
-            endpoint.replica.outstanding -= 1
+            connection.replica.outstanding -= 1
 
-    def forget(self, endpoint: Endpoint) -> None:
-        """The replica did not answer this endpoint's call: no new call goes there until a look at
-        its record finds it ready again."""
+    def forget(self, connection: ReplicaConnection) -> None:
+        """The replica did not answer a request sent through ``connection``: no new request goes
+        there until a look at its record finds it ready again."""
         with self._lock:
-            if endpoint.replica.endpoint is endpoint:
-                endpoint.replica.endpoint = None
-                endpoint.replica.probe_after = 0.0
+            if connection.replica.connection is connection:
+                connection.replica.connection = None
+                connection.replica.probe_after = 0.0
 
-    def full(self, endpoint: Endpoint, wait_s: float) -> None:
-        """The replica's queue is full: no call goes there for ``wait_s`` (others go elsewhere)."""
+    def full(self, connection: ReplicaConnection, wait_s: float) -> None:
+        """The replica's queue is full: no request goes there for ``wait_s`` (others go elsewhere)."""
         with self._lock:
-            replica = endpoint.replica
+            replica = connection.replica
             replica.full_until = max(replica.full_until, time.monotonic() + wait_s)
 
     def any_usable(self) -> bool:
-        """A call sent now would go to a replica known to answer (none: it would wait)."""
+        """A request sent now would go to a replica known to answer (none: it would wait)."""
         with self._lock:
-            return any(r.endpoint is not None for r in self._replicas)
+            return any(r.connection is not None for r in self._replicas)
 
-    def _pick(self) -> tuple[Endpoint | None, float | None]:
-        """The endpoint to call, or (None, seconds until a full one is due; None: none usable)."""
+    def _pick(self) -> tuple[ReplicaConnection | None, float | None]:
+        """Where to send a request, or (None, seconds until a full one is due; None: none usable)."""
         now = time.monotonic()
         with self._lock:
-            usable = [(i, r) for i, r in enumerate(self._replicas) if r.endpoint is not None]
+            usable = [(i, r) for i, r in enumerate(self._replicas) if r.connection is not None]
             if not usable:
                 return None, None
             due = [(i, r) for i, r in usable if r.full_until <= now]
@@ -253,27 +255,27 @@ class ReplicaSet:
             _, replica = min(usable, key=lambda ir: (ir[1].outstanding, (ir[0] - self._turn) % n))
             self._turn += 1
             replica.outstanding += 1
-            assert replica.endpoint is not None
-            self.last = replica.endpoint
-            return replica.endpoint, None
+            assert replica.connection is not None
+            self.last = replica.connection
+            return replica.connection, None
 
     def _due(self) -> bool:
-        """Calls go to some replicas, others are not in use, and the last look at those is
+        """Requests go to some replicas, others are not in use, and the last look at those is
         ``refresh_s`` old (with none in use a call waits, and looks itself)."""
         with self._lock:
-            used = [r.endpoint is not None for r in self._replicas]
+            used = [r.connection is not None for r in self._replicas]
             return any(used) and not all(used) and time.monotonic() - self._looked_at >= self.options.refresh_s
 
     # ------------------------------------------------------------------ finding the usable ones
 
-    def _wait(self, call: Call) -> None:
+    def _wait(self, deadline: CallDeadline) -> None:
         """Look at every replica until one answers; :class:`TeacherFailedError` when every one has
-        failed for good, ``call.unavailable()`` when the call's time is up."""
+        failed for good, ``deadline.unavailable()`` when the call's time is up."""
         interval = self.options.poll_interval_s
         while True:
-            self._look(call, background=False)
+            self._look(deadline, background=False)
             with self._lock:
-                if any(r.endpoint is not None for r in self._replicas):
+                if any(r.connection is not None for r in self._replicas):
                     return
                 finals = [r.final for r in self._replicas]
             if all(final is not None for final in finals):
@@ -281,18 +283,18 @@ class ReplicaSet:
                 assert last is not None
                 every = f" (every one of its {len(finals)} replicas failed for good)" if self.multiple else ""
                 raise TeacherFailedError(self.where(last), str(last.generation), f"{last.reason}{every}")
-            call.unusable()
-            left = call.left()
+            deadline.unusable()
+            left = deadline.left()
             if left <= 0:
-                raise call.unavailable()
+                raise deadline.unavailable()
             time.sleep(min(interval, left))
             interval = min(interval * 2, self.options.max_poll_interval_s)
 
-    def _look(self, call: Call, *, background: bool) -> None:
+    def _look(self, deadline: CallDeadline, *, background: bool) -> None:
         """Read the record of every replica not in use and probe the ready ones; ``background``:
-        while calls go to other replicas (a probe that failed lately waits its backoff)."""
+        while requests go to other replicas (a probe that failed lately waits its backoff)."""
         with self._lock:
-            replicas = [r for r in self._replicas if r.endpoint is None]
+            replicas = [r for r in self._replicas if r.connection is None]
             self._looked_at = time.monotonic()
         for replica in replicas:
             if background and time.monotonic() < replica.probe_after:
@@ -301,50 +303,50 @@ class ReplicaSet:
                 with self._lock:
                     self._looked_at = 0.0  # the waiting call has one: the others are looked at aside, now
                 return
-            endpoint = self._examine(replica, call, background)
-            if endpoint is not None:
+            connection = self._examine(replica, deadline, background)
+            if connection is not None:
                 with self._lock:
                     closed = self._closed
                     if not closed:
                         earlier = replica.transport
-                        if earlier is not None and earlier is not endpoint.transport:
+                        if earlier is not None and earlier is not connection.transport:
                             self._old_transports.append(earlier)  # another generation's
-                        replica.endpoint, replica.transport = endpoint, endpoint.transport
+                        replica.connection, replica.transport = connection, connection.transport
                         replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
                 if closed:
-                    endpoint.transport.close()
+                    connection.transport.close()
                     return
-                logger.info("teacher %s: using generation %s at %s", self.where(endpoint.record),
-                            endpoint.record.generation, endpoint.record.url)
+                logger.info("teacher %s: using generation %s at %s", self.where(connection.record),
+                            connection.record.generation, connection.record.url)
 
-    def _examine(self, replica: Replica, call: Call, background: bool) -> Endpoint | None:
-        """The replica's endpoint when its record says ready and it answers so; else None (what was
-        seen is noted)."""
+    def _examine(self, replica: Replica, deadline: CallDeadline, background: bool) -> ReplicaConnection | None:
+        """How to reach the replica when its record says ready and it answers so; else None (what
+        was seen is noted)."""
         now = time.time()
         prefix = f"replica {replica.path.parent.name}: " if self.multiple else ""
         try:
             record = read_record(replica.path)
         except FileReadError as exc:
-            call.note(f"{prefix}record {exc.kind}: {exc.detail}")
+            deadline.note(f"{prefix}record {exc.kind}: {exc.detail}")
             return None
         gen = str(record.generation)
-        call.generation = gen
+        deadline.generation = gen
         stale = record.is_stale(self.options.stale_after_s, now)
         replica.final = record if record.failure_is_final() else None
         if record.status is Status.FAILED:
             retry = "for good" if replica.final is not None else "the teacher will retry"
-            call.note(f"{prefix}generation {gen} failed ({record.reason or 'no reason given'}); {retry}")
+            deadline.note(f"{prefix}generation {gen} failed ({record.reason or 'no reason given'}); {retry}")
             if replica.final is not None and not self.multiple:
                 raise TeacherFailedError(self.label, gen, record.reason)
             return None
         if record.status is not Status.READY or not record.url:
             reason = f" ({record.reason})" if record.reason else ""
             stale_note = f", stale: no heartbeat for {record.age(now):.0f}s" if stale else ""
-            call.note(f"{prefix}generation {gen} {record.status.value}{reason}{stale_note}")
+            deadline.note(f"{prefix}generation {gen} {record.status.value}{reason}{stale_note}")
             return None
         if stale:
-            call.note(f"{prefix}generation {gen} ready at {record.url} but stale: no heartbeat for "
-                      f"{record.age(now):.0f}s; not used")
+            deadline.note(f"{prefix}generation {gen} ready at {record.url} but stale: no heartbeat for "
+                          f"{record.age(now):.0f}s; not used")
             return None
         identity = ServerIdentity(gen, record.teacher_key) if self._token else None
         known = replica.transport
@@ -352,18 +354,18 @@ class ReplicaSet:
             else self._transport(record.url, identity)
         # a ready endpoint answers its health at once: one that does not within the connect
         # timeout is not used (and a hung one holds no look for longer)
-        problem = self._probe(record, transport, max(min(call.left(), self.options.connect_timeout_s), 0.0))
+        problem = self._probe(record, transport, max(min(deadline.left(), self.options.connect_timeout_s), 0.0))
         if problem is not None:
             if transport is not replica.transport:
                 transport.close()
-            call.note(f"{prefix}generation {gen} ready at {record.url} but {problem}")
+            deadline.note(f"{prefix}generation {gen} ready at {record.url} but {problem}")
             with self._lock:
                 replica.probe_backoff_s = min(max(2 * replica.probe_backoff_s, self.options.refresh_s),
                                               PROBE_BACKOFF_MAX_S)
                 replica.probe_after = time.monotonic() + replica.probe_backoff_s
             return None
         self._check_tokenizer(self.where(record), record)
-        return Endpoint(replica, record, transport)
+        return ReplicaConnection(replica, record, transport)
 
     def _transport(self, url: str, identity: ServerIdentity | None) -> HTTPTransport:
         o = self.options
@@ -397,7 +399,7 @@ class ReplicaSet:
             replicas, self._retired = [*self._replicas, *self._retired], []
             old, self._old_transports = self._old_transports, []
             for replica in replicas:
-                replica.endpoint = None
+                replica.connection = None
         for transport in old:
             transport.close()
         for replica in replicas:

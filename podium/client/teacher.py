@@ -7,33 +7,8 @@ with a health probe: records can be stale), and follows restarts and failovers: 
 deterministic, so the same request sent again, to the next generation or another replica, gives
 the same answer.
 
-Each call has one deadline (``ClientOptions.call_timeout_s``, or the call's ``timeout_s``) that
-every wait and every exchange of the call stays within (an exchange's socket timeouts are never
-longer than what is left). Within it (:meth:`TeacherClient._call`), by the answer's
-``X-Podium-Error-Kind`` where it has one (:mod:`podium.protocol.names`):
-
-- ``request-failed`` (500: this request's own computation failed, the group survived) is not
-  retried (:class:`TeacherRequestFailedError` with the server's cause) unless the generation that
-  answered it is gone since (below);
-- ``queue-full`` (503 + ``Retry-After``): that replica gets no call for a jittered backoff that
-  starts at ``Retry-After`` and doubles on each full answer of the call (up to ``max_backoff_s``);
-  the call goes to another replica meanwhile, or waits for the first one due;
-- a connection error or a timeout of an exchange, and any other 503 (``group-broken``, draining,
-  not ready), are retried: on another replica that answers, else the records are re-read and the
-  call waits (also at most ``ready_timeout_s`` at a time) for a ready endpoint;
-- a 5xx other than 503 is retried only when the generation that answered it is gone since
-  (:meth:`TeacherClient._answerer_gone`); else it is :class:`TeacherServerError`;
-- a 4xx (``refused``) is never retried (:class:`TeacherRequestError`);
-- a request whose generation died under it (the connection dropped after it was sent, a
-  ``group-broken`` answer, a 5xx from a generation gone since) is sent again at most
-  ``max_retries_after_crash`` times; the next such death ends the call
-  (:class:`TeacherRequestFailedError`): a request that kills every generation must not crash-loop
-  the teacher for as long as the trainer keeps the call alive;
-- a ``failed`` record ends the call only when that failure is final
-  (:meth:`~podium.rendezvous.records.EndpointRecord.failure_is_final`, :class:`TeacherFailedError`) for every
-  replica; otherwise the call waits for the next generation;
-- when the deadline passes: :class:`TeacherUnavailableError` naming the teacher, the last
-  generation seen, how long it waited and what it saw.
+What follows each exchange of a call, within the call's one deadline (an answer, an error, the
+request sent again: to which replica, after what wait), is :mod:`podium.client.retry`'s rule.
 """
 
 from __future__ import annotations
@@ -41,28 +16,33 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from podium.client.answers import Pipeline, caller_arrays
-from podium.client.errors import (
-    TeacherRequestError,
-    TeacherRequestFailedError,
-    TeacherServerError,
-    TokenizerMismatchError,
-    TransportError,
-)
+from podium.client.errors import TeacherServerError, TokenizerMismatchError, TransportError
 from podium.client.options import ClientOptions, convert_outputs
 from podium.client.receive import EagerConversion
-from podium.client.replicas import Call, Endpoint, ReplicaSet, error_text
+from podium.client.replicas import CallDeadline, ReplicaConnection, ReplicaSet
+from podium.client.retry import (
+    Answer,
+    BackOff,
+    Exchange,
+    Fail,
+    Tally,
+    asks_answerer,
+    decide,
+    gone_since,
+    retry_after_s,
+)
 from podium.client.transport import BodyWatch, HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, as_int_array, batch_inputs
@@ -70,10 +50,7 @@ from podium.protocol.names import (
     CALLER_HEADER,
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
-    ERROR_GROUP_BROKEN,
     ERROR_KIND_HEADER,
-    ERROR_QUEUE_FULL,
-    ERROR_REQUEST_FAILED,
     GENERATION_HEADER,
     INPUT_IDS,
     INPUT_LENGTHS,
@@ -86,13 +63,9 @@ from podium.protocol.names import (
 )
 from podium.protocol.query import Query, ask
 from podium.rendezvous.atomic import FileReadError
-from podium.rendezvous.records import EndpointRecord, Status, read_record
+from podium.rendezvous.records import EndpointRecord, read_record
 
 logger = logging.getLogger(__name__)
-
-# Why a request is not sent again: it may be what kills the generations (docs/troubleshooting.md quotes it).
-CRASHED = "{n} generations died under this request ({seen}); ClientOptions.max_retries_after_crash is {limit}"
-
 
 def _caller() -> str:
     """Who calls, for the endpoint's turns between callers: this process (read per call: a
@@ -149,17 +122,17 @@ class TeacherClient:
         """Call the replicas whose endpoint records are ``record_paths`` from now on."""
         self.replicas.set_paths(record_paths)
 
-    def _new_call(self, timeout_s: float | None) -> Call:
+    def _new_deadline(self, timeout_s: float | None) -> CallDeadline:
         limit = self.options.call_timeout_s if timeout_s is None else float(timeout_s)
-        return Call(self.label, limit, self.options.ready_timeout_s)
+        return CallDeadline(self.label, limit, self.options.ready_timeout_s)
 
     def wait_ready(self, timeout_s: float | None = None) -> EndpointRecord:
         """Block until a replica of the teacher is ready (at most ``timeout_s``, default
         ``ready_timeout_s``); return its record."""
         limit = self.options.ready_timeout_s if timeout_s is None else float(timeout_s)
-        endpoint = self.replicas.acquire(Call(self.label, limit, limit))
-        self.replicas.release(endpoint)
-        return endpoint.record
+        connection = self.replicas.acquire(CallDeadline(self.label, limit, limit))
+        self.replicas.release(connection)
+        return connection.record
 
     # ------------------------------------------------------------------ tokenizer safety
 
@@ -175,23 +148,15 @@ class TeacherClient:
 
     # ------------------------------------------------------------------ calls
 
-    def _answerer_gone(self, answered: Endpoint, resp: HTTPResponse) -> str | None:
-        """After a 5xx: what says the generation that answered it is gone since (None: nothing).
-
-        The replica's record is re-read: it names another generation, or that generation is not
-        ready any more (failed, draining, stopped). Then the error came from a teacher that broke
-        under the request, and another generation or replica can answer it; else the error is the
-        request's own."""
-        gen = resp.header(GENERATION_HEADER) or str(answered.record.generation)
+    def _answerer_gone(self, answered: ReplicaConnection, resp: HTTPResponse) -> str | None:
+        """What the replica's record, re-read, says of the generation that gave ``resp`` (a 5xx
+        :func:`~podium.client.retry.asks_answerer` names): :func:`~podium.client.retry.gone_since`
+        (None: nothing says it is gone, or the record cannot be read)."""
         try:
             now = read_record(answered.replica.path)
         except FileReadError:
             return None
-        if str(now.generation) != gen:
-            return f"the record now says generation {now.generation} ({now.status.value})"
-        if now.status is not Status.READY:
-            return f"its record now says {now.status.value}" + (f" ({now.reason})" if now.reason else "")
-        return None
+        return gone_since(resp.header(GENERATION_HEADER) or str(answered.record.generation), now)
 
     def _retried(self) -> None:
         with self._lock:
@@ -199,98 +164,59 @@ class TeacherClient:
 
     def _call(self, method: str, path: str, body: list | None = None, headers: dict | None = None,
               timeout_s: float | None = None, watch: BodyWatch | None = None) -> tuple[HTTPResponse, EndpointRecord]:
-        """One request, to a replica that can answer, within one deadline (see the module doc);
-        returns a 2xx response and the record of the generation that gave it."""
-        call = self._new_call(timeout_s)
-        crashes: list[str] = []  # the generations that died under this request, and how
-        full_answers = 0  # queue-full answers this call got: its backoff doubles with each
+        """One request, to a replica that can answer, within one deadline, sent again as
+        :func:`podium.client.retry.decide` says after each exchange; returns a 2xx response and the
+        record of the generation that gave it."""
+        deadline = self._new_deadline(timeout_s)
+        tally = Tally()
         while True:
-            if call.left() <= 0:
-                raise call.unavailable()
-            endpoint = self.replicas.acquire(call)
-            record = endpoint.record
-            gen, where = str(record.generation), self.replicas.where(record)
-            call.generation = gen
-            replica = f"replica {record.replica} " if self.replicas.multiple else ""
-            at = f"{replica}generation {gen} at {record.url}"
-            try:
-                resp = endpoint.transport.request(method, path, body, headers, timeout_s=max(call.left(), 0.0),
-                                                  watch=watch)
-            except TransportError as exc:
-                call.note(f"{at}: {exc}")
-                if exc.dropped:
-                    self._crashed(crashes, where, gen, f"{at}: connection lost with the request sent")
-                logger.warning("teacher %s generation %s: %s; re-reading the records", where, gen, exc)
-                self._failed_over(endpoint, call)
+            if deadline.left() <= 0:
+                raise deadline.unavailable()
+            connection = self.replicas.acquire(deadline)
+            deadline.generation = str(connection.record.generation)
+            resp, exchange = self._exchange(connection, method, path, body, headers, deadline, watch)
+            decision = decide(exchange, tally, self.options)
+            if isinstance(decision, Fail):
+                raise decision.error
+            for level, text in decision.logs:
+                logger.log(level, text)
+            if isinstance(decision, Answer):
+                if decision.forget:
+                    self.replicas.forget(connection)
+                assert resp is not None  # an answer is a response
+                return resp, connection.record
+            deadline.note(decision.note)
+            tally = decision.tally
+            self._retried()
+            if isinstance(decision, BackOff):
+                self.replicas.full(connection, decision.seconds)
                 continue
-            finally:
-                self.replicas.release(endpoint)
-            kind = resp.header(ERROR_KIND_HEADER)
-            if kind == ERROR_QUEUE_FULL:
-                full_answers += 1
-                wait = self._backoff(_retry_after(resp), full_answers)
-                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
-                logger.info("teacher %s generation %s: queue full; none sent there for %.1fs", where, gen, wait)
-                self.replicas.full(endpoint, wait)
-                self._retried()
-                continue
-            if kind == ERROR_GROUP_BROKEN:
-                self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status} {error_text(resp.body)}")
-            if resp.status == 503 or kind == ERROR_GROUP_BROKEN:
-                call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}")
-                logger.info("teacher %s generation %s answered 503; another replica or a ready endpoint", where, gen)
-                self._failed_over(endpoint, call)
-                retry_after = _retry_after(resp)
-                if retry_after and not self.replicas.any_usable():
-                    time.sleep(min(retry_after, self.options.poll_interval_s, max(0.0, call.left())))
-                continue
-            if 400 <= resp.status < 500:
-                raise TeacherRequestError(where, gen, resp.status, error_text(resp.body))
-            if resp.status >= 500:
-                gone = self._answerer_gone(endpoint, resp)
-                if gone is not None:
-                    call.note(f"{at}: HTTP {resp.status} {error_text(resp.body)}; {gone}")
-                    if kind != ERROR_GROUP_BROKEN:  # counted above
-                        self._crashed(crashes, where, gen, f"{at}: HTTP {resp.status}; {gone}")
-                    logger.warning("teacher %s generation %s answered HTTP %d and %s; retrying", where, gen,
-                                   resp.status, gone)
-                    self._failed_over(endpoint, call)
-                    continue
-                if kind == ERROR_REQUEST_FAILED:
-                    raise TeacherRequestFailedError(where, gen, resp.status, error_text(resp.body))
-            if resp.status >= 300:
-                raise TeacherServerError(where, gen, resp.status, error_text(resp.body))
-            served = resp.header(GENERATION_HEADER)
-            if served and served != gen:
-                logger.info("teacher %s: answered by generation %s, record said %s; re-reading the record",
-                            where, served, gen)
-                self.replicas.forget(endpoint)
-            return resp, record
+            self.replicas.forget(connection)
+            deadline.unusable()
+            if decision.pause_s and not self.replicas.any_usable():
+                time.sleep(decision.pause(deadline.left()))
 
-    def _crashed(self, crashes: list[str], where: str, gen: str, how: str) -> None:
-        """A generation died under this request (``how``): it may be sent again, at most
-        ``max_retries_after_crash`` times in a call; the next death is :class:`TeacherRequestFailedError`."""
-        crashes.append(how)
-        limit = self.options.max_retries_after_crash
-        if len(crashes) > limit:
-            why = CRASHED.format(n=len(crashes), seen="; ".join(crashes), limit=limit)
-            raise TeacherRequestFailedError(where, gen, None, why)
-        logger.warning("teacher %s: generation %s died under this request (%s); sending it again (%d of at most %d)",
-                       where, gen, how, len(crashes), limit)
-
-    def _backoff(self, retry_after: float, full_answers: int) -> float:
-        """How long a replica that said its queue is full gets no call: ``Retry-After`` (at least
-        ``poll_interval_s``) doubling with each full answer of the call, jittered up to +50% so
-        callers turned away together do not come back together, at most ``max_backoff_s``."""
-        base = max(retry_after, self.options.poll_interval_s) * 2 ** min(full_answers - 1, 16)
-        return min(base * random.uniform(1.0, 1.5), max(self.options.max_backoff_s, retry_after))
-
-    def _failed_over(self, endpoint: Endpoint, call: Call) -> None:
-        """This endpoint did not answer the call: none goes there until its record says it is
-        ready again; the call is sent again (to another replica when one answers)."""
-        self.replicas.forget(endpoint)
-        call.unusable()
-        self._retried()
+    def _exchange(self, connection: ReplicaConnection, method: str, path: str, body: list | None,
+                  headers: dict | None, deadline: CallDeadline,
+                  watch: BodyWatch | None) -> tuple[HTTPResponse | None, Exchange]:
+        """Send the request through ``connection`` (released after); the response (None when the
+        exchange failed) and what it produced, for the retry rule."""
+        record = connection.record
+        gen = str(record.generation)
+        replica = f"replica {record.replica} " if self.replicas.multiple else ""
+        sent = Exchange(self.replicas.where(record), gen, f"{replica}generation {gen} at {record.url}")
+        try:
+            resp = connection.transport.request(method, path, body, headers, timeout_s=max(deadline.left(), 0.0),
+                                                watch=watch)
+        except TransportError as exc:
+            return None, replace(sent, error=str(exc), dropped=exc.dropped)
+        finally:
+            self.replicas.release(connection)
+        kind = resp.header(ERROR_KIND_HEADER)
+        gone = self._answerer_gone(connection, resp) if asks_answerer(resp.status, kind) else None
+        return resp, replace(sent, status=resp.status, kind=kind, body=resp.body, gone=gone,
+                             retry_after_s=retry_after_s(resp.header(RETRY_AFTER)),
+                             served=resp.header(GENERATION_HEADER))
 
     def metadata(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
@@ -487,9 +413,3 @@ def check_tokenizer_against(
                 f"{where}: tokenizer fingerprint {teacher_fp} != trainer's {fingerprint} (different vocabularies)"
             )
 
-
-def _retry_after(resp: HTTPResponse) -> float:
-    try:
-        return float(resp.header(RETRY_AFTER) or 0)
-    except ValueError:
-        return 0.0

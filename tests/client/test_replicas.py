@@ -4,32 +4,40 @@ stand-in groups (every replica gives the same answer, as the real, deterministic
 What is asserted: concurrent calls spread by least outstanding requests; a replica that drains,
 vanishes or fails is skipped and the call goes to another without an error; one that comes back
 takes its share again; a change of the rendezvous (``podium scale``) is followed; a call fails only
-when every replica has failed for good. The same client against real replicas on the Slurm test
+when every replica has failed for good; a replica whose queue is full gets no request while another
+can take it. How a replica's record is read (one replica): a corrupt record is reported and heals, a
+stale one is not used though its URL answers, only a final failure ends a call, a probe answer that
+names no generation is not accepted. The same client against real replicas on the Slurm test
 cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from harness.exchanges import record_infer_exchanges
 from harness.fake_group import FakeGroup, Gate, fake_logprobs
 from harness.lifecycle import Teacher
 from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
 
 import podium
-from podium.client import TeacherFailedError
-from podium.rendezvous import Generation, Status, read_rendezvous, write_rendezvous
+from podium.client import TeacherFailedError, TeacherUnavailableError
+from podium.rendezvous import Generation, RecordWriter, Status, read_record, read_rendezvous, write_rendezvous
 
 MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
-FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "refresh_s": 0.2,
-        "return_type": "numpy"}
+ONE = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))  # one replica: its record's states
+POLLING = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2}
+FAST = {**POLLING, "refresh_s": 0.2, "return_type": "numpy"}
 DATA = {"input_ids": [[5, 9, 2, 7], [3, 1, 0, 0]], "input_lengths": [4, 2]}
 EXPECTED = fake_logprobs(np.array(DATA["input_ids"]), np.array(DATA["input_lengths"]))
 
@@ -45,6 +53,12 @@ def replicas(tmp_path: Path) -> Iterator[tuple[Path, list[Teacher]]]:
     yield layout.rendezvous_path, started
     for teacher in started:
         teacher.stop()
+
+
+@pytest.fixture
+def exchanges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, Any]]:
+    """(url, bytes of the body, status or the exception's name) of every infer exchange the client makes."""
+    return record_infer_exchanges(monkeypatch)
 
 
 def in_flight(teacher: Teacher) -> int:
@@ -228,3 +242,131 @@ def test_a_replica_that_hangs_its_probe_delays_no_call(replicas) -> None:
         hung.close()
         for conn in held:
             conn.close()
+
+
+def test_corrupt_record_is_reported_and_heals(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    layout, token = make_run(tmp_path, [ONE], default_alias="math")
+    teacher = Teacher(FakeGroup(), layout, ONE, token, heartbeat_s=0.5).start()
+    record_path = layout.endpoint_path(ONE.name, ONE.key)
+    try:
+        teacher.heartbeat.stop()
+        full = record_path.read_bytes()
+        record_path.write_bytes(full[: len(full) // 3])
+        with pytest.raises(TeacherUnavailableError, match=r"record corrupt: not valid JSON"):
+            podium.connect(layout.rendezvous_path, ready_timeout_s=0.3, poll_interval_s=0.05).get_logprobs(
+                "math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        # the owner's next heartbeat rewrites the record whole; a waiting client then proceeds
+        from podium.rendezvous import Heartbeat
+
+        threading.Timer(0.4, teacher.writer.heartbeat).start()
+        client = podium.connect(layout.rendezvous_path, **POLLING)
+        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        np.testing.assert_array_equal(out["logprobs"].numpy(), fake_logprobs([[1, 2]], [2]))
+        client.close()
+        teacher.heartbeat = Heartbeat(teacher.writer, 0.5).start()
+    finally:
+        teacher.stop()
+
+
+def test_stale_record_is_not_used_even_if_its_url_answers(tmp_path: Path) -> None:
+    """A record whose heartbeat is stale is not used though something answers at its URL (the
+    writer may be gone and the port someone else's); a fresh heartbeat makes it usable again."""
+    layout, token = make_run(tmp_path, [ONE], default_alias="math")
+    teacher = Teacher(FakeGroup(), layout, ONE, token).start()
+    try:
+        teacher.heartbeat.stop()
+        time.sleep(0.2)
+        record = read_record(layout.endpoint_path(ONE.name, ONE.key))
+        assert record.is_stale(0.1)
+        client = podium.connect(layout.rendezvous_path, stale_after_s=0.1, **POLLING)
+        with pytest.raises(TeacherUnavailableError, match="stale: no heartbeat for"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]}, timeout_s=0.5)
+        assert teacher.group.calls == []
+        teacher.writer.heartbeat()
+        out = client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+        assert out["logprobs"].shape == (1, 2)
+        client.close()
+    finally:
+        teacher.stop()
+
+
+def test_only_a_final_failure_ends_a_call(tmp_path: Path) -> None:
+    """A ``failed`` record the launcher will retry keeps the call waiting (to its deadline here);
+    one marked final raises TeacherFailedError at once."""
+    layout, _ = make_run(tmp_path, [ONE], default_alias="math")
+    writer = RecordWriter(layout.endpoint_path(ONE.name, ONE.key), teacher_key=ONE.key, teacher_name="math",
+                          generation=Generation(1000, 0))
+    record = writer.publish(Status.FAILED, reason="node n2 lost", will_retry=True)
+    assert not record.failure_is_final()
+    with podium.connect(layout.rendezvous_path, **POLLING) as client:
+        with pytest.raises(TeacherUnavailableError, match=r"generation 1000:0 failed \(node n2 lost\); the teacher "
+                                                          r"will retry"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]}, timeout_s=0.3)
+        record = writer.publish(Status.FAILED, reason="node n2 lost again", final=True)
+        assert record.failure_is_final()
+        with pytest.raises(TeacherFailedError, match="generation 1000:0 failed: node n2 lost again"):
+            client.get_logprobs("math", {"input_ids": [[1, 2]], "input_lengths": [2]})
+    plain = writer.publish(Status.FAILED, reason="checkpoint not found", final=False)
+    assert not plain.failure_is_final()  # final: false says it outright
+    assert plain.model_copy(update={"final": None}).failure_is_final()  # no word either way: final
+    assert not plain.model_copy(update={"status": Status.READY}).failure_is_final()
+
+
+def test_a_probe_answer_that_names_no_generation_is_not_accepted() -> None:
+    from podium.client.replicas import ReplicaSet
+    from podium.client.transport import HTTPResponse
+
+    class Answers:
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, body: bytes) -> None:
+            self.body = body
+
+        def request(self, *args: Any, **kw: Any) -> HTTPResponse:
+            return HTTPResponse(200, http.client.HTTPMessage(), bytearray(self.body))
+
+    record = type("Record", (), {"generation": Generation(7, 1), "url": "http://127.0.0.1:1"})()
+    probe = ReplicaSet._probe
+    assert probe(record, Answers(b'{"ready": true, "generation": "7:1"}'), 1.0) is None
+    for body in (b'{"ready": true}', b'{"ready": true, "generation": null}', b"ready",
+                 b'{"ready": true, "generation": "7:0"}'):
+        assert probe(record, Answers(body), 1.0) is not None, body
+
+
+def test_a_replica_whose_queue_is_full_is_skipped_for_another(tmp_path: Path, exchanges: list) -> None:
+    two = TeacherDef("e5e5e5e5e5e5", "math", ("math",), replicas=2)
+    layout, token = make_run(tmp_path, [two], default_alias="math")
+    full_group = FakeGroup()
+    gate = Gate()
+    full = Teacher(full_group, layout, two, token, generation=Generation(4000, 0), replica=0,
+                   server_settings={"max_queue": 1}, config_overrides={"retry_after_s": 30}).start()
+    free = Teacher(FakeGroup(), layout, two, token, generation=Generation(4001, 0), replica=1).start()
+    client = podium.connect(layout.rendezvous_path, **FAST)
+    blocker: threading.Thread | None = None
+    try:
+        client.get_logprobs("math", DATA)  # both replicas known
+        until(lambda: len(client.teacher("math").replicas._replicas) == 2
+              and all(r.connection is not None for r in client.teacher("math").replicas._replicas),
+              what="both replicas")
+        import requests
+
+        full_group.hold = gate
+        blocker = threading.Thread(target=lambda: requests.post(
+            f"{full.url}/v2/models/math/infer", timeout=60, headers={"Authorization": f"Bearer {token}"},
+            json={"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, 2]},
+                             {"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}]}))
+        blocker.start()
+        full_group.wait_for_calls(1)
+        exchanges.clear()
+        for _ in range(6):
+            client.get_logprobs("math", DATA, timeout_s=10)
+        to_full = [status for url, _, status in exchanges if url == full.url]
+        assert to_full in ([], [503]), exchanges  # told once, then left alone for its Retry-After
+        assert sum(1 for url, _, status in exchanges if url == free.url and status == 200) == 6
+    finally:
+        gate.release(10)
+        if blocker is not None:
+            blocker.join(60)
+        client.close()
+        full.stop()
+        free.stop()
