@@ -12,10 +12,8 @@
 NeMo RL's facades on a client: ``podium.nemo_rl.RemoteTeacherWorkerGroup.from_client(client, alias)``
 (that package imports this one, never the other way round).
 
-Modules: ``client`` (routing, multi-teacher, re-reading the rendezvous), ``teacher`` (one
-teacher's calls, restart following), ``replicas`` (which of a teacher's replicas a call goes to),
-``transport`` (keep-alive HTTP), ``answers`` (a call's parameters and answer, large calls in row
-chunks in flight at once), ``errors``; the wire itself is ``podium.protocol``.
+What a call asks is a :class:`~podium.protocol.query.Query`, checked here by the rule the teacher
+applies; the wire itself is ``podium.protocol``. Every module opens with what it owns.
 Importing this package pulls numpy but not torch: podium's base install (no extras: a trainer's
 light install) has neither torch nor transformers. Results are torch tensors where torch is
 importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).

@@ -39,7 +39,7 @@ left). Within it, after each exchange, by the answer's ``X-Podium-Error-Kind`` w
 Owns :func:`decide`, the rules after one exchange, pure: it takes what the exchange produced
 (:class:`Exchange`) and what the call met so far (:class:`Tally`) and returns a :data:`Decision`
 (:class:`Answer`, :class:`Fail`, :class:`BackOff`, :class:`FailOver`) with every message to note or
-log; :meth:`TeacherClient._call <podium.client.teacher.TeacherClient._call>` makes the exchanges,
+log; :meth:`TeacherClient._send <podium.client.teacher.TeacherClient._send>` makes the exchanges,
 reads a replica's record when :func:`asks_answerer` says the rule needs it, and carries the
 decisions out.
 """
@@ -47,6 +47,7 @@ decisions out.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -164,11 +165,13 @@ def gone_since(generation: str, now: EndpointRecord) -> str | None:
 
 
 def retry_after_s(header: str | None) -> float:
-    """A ``Retry-After`` header's seconds (0: none, or not a number)."""
+    """A ``Retry-After`` header's seconds (0: none, not a number, negative or not finite: a NaN or
+    negative value would make the pause raise, an infinite one shut the replica out for good)."""
     try:
-        return float(header or 0)
+        seconds = float(header or 0)
     except ValueError:
         return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def backoff_s(retry_after: float, full_answers: int, options: ClientOptions,

@@ -273,6 +273,8 @@ def test_a_full_queue_is_no_crash_and_no_failover() -> None:
 def test_retry_after_is_read_as_seconds() -> None:
     assert retry_after_s("2") == 2.0 and retry_after_s("1.5") == 1.5
     assert retry_after_s(None) == retry_after_s("") == retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT") == 0.0
+    # a server's nonsense never makes the pause raise (NaN, negative) or shuts a replica out for good (inf)
+    assert retry_after_s("nan") == retry_after_s("-3") == retry_after_s("inf") == retry_after_s("-inf") == 0.0
 
 
 # ---------------------------------------------------------------------------------------- the deadline
