@@ -36,7 +36,7 @@ class ClientOptions:
     binary: bool = True  # binary tensor extension (False: JSON tensors)
     # A call whose binary answer is at least this many MB (10^6 bytes) is sent as up to four requests
     # of consecutive rows at once: the first answers cross the wire while the teacher computes the
-    # later ones (podium.client.answers). None: always one request.
+    # later ones (podium.client.pipeline). None: always one request.
     pipeline_mb: float | None = 32.0
     # A request whose generation died under it (the connection dropped after it was sent, or the
     # group answered broken) is sent again at most this many times, to other replicas or later

@@ -1,4 +1,5 @@
-"""An answer's narrow tensors converted while the rest of it is still arriving.
+"""An answer as the caller gets it: :func:`caller_arrays`, its narrow tensors converted while the
+rest of it is still arriving (:class:`EagerConversion`).
 
 The caller gets float32 values and int64 ids whatever travelled (BF16 values, INT32 ids: half the
 bytes). Converting after the whole body is in costs a pass over the answer that nothing overlaps:
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.message import Message
 from typing import Any
@@ -127,3 +129,21 @@ class EagerConversion:
             pending.convert(self._body, self._body.nbytes)
             out[pending.name] = pending.out.reshape(pending.shape)
         return out
+
+
+def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True,
+                  converted: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64
+    (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place);
+    those in ``converted`` as they are (converted while the answer arrived: :mod:`.receive`)."""
+    result = {}
+    for name in outputs:
+        if converted and name in converted:
+            result[name] = converted[name]
+        elif name in VALUE_OUTPUTS:
+            result[name] = decoded.as_float32(name)
+        elif name in INDEX_OUTPUTS and widen:
+            result[name] = decoded.outputs[name].astype(np.int64, copy=False)
+        else:
+            result[name] = decoded.outputs[name]
+    return result

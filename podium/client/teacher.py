@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from podium.client.answers import Pipeline, caller_arrays
 from podium.client.errors import TeacherServerError, TokenizerMismatchError, TransportError
 from podium.client.options import ClientOptions, convert_outputs
-from podium.client.receive import EagerConversion
+from podium.client.pipeline import Pipeline
+from podium.client.receive import EagerConversion, caller_arrays
 from podium.client.replicas import CallDeadline, ReplicaConnection, ReplicaSet
 from podium.client.retry import (
     Answer,
@@ -321,7 +321,7 @@ class TeacherClient:
               request_id: str | None = None, timeout_s: float | None = None) -> dict[str, np.ndarray]:
         """One call of a checked :class:`~podium.protocol.query.Query` on numpy arrays (the typed form
         every ``get_*`` method above is an adapter over): one infer request, or a few of
-        consecutive rows at once for a large answer (:class:`~podium.client.answers.Pipeline`)."""
+        consecutive rows at once for a large answer (:class:`~podium.client.pipeline.Pipeline`)."""
         request_id = request_id or uuid.uuid4().hex
         rows = int(ids.shape[0])
         candidates = None if candidate_ids is None else int(candidate_ids.shape[-1])

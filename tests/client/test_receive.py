@@ -11,8 +11,7 @@ from email.message import Message
 import numpy as np
 import pytest
 
-from podium.client.answers import caller_arrays
-from podium.client.receive import EagerConversion
+from podium.client.receive import EagerConversion, caller_arrays
 from podium.protocol import oip, pieces
 from podium.protocol.names import LOGPROBS, TOPK_LOGIT_INDICES, TOPK_LOGITS
 

@@ -26,7 +26,7 @@ from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
 
 import podium
-from podium.client.answers import Pipeline
+from podium.client.pipeline import Pipeline
 from podium.client.transport import HTTPTransport
 from podium.protocol import oip, pieces
 from podium.protocol.batch import Batch

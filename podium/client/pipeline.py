@@ -1,8 +1,6 @@
-"""What a call gets back: its answer as the caller gets it, and a large call as row chunks in
-flight at once (what it asks is a :class:`~podium.protocol.query.Query`).
+"""A large call as row chunks in flight at once: the wire overlapped with the teacher's compute.
 
-:func:`caller_arrays` decodes an OIP answer into the caller's dtypes (values float32, BF16
-decoded; ids int64 whatever they travelled as). :func:`row_chunks` and :func:`pipelined` overlap
+:func:`row_chunks` and :func:`pipelined` overlap
 the wire with the teacher's compute: a call whose answer is at least ``ClientOptions.pipeline_mb``
 is sent as up to :data:`MAX_CHUNKS` requests of consecutive rows, at once, each on a connection
 of its own thread, when its client has no other call in flight (:class:`Pipeline`). The
@@ -20,37 +18,17 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from podium.protocol import oip
 from podium.protocol.names import (
     INDEX_OUTPUTS,
-    VALUE_OUTPUTS,
 )
 
 MAX_CHUNKS = 4  # requests in flight for one call: the last one's transfer is what is not overlapped
 WORTH = 3.0  # pipelined while answers wait this many times longer than their bodies take to arrive
 CHUNK_THREADS = 16  # a teacher client's threads that send pipelined calls' chunks (each keeps its connections)
-
-
-def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: bool = True,
-                  converted: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64
-    (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place);
-    those in ``converted`` as they are (converted while the answer arrived: :mod:`.receive`)."""
-    result = {}
-    for name in outputs:
-        if converted and name in converted:
-            result[name] = converted[name]
-        elif name in VALUE_OUTPUTS:
-            result[name] = decoded.as_float32(name)
-        elif name in INDEX_OUTPUTS and widen:
-            result[name] = decoded.outputs[name].astype(np.int64, copy=False)
-        else:
-            result[name] = decoded.outputs[name]
-    return result
 
 
 def row_chunks(rows: int, answer: float, pipeline_mb: float | None) -> list[tuple[int, int]]:
