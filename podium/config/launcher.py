@@ -128,7 +128,7 @@ class ServerSettings(_Strict):
     # How long an idle teacher lets a request wait for company before computing it (requests
     # that arrive while it computes are batched anyway).
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
-    # False: one request per group call, in arrival order (no batching across callers).
+    # False: one request per batch through the group, in arrival order (no batching across callers).
     batch_requests: bool = True
     # A teacher nobody has called for this long stops (its job ends, its nodes go back); None: never.
     # For shared clusters, where a forgotten teacher would hold its nodes until its time limit.

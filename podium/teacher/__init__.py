@@ -1,7 +1,7 @@
 """podium.teacher: one teacher, in four layers, each a package that imports only those below it.
 
 - :mod:`~podium.teacher.endpoint` (serving): the HTTP endpoint on the head node, its admission,
-  the batching of every caller's requests into group calls, its metrics. It knows a group only by
+  the batching of every caller's requests into batches for the group, its metrics. It knows a group only by
   :mod:`podium.teacher.seam` and never imports model building;
 - :mod:`~podium.teacher.compute`: the worker group on Ray (placement, rendezvous, micro-batches,
   data-parallel shards) and each rank's worker, its logprob head and pipeline stage loop;

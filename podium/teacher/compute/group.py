@@ -56,7 +56,7 @@ class GroupOptions:
     placement_timeout_s: float = 600.0
     setup_timeout_s: float | None = None
     dist_timeout_s: float = 600.0
-    # After a call raised: how long the other workers get to come back before the group counts as
+    # After a batch raised: how long the other workers get to come back before the group counts as
     # broken (one stuck in a collective its peers left never does).
     failed_call_settle_s: float = 30.0
     master_port_range: tuple[int, int] | None = None
@@ -70,7 +70,7 @@ class TeacherWorkerGroup:
     """One teacher: ``num_nodes × gpus_per_node`` Ray workers holding one Megatron model.
 
     Assumes ``ray.init`` was called by the caller. See the module docstring for placement and the
-    call protocol. Attributes after construction: ``facts`` (:class:`~podium.teacher.seam.GroupFacts`:
+    call's steps. Attributes after construction: ``facts`` (:class:`~podium.teacher.seam.GroupFacts`:
     the vocabulary, not padded, the longest row, what TP/CP pad a row to, DP size, micro-batch
     budget, checkpoint), ``spec``, ``worker_info`` (one :class:`~podium.teacher.compute.rank.RankInfo`
     per rank).
@@ -240,8 +240,8 @@ class TeacherWorkerGroup:
                                        seq_multiple=self.facts.sequence_length_multiple)
             # each replica's rows in its plan's order (a filler row, -1, is one token 0 of length 1)
             order = [[i for mb in shard for i in mb.rows] for shard in replicas]
-            calls = self._dispatch(batch, query, replicas, order)
-            answer = self._collect(calls, order, batch.rows, query)
+            tasks = self._dispatch(batch, query, replicas, order)
+            answer = self._collect(tasks, order, batch.rows, query)
             self.last_batch = BatchStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
                                          computed_tokens=computed_tokens(replicas),
                                          seconds=time.perf_counter() - started,
@@ -261,23 +261,23 @@ class TeacherWorkerGroup:
             arrays["cands"] = batch.candidate_ids
         shards = [{name: ray.put(torch.from_numpy(_take(a, rows, filler_length=name == "lengths")))
                    for name, a in arrays.items()} if rows else None for rows in order]
-        calls = []
+        tasks = []
         for actor, info in zip(self._actors, self.worker_info, strict=True):
             shard = shards[info.dp_rank]
             if shard is None:  # fewer micro-batches than replicas: this one has nothing to do
                 continue
             steps = [(len(mb.rows), mb.seq_len) for mb in replicas[info.dp_rank]]
-            calls.append((info.dp_rank, info.is_output,
+            tasks.append((info.dp_rank, info.is_output,
                           actor.get_logprobs.remote(shard["ids"], shard["lengths"], steps, query, shard.get("cands"))))
-        return calls
+        return tasks
 
-    def _collect(self, calls: Sequence[tuple[int, bool, Any]], order: Sequence[Sequence[int]], rows: int,
+    def _collect(self, tasks: Sequence[tuple[int, bool, Any]], order: Sequence[Sequence[int]], rows: int,
                  query: Query) -> dict[str, Any]:
         """The output ranks' answers, each row put back at its place in the batch. A failure whose
         workers do not all come back (a dead one, one stuck in a collective) breaks the group."""
         import torch
 
-        futures = [future for _, _, future in calls]
+        futures = [future for _, _, future in tasks]
         try:
             results = _get_first_error(futures, None)
         except Exception as exc:
@@ -285,7 +285,7 @@ class TeacherWorkerGroup:
                 self._broken = f"{type(exc).__name__}: {exc}"[:2000]
             raise
         answer: dict[str, Any] = {}
-        for (d, is_output, _), out in zip(calls, results, strict=True):
+        for (d, is_output, _), out in zip(tasks, results, strict=True):
             if not is_output:
                 continue
             real = [k for k, i in enumerate(order[d]) if i >= 0]

@@ -1,6 +1,6 @@
-"""How a group call's rows become forward micro-batches: length buckets, a token budget, DP balance.
+"""How a batch's rows become forward micro-batches: length buckets, a token budget, DP balance.
 
-One rule for every caller of the group (the endpoint's scheduler, an in-process trainer, a
+One rule for every caller of the group (the endpoint's batcher, an in-process trainer, a
 benchmark), planned on the driver so that every rank of a data-parallel replica runs the same
 micro-batches:
 
@@ -45,7 +45,7 @@ def bucket_length(length: int, seq_multiple: int = 1) -> int:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Rows (indices into the call's batch; ``-1`` for a filler row) run at ``seq_len``."""
+    """Rows (indices into the batch; ``-1`` for a filler row) run at ``seq_len``."""
 
     rows: tuple[int, ...]
     seq_len: int

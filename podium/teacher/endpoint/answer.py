@@ -38,7 +38,7 @@ WireBlocks = tuple[np.ndarray | CastBlock, ...]
 
 
 def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarray]:
-    """The outputs a group call returned, as numpy arrays ``[rows, width, ...]`` of ``batch``."""
+    """The outputs the group returned for a batch, as numpy arrays ``[rows, width, ...]`` of ``batch``."""
     out: dict[str, np.ndarray] = {}
     for name in OUTPUTS:
         if name in result and result[name] is not None:

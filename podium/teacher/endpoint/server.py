@@ -132,7 +132,7 @@ class EndpointServer:
 
     @property
     def queue_depth(self) -> int:
-        """Requests queued or in the group's call (one whose client went away while the group computes
+        """Requests queued or in the group's batch (one whose client went away while the group computes
         it too: the group is busy with it); requests still reading their body not included."""
         return self._batcher.depth if self._batcher is not None else 0
 

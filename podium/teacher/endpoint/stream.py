@@ -7,7 +7,7 @@ callbacks), moved a third of what the machine's loopback moves. :class:`AnswerSe
 body of at least :data:`STREAM_FROM` bytes with a :class:`StreamedAnswer`: aiohttp sends its
 status line, headers (``Content-Length`` set, so clients and middleware know the size) and the
 small JSON header; then a thread of the sender's pool writes each tensor's bytes to the socket
-straight from the arrays' memory (each group call's row block in turn; a block whose dtype is not
+straight from the arrays' memory (each batch's row block in turn; a block whose dtype is not
 its wire dtype a megabyte at a time, cast as it goes: :class:`~podium.protocol.pieces.CastBlock`),
 and the event loop goes on serving others (health probes answer while 100 MB leave).
 
