@@ -8,6 +8,7 @@ Imported as ``harness.<module>`` (``tests/`` is on ``sys.path``); fixtures live 
 - :mod:`harness.fake_group`, :mod:`harness.run`, :mod:`harness.lifecycle`: a numpy worker group, a
   run directory, a group served and published by the real teacher lifecycle;
 - :mod:`harness.infer_requests`: OIP request bodies and the table of bad requests;
+- :mod:`harness.endpoint`: an endpoint serving a stand-in group, and the endpoint tests' calls to it;
 - :mod:`harness.client_loop`: a trainer's checked ``get_logprobs`` loop in a thread;
 - :mod:`harness.cli`: the ``podium`` CLI run as a user runs it;
 - :mod:`harness.slurm_run`, :mod:`harness.faults`: job ids, oracle checks and preemption on the Slurm

@@ -1,6 +1,7 @@
-"""A stranger's server on a dead teacher's port (issue 20, finding 5): it answers everything with
-what a client would like to hear (ready, the record's generation, a proof, logprobs of its choosing)
-and keeps every header and path it was sent, so a test can show that no token reached it."""
+"""A stranger's server on a dead teacher's port, for the tests that podium's client and ``podium
+status`` ask for the teacher's proof before they send it the token: it answers everything with what
+a client would like to hear (ready, the record's generation, a proof, logprobs of its choosing) and
+keeps every header and path it was sent, so a test can show that no token reached it."""
 
 from __future__ import annotations
 

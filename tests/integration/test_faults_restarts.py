@@ -3,6 +3,7 @@
 
 - two 1-node teachers reach a short time limit, one warned by ``--signal=USR2``, one by
   ``--signal=TERM``: both requeue and serve again;
+- with the default ``restart.at_time_limit: stop``, a time limit ends a teacher: no requeue;
 - a checkpoint broken under a running teacher makes exactly ``restart.max_consecutive_failures``
   generations fail, then ``failed`` for good with the error in ``podium status``; fixed, ``podium
   up`` brings it back.
@@ -25,6 +26,10 @@ from harness.slurm_run import job_ids
 
 from podium.launcher.files import TeacherFiles
 from podium.launcher.restarts import RestartLedger
+from podium.launcher.run_dir import known_teachers
+from podium.launcher.slurm_state import query_states
+from podium.poll import poll_until
+from podium.rendezvous.records import Status, read_record
 
 pytestmark = pytest.mark.slurm
 
@@ -37,7 +42,7 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
     recipe = write_recipe(tmp_path / "recipe.yaml",
                           {"usr2": (tiny_llama_checkpoint, 1), "term": (tiny_qwen2_checkpoint, 1)},
                           slurm={"time": "00:07:00", "signal_lead_s": 280},
-                          restart={"at_time_limit": "requeue"},  # the default, stop: test_hardening_slurm.py
+                          restart={"at_time_limit": "requeue"},  # the default, stop: test_a_time_limit_ends_the_teacher
                           teachers={"usr2": {"slurm": {"signal": "USR2"}}, "term": {"slurm": {"signal": "TERM"}}})
     run_dir = tmp_path / "run"
     served = {}
@@ -80,6 +85,34 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
         for s in served.values():
             s.client.stop()
             s.watcher.stop()
+        podium("down", str(run_dir), check=False)
+
+
+def test_a_time_limit_ends_the_teacher(slurm_cluster, tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """A 1-minute time limit, warned 40 s ahead (the teacher need not be ready for what is checked):
+    the generation stops at ``at_time_limit: stop`` and Slurm does not requeue the job."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"solo": (tiny_llama_checkpoint, 1)},
+                          slurm={"time": "00:01:00", "signal_lead_s": 40})
+    run_dir = tmp_path / "run"
+    try:
+        podium("up", str(recipe), "--run-dir", str(run_dir))
+        job = job_ids(run_dir)["solo"]
+        [(_, files)] = known_teachers(run_dir)
+
+        def ended() -> RestartLedger | None:
+            states = query_states([job])
+            ledger = RestartLedger.read(files)
+            return ledger if job in states and not states[job].alive and ledger.outcomes else None
+
+        ledger = poll_until(ended, timeout_s=150, interval_s=1, what=f"job {job} to end at its time limit")
+        assert [o.outcome for o in ledger.outcomes] == ["time_limit"]
+        assert "near its time limit" in ledger.outcomes[0].reason
+        record = read_record(files.endpoint)
+        assert record.status is Status.STOPPED and record.will_retry is False and record.final is False
+        assert record.restart is not None and "at_time_limit=stop" in record.restart.why
+        assert slurm_cluster.sacct(job)[0]["State"] in ("COMPLETED", "TIMEOUT")  # not requeued
+        assert int(slurm_cluster.scontrol_job(job).get("Restarts", "0")) == 0
+    finally:
         podium("down", str(run_dir), check=False)
 
 

@@ -2,10 +2,11 @@
 
 One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
 slots) is brought up once per module and shared; tests that need their own run (two concurrent
-``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher) bring up small ones;
-those that do not need the shared run come after its ``down``, so they do not compete with it for
-the cores. Last, one run of two expert-parallel teachers (Qwen3-MoE and Nemotron-H, each EP2 over
-two nodes) serves the MoE and the Nemotron-H tests.
+``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher, a trainer whose time
+limit takes its teacher down) bring up small ones; those that do not need the shared run come
+after its ``down``, so they do not compete with it for the cores. Last, one run of two
+expert-parallel teachers (Qwen3-MoE and Nemotron-H, each EP2 over two nodes) serves the MoE and
+the Nemotron-H tests.
 The jobs build the real Megatron teacher group; the oracle is transformers in the test process.
 """
 
@@ -26,6 +27,9 @@ import pytest
 from harness.cli import podium
 from harness.recipes import write_recipe
 from harness.slurm_run import check_logprobs, job_ids, ray_processes_of
+
+from podium.launcher.slurm_state import query_states
+from podium.poll import poll_until
 
 pytestmark = pytest.mark.slurm
 
@@ -168,6 +172,33 @@ def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoin
         podium("down", str(plain_run), check=False)
         subprocess.run(["scancel", plain_job, trainer_job], check=False)
     slurm_cluster.wait_for_state(plain_job, "CANCELLED", timeout_s=60)
+
+
+def test_trainer_sbatch_at_its_time_limit_leaves_no_teacher(slurm_cluster, slurm_jobs: list,
+                                                            tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    recipe = write_recipe(tmp_path / "recipe.yaml", {"inner": (tiny_llama_checkpoint, 1)})
+    run_dir = tmp_path / "run"
+    out = tmp_path / "trainer.out"
+    env = {**os.environ, "PODIUM": f"{sys.executable} -m podium.cli", "TRAINER": "sleep 600"}
+    # A 1-minute limit, its warning 30 s ahead: the trainer is still waiting for its teacher or
+    # "training" (sleep) when it comes.
+    sub = subprocess.run(["sbatch", "--parsable", "--time=1", "--signal=B:USR1@30", f"--output={out}",
+                          f"--export=ALL,RECIPE={recipe},RUN_DIR={run_dir}", str(repo / "sbatch" / "trainer.sbatch")],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert sub.returncode == 0, sub.stderr
+    trainer = sub.stdout.strip().split(";")[0]
+    slurm_jobs.append(trainer)
+    try:
+        teacher = poll_until(lambda: job_ids(run_dir).get("inner"), timeout_s=60, interval_s=1,
+                             what="the trainer's teacher job")
+        slurm_jobs.append(teacher)
+        poll_until(lambda: trainer in query_states([trainer]) and not query_states([trainer])[trainer].alive,
+                   timeout_s=150, interval_s=1, what=f"trainer job {trainer} to end")
+        states = query_states([teacher])
+        assert teacher in states and not states[teacher].alive, (states, out.read_text()[-3000:])
+    finally:
+        podium("down", str(run_dir), check=False)
 
 
 @pytest.fixture(scope="module")

@@ -85,7 +85,7 @@ def test_local_up_wait_through_pipes_status_logs_down(no_cuda: None, tiny_llama_
     machine without CUDA: the teacher runs on two CPU workers, ``up`` says so once, and ``up --wait``
     through pipes returns with nothing it started holding them.
 
-    ``no_cuda`` hides the GPUs of a GPU node, as issue 13's machine had none: ``CUDA_VISIBLE_DEVICES``
+    ``no_cuda`` hides the GPUs of a GPU node, as on a machine that has none: ``CUDA_VISIBLE_DEVICES``
     empty, which ``up``, its node task and Ray inherit. Ray refuses ``--num-gpus=2`` then (unset, it
     would fake two GPUs), so the recipe's GPUs must not reach ``ray start``."""
     assert cuda_device_count() == 0, "no_cuda hides every CUDA device from what this test starts"

@@ -2,12 +2,19 @@
 
 The teachers are held in the queue (``extra_sbatch: {hold: true}``), so no model loads: what is
 tested is what Slurm holds. Every job of a teacher carries its identity as ``--comment``
-(``job_comment``); the queue is read here with plain ``squeue``, not with podium's parser.
+(``job_comment``); the queue is read here with plain ``squeue``, not with podium's parser. A job of
+another user that carries a teacher's name and comment is not the teacher's: ``up`` does not adopt
+it, ``down`` does not cancel it, ``status`` does not read it (the user is a local account the test
+creates; root submits the job as that user, ``sbatch --uid``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +22,17 @@ from harness.cli import podium
 from harness.recipes import write_recipe
 from harness.slurm_run import identity, queued_with
 
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends.slurm.scheduler import SlurmScheduler, job_comment, job_name
+from podium.launcher.files import TeacherFiles
+from podium.launcher.jobs import JobRecord
+from podium.launcher.slurm_state import query_states
+
 pytestmark = pytest.mark.slurm
+
+OTHER_USER = "podium-other"
+SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
+                   num_nodes=1, gpus_per_node=1)
 
 
 def recorded_job(run_dir: Path) -> str:
@@ -103,3 +120,36 @@ def test_changed_global_setting_is_reported_then_applied_with_replace(slurm_clus
         assert f"math: reattached job {new}" in again.stdout and "runs with" not in again.stdout
     finally:
         podium("down", str(run_dir), check=False)
+
+
+def other_user() -> str:
+    """A local account that is not this one (created once; the cluster's nodes share this machine's
+    accounts)."""
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True, capture_output=True, timeout=30)
+    return OTHER_USER
+
+
+def test_another_users_job_with_the_teachers_name_and_comment_is_not_ours(slurm_cluster, slurm_jobs: list,
+                                                                          tmp_path: Path) -> None:
+    assert os.geteuid() == 0, "submitting as another user (sbatch --uid) needs root, as the test cluster runs"
+    files = TeacherFiles.of_spec(tmp_path / "run", SPEC)
+    files.folder.mkdir(parents=True)
+    # What another user reads off a world-readable spec.json and run dir path: the job's name and comment.
+    proc = subprocess.run(["sbatch", "--parsable", "--hold", f"--uid={other_user()}", "-p", "low",
+                           f"--job-name={job_name(SPEC)}", f"--comment={job_comment(SPEC, files)}",
+                           "--output=/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    theirs = proc.stdout.strip().split(";")[0]
+    slurm_jobs.append(theirs)
+    scheduler = SlurmScheduler()
+    assert scheduler.find_live(SPEC, files) == []  # not adopted by `up`, not cancelled by `down`
+    record = JobRecord(teacher_key=SPEC.key, teacher_name=SPEC.name, job_id=theirs, cluster="slurm",
+                       submitted_at=0.0, folder=str(files.submitit))
+    assert theirs not in query_states([theirs])  # a job.json naming it does not make it ours
+    scheduler.cancel([record])
+    time.sleep(1)
+    assert slurm_cluster.scontrol_job(theirs)["JobState"] == "PENDING"

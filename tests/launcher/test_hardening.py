@@ -1,7 +1,7 @@
 """The launcher on a shared cluster (issue 20): files, claims, generations and polls that are the
 run's own. Logic with fake schedulers and real processes on this machine; what needs Slurm itself
-(another user's job, a time limit, a trainer killed at its time limit) is
-``tests/integration/test_hardening_slurm.py``.
+(another user's job, a time limit, a trainer killed at its time limit) is in
+``tests/integration/``: ``test_submit_once.py``, ``test_faults_restarts.py``, ``test_launcher_slurm.py``.
 """
 
 from __future__ import annotations

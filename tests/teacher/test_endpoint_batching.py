@@ -10,7 +10,7 @@ a small token budget so that requests are split across micro-batches and calls:
 
 The fairness, splitting and ordering rules themselves are tested as logic in
 ``tests/teacher/test_batching.py`` and against the endpoint with a stand-in group in
-``test_server.py``.
+``test_endpoint_queue.py``.
 """
 
 from __future__ import annotations

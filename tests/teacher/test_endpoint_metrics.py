@@ -6,6 +6,9 @@ A real endpoint in front of the numpy stand-in group (answers of known size: JSO
 ones, one large enough to be streamed, a refusal); and the middleware alone in front of handlers answering a whole body
 (``web.Response``) and streams written in chunks (``web.StreamResponse`` with a Content-Length) by
 the handler or after it, read by aiohttp's client.
+
+What ``/metrics`` shows of its callers: no caller's name (``X-Podium-Caller``), and it needs the
+token where the site says so (``podium.server.metrics_need_token``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 import requests
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from harness.endpoint import AUTH, post, start_server
 from harness.fake_group import FakeGroup
 from harness.infer_requests import binary_body, infer_body
 from harness.lifecycle import Teacher
@@ -153,3 +157,21 @@ def test_the_middleware_counts_a_whole_body_and_a_stream_as_their_clients_read_t
     assert got == [len(whole), sum(map(len, chunks)), sum(map(len, chunks)), len(whole)]
     assert totals(text)["podium_response_bytes_total"] == sum(got)
     assert summary(text)["bytes_out_per_s_1m"] == pytest.approx(sum(got) / WINDOW_S)
+
+
+def test_metrics_show_no_caller_and_need_the_token_when_the_site_says_so() -> None:
+    group = FakeGroup(vocab_size=128)
+    server = start_server(group)
+    try:
+        assert post(server, infer_body([[1, 2]], [2]), {"X-Podium-Caller": "secret-host:4242"}).status_code == 200
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        assert "secret-host" not in text and "podium_requests_total" in text
+    finally:
+        server.stop()
+    server = start_server(group, {"metrics_need_token": True})
+    try:
+        assert requests.get(f"{server.url}/metrics", timeout=10).status_code == 401
+        assert requests.get(f"{server.url}/metrics", headers=AUTH, timeout=10).status_code == 200
+        assert requests.get(f"{server.url}/v2/health/live", timeout=10).status_code == 200
+    finally:
+        server.stop()
