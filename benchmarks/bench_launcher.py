@@ -8,7 +8,7 @@ timings each teacher's head writes into its endpoint record. On Slurm (the test 
 teacher has 2 nodes and the Qwen2 one 1; ``cluster: local`` runs one node per teacher.
 
 The floor, in the same run: what ``ray start`` alone costs, started as podium starts it
-(:class:`podium.launcher.ray_bootstrap.RayNodeProcess`: ``ray start --block`` in a session of
+(:class:`podium.launcher.job.ray_bootstrap.RayNodeProcess`: ``ray start --block`` in a session of
 its own, ports by bind test, a per-node temp dir, token auth) and ended as podium ends it (every
 member of that session, by PID): a head, then a worker joining it, on two loopback addresses.
 Measured twice: ``alone``, and ``two_at_once`` (two floors started together), since the teachers'
@@ -51,7 +51,7 @@ START_TIMEOUT_S = 180.0
 
 def ray_floor(ips: tuple[str, str], tag: str) -> dict[str, float]:
     """Seconds to a running Ray head, then to a worker node joined to it (podium's start and stop)."""
-    from podium.launcher import ray_bootstrap as rb
+    from podium.launcher.job import ray_bootstrap as rb
 
     tmp = Path(tempfile.mkdtemp(prefix="pbf", dir="/tmp"))  # short: Ray's socket paths
     token = rb.write_auth_token(tmp / "token")

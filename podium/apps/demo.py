@@ -60,9 +60,9 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     from podium.cli_render import WaitView
     from podium.client import connect
     from podium.config.plan import load_plan
-    from podium.launcher import commands
-    from podium.launcher.status import WaitFailed, wait
-    from podium.launcher.stop import down
+    from podium.launcher.login import commands
+    from podium.launcher.login.status import WaitFailed, wait
+    from podium.launcher.login.stop import down
     from podium.rendezvous.layout import RunLayout
 
     console = Console()

@@ -12,9 +12,9 @@ from podium.config.errors import ConfigError
 from podium.config.launcher import launcher_changes
 from podium.config.needs import teacher_needs
 from podium.config.plan import load_plan
-from podium.launcher import commands
-from podium.launcher import status as status_view
-from podium.launcher.run_dir import known_teachers, prepare_run_dir
+from podium.launcher.login import commands
+from podium.launcher.login import status as status_view
+from podium.launcher.login.run_dir import known_teachers, prepare_run_dir
 from podium.rendezvous import read_rendezvous
 from podium.rendezvous.manifest import Rendezvous, TeacherEntry
 

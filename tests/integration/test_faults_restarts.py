@@ -23,8 +23,8 @@ from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 from harness.slurm_run import job_ids
 
-from podium.launcher.files import TeacherFiles
-from podium.launcher.restarts import RestartLedger
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.restarts import RestartLedger
 
 pytestmark = pytest.mark.slurm
 

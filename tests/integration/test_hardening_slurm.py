@@ -26,11 +26,11 @@ from harness.slurm_run import job_ids
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler, job_comment, job_name
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.restarts import RestartLedger
-from podium.launcher.run_dir import known_teachers
-from podium.launcher.slurm_state import query_states
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.common.slurm_state import query_states
+from podium.launcher.login.run_dir import known_teachers
 from podium.poll import poll_until
 from podium.rendezvous.records import Status, read_record
 

@@ -1,4 +1,4 @@
-"""The submit claim (``podium.launcher.claims``): exactly one process takes over a stale claim.
+"""The submit claim (``podium.launcher.login.claims``): exactly one process takes over a stale claim.
 
 Races real processes (``multiprocessing``, fork) on a real filesystem (the test's tmp dir): all
 start together at a barrier and stay alive until all have tried, so none of them is mistaken for a
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from podium.config.spec import TeacherSpec
-from podium.launcher import submission
 from podium.launcher.backends import registered
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.claims import claim_state, try_claim
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
-from podium.launcher.procs import ProcRef
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.common.procs import ProcRef
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.login import submission
+from podium.launcher.login.claims import claim_state, try_claim
 
 RACERS = 24
 ROUNDS = 4

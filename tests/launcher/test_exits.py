@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.launcher.exits import describe_death, exit_status, first_cause
+from podium.launcher.job.exits import describe_death, exit_status, first_cause
 
 DATA = Path(__file__).parent / "data" / "ray_start"
 

@@ -21,8 +21,6 @@ import pytest
 
 from podium.config.plan import load_plan
 from podium.config.spec import TeacherSpec
-from podium.launcher import commands, status, submission
-from podium.launcher import ray_bootstrap as rb
 from podium.launcher.backends import Submission, registered
 from podium.launcher.backends.base import NodeContext
 from podium.launcher.backends.local import scheduler as local_scheduler
@@ -30,16 +28,18 @@ from podium.launcher.backends.local.environment import LocalEnvironment
 from podium.launcher.backends.slurm import environment as slurm_environment
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.claims import claim_state
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.lifecycle import IdleWatch, TeacherLifecycle
-from podium.launcher.procs import ProcRef
-from podium.launcher.restarts import RestartLedger, decide
-from podium.launcher.run_dir import prepare_run_dir
-from podium.launcher.signals import Signals
-from podium.launcher.slurm_state import JobState
-from podium.launcher.stop_request import request_stop, stop_requested
+from podium.launcher.common.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.procs import ProcRef
+from podium.launcher.common.restarts import RestartLedger, decide
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.common.stop_request import request_stop, stop_requested
+from podium.launcher.job import ray_bootstrap as rb
+from podium.launcher.job.lifecycle import IdleWatch, TeacherLifecycle
+from podium.launcher.job.signals import Signals
+from podium.launcher.login import commands, status, submission
+from podium.launcher.login.claims import claim_state
+from podium.launcher.login.run_dir import prepare_run_dir
 from podium.poll import poll_until
 from podium.rendezvous.manifest import read_rendezvous
 from podium.rendezvous.records import Generation
@@ -367,7 +367,7 @@ def test_calls_keep_a_teacher_from_idling() -> None:
 # -- 8: a job found by its name and comment must be this user's --------------------------------------
 
 def test_a_job_of_another_user_with_the_teachers_comment_is_not_found() -> None:
-    from podium.launcher import slurm_state as ss
+    from podium.launcher.common import slurm_state as ss
 
     comment = "podium:abcdef123456:9f86d081884c7d65"
     # `squeue -h --me --name=... -O 'JobID:|,State:|,UserId:|,Comment:|'` (22.05 prints the uid)

@@ -11,10 +11,10 @@ import pytest
 from harness.fake_backend import fake_slurm as fake_slurm_backend
 
 from podium.config.spec import TeacherSpec
-from podium.launcher import submission
-from podium.launcher.claims import claim_state
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.login import submission
+from podium.launcher.login.claims import claim_state
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
                    num_nodes=1, gpus_per_node=1)
@@ -82,7 +82,7 @@ def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
 
 
 def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, monkeypatch) -> None:
-    from podium.launcher import stop
+    from podium.launcher.login import stop
     from podium.rendezvous.records import Generation, RecordWriter, Status, read_record
 
     files = TeacherFiles(tmp_path / "t")

@@ -18,11 +18,11 @@ import podium
 from podium.client import tokenizer_fingerprint
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.lifecycle import TeacherLifecycle
-from podium.launcher.restarts import Decision, RestartLedger
-from podium.launcher.signals import Signals
-from podium.launcher.stop_request import request_stop
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.restarts import Decision, RestartLedger
+from podium.launcher.common.stop_request import request_stop
+from podium.launcher.job.lifecycle import TeacherLifecycle
+from podium.launcher.job.signals import Signals
 from podium.rendezvous import Generation, Status, read_record
 
 MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from podium.config.launcher import SettingChange, TeacherLauncherSettings, launcher_changes
 from podium.config.plan import load_plan
 from podium.config.spec import TeacherSpec
-from podium.launcher import commands, submission
 from podium.launcher.backends import kind_for
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.login import commands, submission
 
 RECIPE = """\
 on_policy_distillation:

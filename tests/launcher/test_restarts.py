@@ -11,9 +11,9 @@ import time
 import pytest
 
 from podium.config.launcher import RestartSettings
-from podium.launcher.restarts import RestartLedger, decide, excluded_after
-from podium.launcher.signals import Signals, StopIntent
-from podium.launcher.slurm_state import parse_scontrol_job, slurm_time
+from podium.launcher.common.restarts import RestartLedger, decide, excluded_after
+from podium.launcher.common.slurm_state import parse_scontrol_job, slurm_time
+from podium.launcher.job.signals import Signals, StopIntent
 
 # `scontrol show job -o` of a job preempted by SIGTERM with GraceTime=20 (Slurm 22.05, this test cluster).
 PREEMPTED = ("JobId=51 JobName=probe2.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 "
@@ -108,8 +108,8 @@ def test_without_a_classifier_a_user_signal_drains_and_a_term_cancels(name: str,
 
 
 def test_watched_nodes_match_ray_to_the_node_tasks() -> None:
-    from podium.launcher.node_files import NodeState
-    from podium.launcher.watchdog import watched_nodes
+    from podium.launcher.common.node_files import NodeState
+    from podium.launcher.job.watchdog import watched_nodes
 
     alive = [{"NodeID": "a", "NodeManagerAddress": "127.0.0.11"}, {"NodeID": "b", "NodeManagerAddress": "127.0.0.12"}]
     recorded = [NodeState(state="started", rank=0, host="n1", ip="127.0.0.11"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from podium.config.plan import load_plan
-from podium.launcher.run_dir import RUNS_DIR_ENV, default_run_dir
+from podium.launcher.login.run_dir import RUNS_DIR_ENV, default_run_dir
 
 RECIPE = """\
 on_policy_distillation:

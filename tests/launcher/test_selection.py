@@ -1,4 +1,4 @@
-"""``podium.launcher.selection``: the words that name a run's teachers, the same for every command."""
+"""``podium.launcher.login.selection``: the words that name a run's teachers, the same for every command."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from podium.config.plan import load_plan
 from podium.config.spec import display_name
-from podium.launcher import commands
-from podium.launcher.run_dir import prepare_run_dir
-from podium.launcher.selection import UnknownTeacherError, resolve
-from podium.launcher.stop import down
+from podium.launcher.login import commands
+from podium.launcher.login.run_dir import prepare_run_dir
+from podium.launcher.login.selection import UnknownTeacherError, resolve
+from podium.launcher.login.stop import down
 
 RECIPE = """\
 on_policy_distillation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from podium.launcher import slurm_state as ss
+from podium.launcher.common import slurm_state as ss
 
 # `sacct -j 4,5,6,9 -o JobID,JobName,State,ExitCode,NodeList,Start,End -P` on the test cluster
 SACCT = """\

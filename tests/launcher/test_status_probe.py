@@ -14,7 +14,7 @@ from harness.lifecycle import Teacher
 from harness.run import TeacherDef, make_run
 from harness.squatter import Squatter
 
-from podium.launcher.status import _probe
+from podium.launcher.login.status import _probe
 from podium.rendezvous import read_record
 
 MATH = TeacherDef("e5e5e5e5e5e5", "math", ("math",))

@@ -21,8 +21,8 @@ from podium.launcher.backends.local.environment import LocalEnvironment
 from podium.launcher.backends.local.scheduler import LocalScheduler
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import JobState
 
 SUBMIT_GRACE_S = 60.0  # a job this fresh that the scheduler does not list yet counts as pending
 

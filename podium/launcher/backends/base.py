@@ -24,7 +24,7 @@ method                     class           does
 ``node_address(iface)``    JobEnvironment  the address Ray and the endpoint use
 ``requeue(ctx, ...)``      JobEnvironment  ask for the next generation; why not, if not
 ``stop_intent(ctx, sig)``  JobEnvironment  what a stop signal means (cancel, preemption,
-                                           time limit, ...): :mod:`podium.launcher.signals`
+                                           time limit, ...): :mod:`podium.launcher.job.signals`
 =========================  ==============  ==============================================
 """
 
@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.procs import shim_command
-from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.procs import shim_command
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.job.signals import StopIntent
 from podium.rendezvous.records import Generation
 
-NODE_ENTRY_MODULE = "podium.launcher.node_entry"
+NODE_ENTRY_MODULE = "podium.launcher.job.node_entry"
 
 
 class SubmitError(RuntimeError):
@@ -91,7 +91,7 @@ class NodeContext:
 
 def node_command(spec: TeacherSpec, files: TeacherFiles) -> tuple[str, ...]:
     """The command every node task runs: the node entry on the teacher's folder, behind the shim
-    that blocks the stop signals before Python loads anything (:mod:`podium.launcher.procs`)."""
+    that blocks the stop signals before Python loads anything (:mod:`podium.launcher.common.procs`)."""
     python = spec.launcher.slurm.python or sys.executable
     return (*shim_command(python), "-u", "-m", NODE_ENTRY_MODULE, str(files.folder))
 
@@ -160,7 +160,7 @@ class JobEnvironment(abc.ABC):
         return asked_gpus(spec)
 
     def node_address(self, interface: str | None) -> str:
-        from podium.launcher.ray_bootstrap import node_ip
+        from podium.launcher.job.ray_bootstrap import node_ip
 
         return node_ip(interface)
 
@@ -170,7 +170,7 @@ class JobEnvironment(abc.ABC):
         return f"cluster {self.name!r} does not requeue jobs"
 
     def stop_intent(self, ctx: NodeContext, signal_name: str, spec: TeacherSpec) -> StopIntent:
-        """What a stop signal means here (see :mod:`podium.launcher.signals`)."""
+        """What a stop signal means here (see :mod:`podium.launcher.job.signals`)."""
         user = signal_name in ("SIGUSR1", "SIGUSR2")
         drain = spec.launcher.server.drain_s if user else 0.0
         return StopIntent("signal" if user else "cancel", user and self.requeues, time.time() + drain,

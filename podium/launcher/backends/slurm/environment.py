@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import JobEnvironment, NodeContext, host_name
-from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import show_job, slurm_time
+from podium.launcher.common.slurm_state import show_job, slurm_time
+from podium.launcher.job.signals import StopIntent
 
 logger = logging.getLogger(__name__)
 

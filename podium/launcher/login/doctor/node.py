@@ -1,6 +1,6 @@
 """The checks that run on the node a teacher would run on: a free port block and port in the
 settings' ranges, and the address Ray and the endpoint would use. The test job's probe
-(:mod:`podium.launcher.doctor.probe`) calls :func:`node_checks` there; ``cluster: local`` calls it
+(:mod:`podium.launcher.login.doctor.probe`) calls :func:`node_checks` there; ``cluster: local`` calls it
 here."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from podium.launcher.doctor.base import FAIL, PASS, Check
-from podium.launcher.ray_bootstrap import RayStartError, choose_ports, node_ip
+from podium.launcher.job.ray_bootstrap import RayStartError, choose_ports, node_ip
+from podium.launcher.login.doctor.base import FAIL, PASS, Check
 from podium.net import find_free_port
 
 PORTS_FIX = ("choose podium.ray.port_range / podium.server.port_range where ports are free on the nodes, below "

@@ -34,7 +34,7 @@ path (in the teacher's folder)       written by      holds
                                                      ``failed`` + error when its start failed (0600)
 ``restarts.json``                    the head        how each generation ended, failures in a
                                                      row, requeues, excluded nodes
-                                                     (:mod:`podium.launcher.restarts`)
+                                                     (:mod:`podium.launcher.common.restarts`)
 ``stop.request``                     ``down``        asks the head of the job it names
                                                      (``job_id``) to stop; ignored by other jobs
 ===================================  ==============  ==============================================

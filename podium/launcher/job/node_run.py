@@ -1,11 +1,11 @@
 """One node task of one generation: its Ray node, the worker ranks' whole run, and the teardown.
 
 :class:`NodeRun` is what every rank does around its role: record itself (``<rank>.json``,
-:mod:`podium.launcher.node_files`), sweep what ended generations left on the node, choose the
+:mod:`podium.launcher.common.node_files`), sweep what ended generations left on the node, choose the
 address, ports and temp dir of its Ray node (:class:`RayLaunch`), start ``ray start`` and, at the
 end, stop it by its session and remove the temp dir. A worker rank's role is here too
 (:meth:`NodeRun.run_worker`): wait for the head's address, join its Ray, watch it until a stop,
-then keep it until the head has drained. Rank 0's role is :mod:`podium.launcher.head_run`.
+then keep it until the head has drained. Rank 0's role is :mod:`podium.launcher.job.head_run`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 
 from podium.config.spec import TeacherSpec
 from podium.faults import Faults
-from podium.launcher import procs
-from podium.launcher import ray_bootstrap as rb
 from podium.launcher.backends import JobEnvironment, NodeContext
-from podium.launcher.cleanup import sweep_temp_dirs
-from podium.launcher.files import TeacherFiles
-from podium.launcher.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
-from podium.launcher.signals import Signals
+from podium.launcher.common import procs
+from podium.launcher.common.cleanup import sweep_temp_dirs
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
+from podium.launcher.job import ray_bootstrap as rb
+from podium.launcher.job.signals import Signals
 from podium.poll import PollTimeout, poll_until
 
 logger = logging.getLogger(__name__)

@@ -31,13 +31,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.signals import Signals
-from podium.launcher.stop_request import stop_requested
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.stop_request import stop_requested
+from podium.launcher.job.signals import Signals
 from podium.rendezvous.records import Generation, Heartbeat, RecordWriter, RestartInfo, StaleGenerationError, Status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from podium.launcher.restarts import Decision, RestartLedger
+    from podium.launcher.common.restarts import Decision, RestartLedger
 
 logger = logging.getLogger(__name__)
 

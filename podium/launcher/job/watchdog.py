@@ -8,9 +8,9 @@ check                              a fault when
 the head's own ``ray start``       it has exited
 each node Ray counted at start     Ray marks it dead (found by its Ray node id) (its raylet is
                                    gone; the GCS health check is tuned to notice in about 3 s,
-                                   :data:`podium.launcher.ray_bootstrap.RAY_ENV`)
+                                   :data:`podium.launcher.job.ray_bootstrap.RAY_ENV`)
 each worker node task              its ``<rank>.json`` is done (``failed`` or ``ended``,
-                                   :data:`~podium.launcher.node_files.DONE_STATES`) while the
+                                   :data:`~podium.launcher.common.node_files.DONE_STATES`) while the
                                    head still serves
 the teacher group                  a call found a worker dead (``group.broken``) and, within
                                    :data:`CAUSE_WAIT_S`, no lost node explains it (a worker on
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from podium.launcher.files import TeacherFiles
-from podium.launcher.node_files import NodeState, try_read_node_state
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.node_files import NodeState, try_read_node_state
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import ConfigDict
 
-from podium.launcher.files import FILE_MODE, TeacherFiles
+from podium.launcher.common.files import FILE_MODE, TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.schema import VersionedFile
 

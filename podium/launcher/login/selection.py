@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.run_dir import known_teachers
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.login.run_dir import known_teachers
 
 Found = tuple[TeacherSpec, TeacherFiles]
 

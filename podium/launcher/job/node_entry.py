@@ -1,38 +1,38 @@
 """The job entry that runs on every node of a teacher job (one task per node).
 
-``python -m podium.launcher.node_entry TEACHER_DIR`` is what every task of a teacher job runs (the
+``python -m podium.launcher.job.node_entry TEACHER_DIR`` is what every task of a teacher job runs (the
 sbatch script's ``srun``, or submitit's local controller). The cluster kind's job environment
 (:class:`~podium.launcher.backends.base.JobEnvironment`) says where the task is (rank, node count,
 generation) and requeues the job; this module installs the signal handlers, reads the task's settings and
-dispatches on the rank (:mod:`podium.launcher.node_run` is every node's part, and a worker rank's
-role; :mod:`podium.launcher.head_run` rank 0's):
+dispatches on the rank (:mod:`podium.launcher.job.node_run` is every node's part, and a worker rank's
+role; :mod:`podium.launcher.job.head_run` rank 0's):
 
 - rank 0 starts the Ray head, writes the head address file of this generation (atomic, once the
   GCS port answers), waits until Ray counts all nodes (by condition, within ``ray.nodes_timeout_s``; a node task
   that reports a failed start, or a head that dies, ends the wait at once with the node's name and
-  log), then builds the teacher group and serves it; its :class:`~podium.launcher.lifecycle.TeacherLifecycle`
+  log), then builds the teacher group and serves it; its :class:`~podium.launcher.job.lifecycle.TeacherLifecycle`
   is the one publisher of the endpoint record;
 - the other ranks wait for that head file and start a Ray worker node that joins it.
 
 Generation = (Slurm job id, ``SLURM_RESTART_COUNT``). Every task records itself in
 ``nodes/<job>-<restart>/<rank>.json`` (host, PID and start time, its ``ray start`` session, its
 Ray temp dir), and sweeps the temp dirs ended generations of this teacher left on its node
-(:mod:`podium.launcher.cleanup`).
+(:mod:`podium.launcher.common.cleanup`).
 
 Stopping. Slurm signals every process of the step; only this task reacts (the Ray tree runs with
-the stop signals blocked, :mod:`podium.launcher.procs`), and a signal that arrives before the
+the stop signals blocked, :mod:`podium.launcher.common.procs`), and a signal that arrives before the
 handlers are installed waits, blocked, until they are (the shim in front of the interpreter and
 this module block them before anything is imported). What a stop means (a preemption, a time
-limit, a cancel, Slurm's own requeue) is asked of the job environment once (:mod:`podium.launcher.signals`):
+limit, a cancel, Slurm's own requeue) is asked of the job environment once (:mod:`podium.launcher.job.signals`):
 a preemption or a time limit drains (the record goes ``draining``, new requests get 503, queued
 ones finish) for as long as Slurm's end time allows, then rank 0 requeues the job itself, with
 plain SIGTERM as with a user signal (a job that ends inside its grace time is not requeued by
 Slurm); a cancel or Slurm's own requeue tears down at once. If a requeue is refused, the task
 stays until Slurm ends it.
 
-Failing. While serving, the head's :class:`~podium.launcher.watchdog.Watchdog` watches every node
+Failing. While serving, the head's :class:`~podium.launcher.job.watchdog.Watchdog` watches every node
 and the group; a fault, or a failed start on any node, ends the generation as ``failed`` with the
-node and the cause, and the restart policy (:mod:`podium.launcher.restarts`) requeues it after a
+node and the cause, and the restart policy (:mod:`podium.launcher.common.restarts`) requeues it after a
 backoff, avoiding a lost node, or gives up after ``restart.max_consecutive_failures`` failures in
 a row (the task then exits non-zero and the job ends FAILED).
 
@@ -61,12 +61,12 @@ from pathlib import Path
 from podium.config.spec import TeacherSpec
 from podium.faults import faults
 from podium.fds import raise_nofile_limit
-from podium.launcher import procs
 from podium.launcher.backends import environment_for
-from podium.launcher.files import TeacherFiles
-from podium.launcher.head_run import request_next, run_head
-from podium.launcher.node_run import NodeRun
-from podium.launcher.signals import Signals
+from podium.launcher.common import procs
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.job.head_run import request_next, run_head
+from podium.launcher.job.node_run import NodeRun
+from podium.launcher.job.signals import Signals
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +128,10 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m podium.launcher.node_entry TEACHER_DIR`` (what a rendered sbatch script runs)."""
+    """``python -m podium.launcher.job.node_entry TEACHER_DIR`` (what a rendered sbatch script runs)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m podium.launcher.node_entry TEACHER_DIR")
+        raise SystemExit("usage: python -m podium.launcher.job.node_entry TEACHER_DIR")
     run_node(args[0])
 
 

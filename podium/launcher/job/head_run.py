@@ -1,14 +1,14 @@
 """Rank 0's run of one generation: Ray head, driver, group and endpoint; how it ended; what comes next.
 
-:func:`run_head` is rank 0's whole task around its :class:`~podium.launcher.node_run.NodeRun`:
+:func:`run_head` is rank 0's whole task around its :class:`~podium.launcher.job.node_run.NodeRun`:
 
 - :class:`HeadRun` starts the Ray head, writes ``head.json`` (once the GCS port answers), waits
   until Ray counts every node (a node task that reports a failed start, or a head ``ray start``
   that dies, ends the wait at once naming the node and its log), builds the teacher group and
-  serves it, watched by the :class:`~podium.launcher.watchdog.Watchdog`;
+  serves it, watched by the :class:`~podium.launcher.job.watchdog.Watchdog`;
 - :func:`end_generation` says how the generation ended (a stop, a fault, a failure) and what comes
-  next per the restart policy (:mod:`podium.launcher.restarts`), and publishes it through the
-  :class:`~podium.launcher.lifecycle.TeacherLifecycle` (the endpoint record's one publisher)
+  next per the restart policy (:mod:`podium.launcher.common.restarts`), and publishes it through the
+  :class:`~podium.launcher.job.lifecycle.TeacherLifecycle` (the endpoint record's one publisher)
   before the group and the driver go down, so trainers learn of a fault at once;
 - :func:`request_next` asks the job environment for the next generation when the decision says so.
 """
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podium.launcher import procs
-from podium.launcher import ray_bootstrap as rb
-from podium.launcher.lifecycle import TeacherLifecycle
-from podium.launcher.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
-from podium.launcher.node_run import NodeRun, NodeStartError, RayLaunch
-from podium.launcher.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
-from podium.launcher.watchdog import Watchdog, WatchedNode, watched_nodes
+from podium.launcher.common import procs
+from podium.launcher.common.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
+from podium.launcher.common.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
+from podium.launcher.job import ray_bootstrap as rb
+from podium.launcher.job.lifecycle import TeacherLifecycle
+from podium.launcher.job.node_run import NodeRun, NodeStartError, RayLaunch
+from podium.launcher.job.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
 

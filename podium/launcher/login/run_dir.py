@@ -6,7 +6,7 @@ token is kept, files are replaced whole).
 
 The run dir is the user's own: 0700 (made so again when an older one is written), the files the
 launcher writes 0600. Every read-modify-write of ``rendezvous.json`` (``up``, ``scale``) holds the
-run's rendezvous claim (:func:`rendezvous_claims`, :mod:`podium.launcher.claims`).
+run's rendezvous claim (:func:`rendezvous_claims`, :mod:`podium.launcher.login.claims`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
-from podium.launcher.claims import ClaimSet
-from podium.launcher.files import FILE_MODE, PLAN_FILE, RECIPE_FILE, RENDEZVOUS_CLAIM_PREFIX, TeacherFiles
+from podium.launcher.common.files import FILE_MODE, PLAN_FILE, RECIPE_FILE, RENDEZVOUS_CLAIM_PREFIX, TeacherFiles
+from podium.launcher.login.claims import ClaimSet
 from podium.rendezvous.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
 from podium.rendezvous.layout import RunLayout, teacher_dir_name
 from podium.rendezvous.manifest import build_rendezvous, write_rendezvous

@@ -1,6 +1,6 @@
 """The doctor's one test job: the ``srun`` command a teacher's settings make of it, running it, and
 the rows its report turns into (test job, run dir, python, podium, and the node's ports and address).
-The program it runs is :mod:`podium.launcher.doctor.probe`."""
+The program it runs is :mod:`podium.launcher.login.doctor.probe`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import podium
 from podium.config.launcher import TeacherLauncherSettings
-from podium.launcher.doctor import probe
-from podium.launcher.doctor.base import (
+from podium.launcher.login.doctor import probe
+from podium.launcher.login.doctor.base import (
     DOCTOR_DIR,
     FAIL,
     PASS,
@@ -27,8 +27,8 @@ from podium.launcher.doctor.base import (
     remove_empty,
     run_query,
 )
-from podium.launcher.doctor.probe import PROBE_MARK
-from podium.launcher.sbatch_errors import find_refusal, one_line
+from podium.launcher.login.doctor.probe import PROBE_MARK
+from podium.launcher.login.sbatch_errors import find_refusal, one_line
 
 TEST_JOB_MINUTES = 2
 RUN_DIR_FIX = ("put the run dir on a filesystem that every compute node mounts at the same path "

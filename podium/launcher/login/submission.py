@@ -1,7 +1,7 @@
 """Submitting one teacher's job, once: the claim, the backend's submission, the job record.
 
 :func:`ensure_submitted` is idempotent: a teacher whose recorded job is pending or running is
-reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.launcher.claims`:
+reattached; otherwise one process wins the teacher's submit claim (:mod:`podium.launcher.login.claims`:
 numbered O_EXCL files, no fcntl locks, since shared filesystems differ in lock support) and submits
 through the teacher's backend (:mod:`podium.launcher.backends`), the others wait for its
 ``job.json``. Every job carries the teacher's identity, so a job whose ``job.json`` was never
@@ -25,10 +25,10 @@ from typing import TypeGuard
 from podium.config.spec import TeacherSpec
 from podium.faults import faults
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
-from podium.launcher.claims import try_claim
-from podium.launcher.files import FILE_MODE, TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.restarts import RestartLedger
+from podium.launcher.common.files import FILE_MODE, TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.login.claims import try_claim
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
 logger = logging.getLogger(__name__)

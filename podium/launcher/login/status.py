@@ -22,9 +22,9 @@ from typing import Any
 
 from podium.config.spec import display_name
 from podium.launcher.backends import job_states
-from podium.launcher.jobs import JobRecord
-from podium.launcher.run_dir import known_teachers
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.login.run_dir import known_teachers
 from podium.poll import PollTimeout, poll_until
 from podium.protocol.names import HEALTH_LIVE, METRICS
 from podium.rendezvous.atomic import FileReadError

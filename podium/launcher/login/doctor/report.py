@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from podium.launcher.doctor.base import FAIL, PASS, SKIP, Check
+from podium.launcher.login.doctor.base import FAIL, PASS, SKIP, Check
 
 MARKS = {PASS: "✔", FAIL: "✘", SKIP: "–"}
 COLOURS = {PASS: "green", FAIL: "red", SKIP: "dim"}

@@ -1,6 +1,6 @@
 """The program of ``podium doctor``'s test job, run on a compute node.
 
-:func:`podium.launcher.doctor.probe_job.probe_command` sends this file's text with ``python -c``, so
+:func:`podium.launcher.login.doctor.probe_job.probe_command` sends this file's text with ``python -c``, so
 the node needs only an interpreter, not this file at the login node's path. Nothing of podium is
 imported before the ``import podium`` that is one of the checks: a node without podium still
 reports its interpreter and writes its file (the run dir's check does not depend on the import).
@@ -30,7 +30,7 @@ def probe(args: "dict[str, Any]") -> "dict[str, Any]":
         import podium
 
         report["podium"] = {"file": podium.__file__, "version": podium.__version__}
-        from podium.launcher.doctor.node import node_checks
+        from podium.launcher.login.doctor.node import node_checks
 
         report["checks"] = node_checks(args["settings"])
     except Exception as exc:  # noqa: BLE001 (whatever stops podium on this node is what its row reports)

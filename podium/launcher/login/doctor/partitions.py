@@ -9,9 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.doctor.base import FAIL, PASS, Check
-from podium.launcher.sbatch_errors import REFUSALS
-from podium.launcher.slurm_state import time_to_minutes
+from podium.launcher.common.slurm_state import time_to_minutes
+from podium.launcher.login.doctor.base import FAIL, PASS, Check
+from podium.launcher.login.sbatch_errors import REFUSALS
 
 # sinfo's short node states (%t, without the *~#!%$@^- flags) in which a node takes no new job.
 UNUSABLE_STATES = frozenset({"down", "drain", "drng", "fail", "failg", "inval", "maint", "unk", "npc", "futr"})

@@ -1,6 +1,6 @@
 """The checks asked of this machine and the cluster (Slurm, accounting, partitions, checkpoints,
 the local backend's rules, the run dir here) and :func:`run_doctor`, which picks them by cluster kind
-and adds the test job's rows (:mod:`podium.launcher.doctor.probe_job`)."""
+and adds the test job's rows (:mod:`podium.launcher.login.doctor.probe_job`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.plan import Plan
 from podium.launcher.backends import SubmitError, environment_for, scheduler_for
-from podium.launcher.devices import cuda_device_count
-from podium.launcher.doctor.base import (
+from podium.launcher.common.devices import cuda_device_count
+from podium.launcher.common.slurm_state import time_to_minutes
+from podium.launcher.login.doctor.base import (
     DOCTOR_DIR,
     FAIL,
     PASS,
@@ -23,17 +24,16 @@ from podium.launcher.doctor.base import (
     remove_empty,
     run_query,
 )
-from podium.launcher.doctor.node import node_checks
-from podium.launcher.doctor.partitions import (
+from podium.launcher.login.doctor.node import node_checks
+from podium.launcher.login.doctor.partitions import (
     SINFO_NODES,
     PartitionNeed,
     judge_partition,
     parse_sinfo_nodes,
     partition_needs,
 )
-from podium.launcher.doctor.probe_job import check_test_job
-from podium.launcher.sbatch_errors import one_line
-from podium.launcher.slurm_state import time_to_minutes
+from podium.launcher.login.doctor.probe_job import check_test_job
+from podium.launcher.login.sbatch_errors import one_line
 
 SLURM_FIX = ("run podium where Slurm's client commands reach the controller (a login node of the cluster; "
              "`scontrol ping` says whether it answers), or set podium.cluster: local to run without Slurm")

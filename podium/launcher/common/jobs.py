@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field, ValidationError
 
 from podium.config.launcher import TeacherLauncherSettings
-from podium.launcher.files import FILE_MODE, TeacherFiles
+from podium.launcher.common.files import FILE_MODE, TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.records import read_record
 from podium.rendezvous.schema import VersionedFile

@@ -33,7 +33,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from podium.config.launcher import RestartSettings
-from podium.launcher.files import FILE_MODE, TeacherFiles
+from podium.launcher.common.files import FILE_MODE, TeacherFiles
 from podium.rendezvous.atomic import FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.schema import VersionedFile
 

@@ -16,9 +16,9 @@ filesystems differ in lock support; exclusive create works on NFSv3+, Lustre, GP
   stays, the next ``up`` creates ``N+2``.
 
 A claim is stale when its holder cannot be submitting any more: its holder on this host has ended
-(PID *and* start time, :class:`~podium.launcher.procs.ProcRef`, so a reused PID is not taken for
+(PID *and* start time, :class:`~podium.launcher.common.procs.ProcRef`, so a reused PID is not taken for
 it), or, held from another host (whose processes cannot be seen), it is older than
-:data:`~podium.launcher.files.CLAIM_STALE_S`. A live holder on this host is never stale, however
+:data:`~podium.launcher.common.files.CLAIM_STALE_S`. A live holder on this host is never stale, however
 long its ``sbatch`` takes. A claim just created has no payload yet: it is judged by its file's
 age, so it is not stale.
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from podium.launcher.files import CLAIM_STALE_S, FILE_MODE, numbered_files
-from podium.launcher.procs import ProcRef
+from podium.launcher.common.files import CLAIM_STALE_S, FILE_MODE, numbered_files
+from podium.launcher.common.procs import ProcRef
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
 
@@ -51,7 +51,7 @@ CLAIM_POLL_S = 0.1  # :func:`holding`: how often a held claim is looked at again
 
 
 class Claims(Protocol):
-    """Where a set of numbered claims lives (a teacher's :class:`~podium.launcher.files.TeacherFiles`
+    """Where a set of numbered claims lives (a teacher's :class:`~podium.launcher.common.files.TeacherFiles`
     for its submit claim, a :class:`ClaimSet` otherwise)."""
 
     @property

@@ -11,7 +11,7 @@ one teacher that are reachable from where it runs:
 - ``podium down`` sweeps once the jobs have ended (on a machine that sees the nodes' temp dirs,
   like the test cluster; on a real cluster a login node sees none of them and this is a no-op).
 
-Records are read through :class:`podium.launcher.node_files.NodeState` (a damaged one is skipped
+Records are read through :class:`podium.launcher.common.node_files.NodeState` (a damaged one is skipped
 with a warning; one a newer podium wrote is an error naming it). A temp dir is removed only when it
 is the one a node record names, its name is a podium temp dir name (``podium-<job>-<restart>-<rank>``)
 of that record's generation, and no process the record names (task, ``ray start`` session) is alive.
@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from podium.launcher.files import NODES_DIR, TeacherFiles
-from podium.launcher.node_files import NodeState, read_node_state
-from podium.launcher.procs import session_alive
+from podium.launcher.common.files import NODES_DIR, TeacherFiles
+from podium.launcher.common.node_files import NodeState, read_node_state
+from podium.launcher.common.procs import session_alive
 from podium.rendezvous.atomic import NEWER, FileReadError
 
 logger = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 Owns what brings a run to the recipe (``up``) or a teacher to a count of replicas (``scale``):
 submitting each replica once, reattaching to live jobs, listing the replicas in the rendezvous.
-What runs is seen by :mod:`podium.launcher.status`, stopped by :mod:`podium.launcher.stop`, and
-the words a user types are turned into teachers by :mod:`podium.launcher.selection`.
+What runs is seen by :mod:`podium.launcher.login.status`, stopped by :mod:`podium.launcher.login.stop`, and
+the words a user types are turned into teachers by :mod:`podium.launcher.login.selection`.
 
 All state comes from the run directory (``job.json``, the endpoint records) and Slurm, so any
 ``podium`` process on any login node can run these. Light imports only: no torch, no ray.
@@ -22,13 +22,13 @@ from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.plan import Plan, require_checkpoints
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, job_states, scheduler_for
-from podium.launcher.claims import Claim, holding
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.run_dir import known_teachers, make_run_dir, prepare_run_dir, rendezvous_claims, write_spec
-from podium.launcher.selection import resolve, select
-from podium.launcher.stop import down, stop_replicas, with_jobs
-from podium.launcher.submission import ensure_submitted
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.login.claims import Claim, holding
+from podium.launcher.login.run_dir import known_teachers, make_run_dir, prepare_run_dir, rendezvous_claims, write_spec
+from podium.launcher.login.selection import resolve, select
+from podium.launcher.login.stop import down, stop_replicas, with_jobs
+from podium.launcher.login.submission import ensure_submitted
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
 
@@ -199,7 +199,7 @@ class ScaleResult:
 
 def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> ScaleResult:
     """Serve ``teacher`` of a running run by ``count`` replicas: any word naming one of its replicas
-    (:mod:`podium.launcher.selection`: name, key, folder name, ``name#i``) names the teacher.
+    (:mod:`podium.launcher.login.selection`: name, key, folder name, ``name#i``) names the teacher.
 
     Replicas ``0..count-1`` that run are left as they are (reattached); the missing ones are
     submitted with the teacher's spec (replica 0's: the settings it runs with). The rendezvous is
@@ -263,7 +263,7 @@ def _editing_rendezvous(run_dir: Path) -> AbstractContextManager[Claim]:
 
 def log_paths(run_dir: Path, teacher: str, node: int | None = None) -> list[Path]:
     """The logs of a teacher's current job's node tasks (one node, or all): the first replica
-    ``teacher`` names (:mod:`podium.launcher.selection`; a teacher's name: its replica 0)."""
+    ``teacher`` names (:mod:`podium.launcher.login.selection`; a teacher's name: its replica 0)."""
     spec, files = resolve(run_dir, [teacher])[0]
     rec = JobRecord.of(files, spec.launcher.cluster)
     if rec is None:

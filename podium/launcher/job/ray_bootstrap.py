@@ -36,7 +36,7 @@ ports does not bind is skipped.
 ``ray start --block`` runs as a child process in a session of its own, with the stop signals
 (SIGTERM, SIGINT, USR1, USR2) blocked: Slurm signals every process of a job step, and a raylet
 that dies of the preemption signal or of a cancel's SIGTERM takes the head's driver (and so the
-drain, the record and the cleanup) down with it (see :mod:`podium.launcher.procs`). The node task
+drain, the record and the cleanup) down with it (see :mod:`podium.launcher.common.procs`). The node task
 ends its Ray when it is done, by session (every Ray process of the node is a member of the session
 whose id is the recorded ``ray start`` PID): SIGKILL to each member, in well under a second, so a
 teardown fits in Slurm's ``KillWait``. The head's driver disconnects (``ray.shutdown``) before
@@ -59,8 +59,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from podium.launcher.exits import describe_death
-from podium.launcher.procs import ProcRef, kill_session, stop_signals_blocked
+from podium.launcher.common.procs import ProcRef, kill_session, stop_signals_blocked
+from podium.launcher.job.exits import describe_death
 from podium.net import port_free
 
 logger = logging.getLogger(__name__)

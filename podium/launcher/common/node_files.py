@@ -1,6 +1,6 @@
 """The files the node tasks of one generation hand each other, typed: ``<rank>.json`` and ``head.json``.
 
-Both live in ``nodes/<job>-<restart>/`` (paths: :class:`podium.launcher.files.TeacherFiles`), are
+Both live in ``nodes/<job>-<restart>/`` (paths: :class:`podium.launcher.common.files.TeacherFiles`), are
 replaced whole (atomic write, mode 0600: they name addresses and ports) and have one writer each:
 
 ===============  ===================================  ==============================================
@@ -9,7 +9,7 @@ file             written by                           read by
 ``<rank>.json``  that rank's task (:class:`NodeStateWriter`)  the head (a worker that failed at start,
                                                       or while it serves: the watchdog), the workers
                                                       (the head failed, or is done), the sweep of
-                                                      ended generations (:mod:`podium.launcher.cleanup`)
+                                                      ended generations (:mod:`podium.launcher.common.cleanup`)
 ``head.json``    rank 0, once its GCS answers         the worker ranks: where to join, with which token
 ===============  ===================================  ==============================================
 
@@ -37,7 +37,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from podium.launcher.procs import ProcRef
+from podium.launcher.common.procs import ProcRef
 from podium.rendezvous.atomic import NEWER, FileReadError, atomic_write_json, parse_model, read_json
 from podium.rendezvous.schema import VersionedFile
 
@@ -61,7 +61,7 @@ DONE_STATES = frozenset({NodeStatus.STOPPED, NodeStatus.ENDED, NodeStatus.FAILED
 
 
 class RecordedProc(BaseModel):
-    """A process as a node state records it (:class:`podium.launcher.procs.ProcRef`)."""
+    """A process as a node state records it (:class:`podium.launcher.common.procs.ProcRef`)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,8 +1,8 @@
 """``podium doctor``: what a first run needs, checked before anything is submitted.
 
-Each check is a small function that returns :class:`~podium.launcher.doctor.base.Check` rows (✔ pass,
+Each check is a small function that returns :class:`~podium.launcher.login.doctor.base.Check` rows (✔ pass,
 ✘ fail with the fix, – not checked because an earlier check failed).
-:func:`~podium.launcher.doctor.checks.run_doctor` picks them by cluster kind:
+:func:`~podium.launcher.login.doctor.checks.run_doctor` picks them by cluster kind:
 
 =================  =========================================================================
 check              ``cluster: slurm``

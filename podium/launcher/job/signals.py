@@ -20,7 +20,7 @@ a fault found by the head   ``fault``       policy   none: the generation is bro
 ==========================  ==============  =======  ===============================================
 
 Signals that arrive before the handlers are installed wait, blocked, until they are
-(:mod:`podium.launcher.procs`).
+(:mod:`podium.launcher.common.procs`).
 """
 
 from __future__ import annotations

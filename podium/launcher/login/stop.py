@@ -16,11 +16,11 @@ from pathlib import Path
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import job_states, scheduler_for
-from podium.launcher.cleanup import run_processes, sweep_temp_dirs
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.selection import resolve
-from podium.launcher.stop_request import request_stop
+from podium.launcher.common.cleanup import run_processes, sweep_temp_dirs
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.stop_request import request_stop
+from podium.launcher.login.selection import resolve
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.records import RecordWriter, StaleGenerationError, Status, read_record
@@ -36,9 +36,9 @@ Stoppable = tuple[TeacherSpec, TeacherFiles, list[JobRecord]]
 
 def down(run_dir: Path, teachers: Sequence[str] = (), only_orphans: bool = False,
          wait_s: float = 60.0) -> list[str]:
-    """Cancel the teachers' jobs (all, or those ``teachers`` names: :mod:`podium.launcher.selection`),
+    """Cancel the teachers' jobs (all, or those ``teachers`` names: :mod:`podium.launcher.login.selection`),
     mark records stopped; safe to repeat. A word that names no teacher is an
-    :class:`~podium.launcher.selection.UnknownTeacherError` and nothing is stopped."""
+    :class:`~podium.launcher.login.selection.UnknownTeacherError` and nothing is stopped."""
     return stop_replicas(with_jobs(resolve(run_dir, teachers)), wait_s=wait_s)
 
 
