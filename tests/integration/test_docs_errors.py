@@ -89,7 +89,7 @@ def _free_range(width: int, start: int = 24000) -> int:
 
 
 def _ray_ports(tmp: Path) -> str:
-    from podium.launcher.job.ray_bootstrap import BLOCK_SIZE, RayStartError, choose_ports
+    from podium.launcher.common.ray_ports import BLOCK_SIZE, RayStartError, choose_ports
 
     lo = _free_range(2 * BLOCK_SIZE)
     held = [socket.socket() for _ in range(2)]
@@ -105,7 +105,7 @@ def _ray_ports(tmp: Path) -> str:
 
 
 def _ray_range_small(tmp: Path) -> str:
-    from podium.launcher.job.ray_bootstrap import RayStartError, choose_ports
+    from podium.launcher.common.ray_ports import RayStartError, choose_ports
 
     with pytest.raises(RayStartError) as err:
         choose_ports((24000, 24010), 1, 0, 0)
@@ -130,7 +130,7 @@ def _server_ports(tmp: Path) -> str:
 
 
 def _interface(tmp: Path) -> str:
-    from podium.launcher.job.ray_bootstrap import RayStartError, node_ip
+    from podium.launcher.common.ray_ports import RayStartError, node_ip
 
     with pytest.raises(RayStartError) as err:
         node_ip("eth9")

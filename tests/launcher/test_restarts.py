@@ -11,9 +11,10 @@ import time
 import pytest
 
 from podium.config.launcher import RestartSettings
+from podium.launcher.backends.base import StopIntent
 from podium.launcher.common.restarts import RestartLedger, decide, excluded_after
 from podium.launcher.common.slurm_state import parse_scontrol_job, slurm_time
-from podium.launcher.job.signals import Signals, StopIntent
+from podium.launcher.job.signals import Signals
 
 # `scontrol show job -o` of a job preempted by SIGTERM with GraceTime=20 (Slurm 22.05, this test cluster).
 PREEMPTED = ("JobId=51 JobName=probe2.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 "

@@ -43,8 +43,8 @@ from podium.config.spec import TeacherSpec
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.jobs import JobRecord
 from podium.launcher.common.procs import shim_command
+from podium.launcher.common.ray_ports import node_ip
 from podium.launcher.common.slurm_state import JobState
-from podium.launcher.job.signals import StopIntent
 from podium.rendezvous.records import Generation
 
 NODE_ENTRY_MODULE = "podium.launcher.job.node_entry"
@@ -87,6 +87,27 @@ class NodeContext:
     @property
     def generation(self) -> Generation:
         return Generation(int(self.job_id), self.restart)
+
+
+URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
+
+
+@dataclass(frozen=True)
+class StopIntent:
+    """What a stop means: its kind, whether this generation requeues its job when it is done, and
+    until when (wall clock) it may drain; ``why`` is the sentence the record and logs show."""
+
+    kind: str
+    requeue: bool
+    drain_until: float
+    why: str
+
+    @property
+    def urgent(self) -> bool:
+        return self.kind in URGENT_KINDS
+
+    def drain_s(self, now: float | None = None) -> float:
+        return max(0.0, self.drain_until - (time.time() if now is None else now))
 
 
 def node_command(spec: TeacherSpec, files: TeacherFiles) -> tuple[str, ...]:
@@ -160,8 +181,6 @@ class JobEnvironment(abc.ABC):
         return asked_gpus(spec)
 
     def node_address(self, interface: str | None) -> str:
-        from podium.launcher.job.ray_bootstrap import node_ip
-
         return node_ip(interface)
 
     def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> str | None:

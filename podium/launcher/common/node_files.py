@@ -89,7 +89,7 @@ class NodeState(VersionedFile):
     started_at: float | None = None
     time: float | None = None  # of this write
     ip: str | None = None  # the address this node's Ray uses
-    ports: dict[str, int] | None = None  # its block of Ray ports (ray_bootstrap.RayPorts.to_dict)
+    ports: dict[str, int] | None = None  # its block of Ray ports (ray_ports.RayPorts.to_dict)
     temp: str | None = None  # its Ray temp dir
     log: str | None = None  # the task's log
     ray: RecordedProc | None = None  # its `ray start` session's leader

@@ -25,10 +25,11 @@ from typing import Any
 
 from podium.launcher.common import procs
 from podium.launcher.common.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
+from podium.launcher.common.ray_ports import RayStartError, node_ip
 from podium.launcher.common.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
-from podium.launcher.job import ray_bootstrap as rb
 from podium.launcher.job.lifecycle import TeacherLifecycle
 from podium.launcher.job.node_run import NodeRun, NodeStartError, RayLaunch
+from podium.launcher.job.ray_bootstrap import RayNodeProcess, ray_env, wait_port, write_auth_token
 from podium.launcher.job.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
@@ -130,7 +131,7 @@ class HeadRun:
         self.node, self.launch, self.lifecycle = node, launch, lifecycle
         self.spec, self.files, self.ctx, self.signals = node.spec, node.files, node.ctx, node.signals
         self.nodes_timeout_s = self.spec.launcher.ray.nodes_timeout_s
-        self.ray_proc: rb.RayNodeProcess | None = None
+        self.ray_proc: RayNodeProcess | None = None
         self.token_path: Path | None = None
         self.group: Any = None
         self.joined: list[WatchedNode] = []
@@ -157,9 +158,9 @@ class HeadRun:
         ports, ip = self.launch.ports, self.launch.ip
         job_id, restart = self.ctx.job_id, self.ctx.restart
         self.files.generation_dir(job_id, restart).mkdir(parents=True, exist_ok=True)
-        self.token_path = rb.write_auth_token(self.files.ray_token(job_id, restart))
+        self.token_path = write_auth_token(self.files.ray_token(job_id, restart))
         ray_proc = self.ray_proc = self.node.start_ray(self.launch, token_path=self.token_path)
-        rb.wait_port(ip, ports.gcs, timeout_s=GCS_PORT_TIMEOUT_S, alive=ray_proc)
+        wait_port(ip, ports.gcs, timeout_s=GCS_PORT_TIMEOUT_S, alive=ray_proc)
         address = f"{ip}:{ports.gcs}"
         self.lifecycle.stamp("gcs_up")
         write_head(self.files.head(job_id, restart),
@@ -169,7 +170,7 @@ class HeadRun:
         if self.signals.stop.is_set():
             return
         ray_proc.wait_started(self.nodes_timeout_s)  # workers join meanwhile: head.json is out
-        os.environ.update(rb.ray_env({}, token_path=self.token_path))
+        os.environ.update(ray_env({}, token_path=self.token_path))
         import ray
 
         # ray.init installs its own SIGTERM handler (exit 1): keep stop signals pending until ours
@@ -179,7 +180,7 @@ class HeadRun:
                 ray.init(address=address, _node_ip_address=ip, logging_level=logging.WARNING, log_to_driver=True)
             except Exception:
                 if not ray_proc.alive():  # it died under the driver: its log says why, not ray.init's timeout
-                    raise rb.RayStartError(ray_proc.describe_exit()) from None
+                    raise RayStartError(ray_proc.describe_exit()) from None
                 raise
             self.signals.install()
         self._wait_nodes(ray, ray_proc)
@@ -196,7 +197,7 @@ class HeadRun:
         self.signals.install()  # in case the group's libraries installed handlers of their own
         self.lifecycle.stamp("model_loaded")
 
-    def _wait_nodes(self, ray: Any, ray_proc: rb.RayNodeProcess) -> None:
+    def _wait_nodes(self, ray: Any, ray_proc: RayNodeProcess) -> None:
         """Until Ray counts every node of the job (or a stop); NodeStartError at once when a node
         task reports a failed start or the head's ``ray start`` died, or after ``nodes_timeout_s``."""
         files, ctx = self.files, self.ctx
@@ -236,7 +237,7 @@ class HeadRun:
         from podium.rendezvous.token import read_token
 
         interface = self.spec.launcher.server.interface
-        host = rb.node_ip(interface) if interface else self.launch.ip
+        host = node_ip(interface) if interface else self.launch.ip
         token = read_token(RunLayout(self.files.run_dir).auth_token_path)
         ray_proc = self.ray_proc
 

@@ -24,7 +24,8 @@ from podium.launcher.common import procs
 from podium.launcher.common.cleanup import sweep_temp_dirs
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
-from podium.launcher.job import ray_bootstrap as rb
+from podium.launcher.common.ray_ports import RayPorts, choose_ports
+from podium.launcher.job.ray_bootstrap import RayNodeProcess, private_temp_root, start_command, temp_dir
 from podium.launcher.job.signals import Signals
 from podium.poll import PollTimeout, poll_until
 
@@ -49,7 +50,7 @@ class RayLaunch:
     """What this node's ``ray start`` runs with (the head's or a worker's)."""
 
     ip: str
-    ports: rb.RayPorts
+    ports: RayPorts
     temp: Path
     num_cpus: int
     num_gpus: int
@@ -58,9 +59,9 @@ class RayLaunch:
 
     def command(self, head_address: str | None = None) -> list[str]:
         """The head's command without ``head_address``, a worker's joining it with one."""
-        cmd = rb.start_command(head=head_address is None, head_address=head_address, ip=self.ip, ports=self.ports,
-                               temp=self.temp, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                               object_store_memory_mb=self.object_store_memory_mb)
+        cmd = start_command(head=head_address is None, head_address=head_address, ip=self.ip, ports=self.ports,
+                            temp=self.temp, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                            object_store_memory_mb=self.object_store_memory_mb)
         return cmd + list(self.extra_args)
 
 
@@ -74,7 +75,7 @@ class NodeRun:
         self.state = NodeStateWriter(files.node(ctx.job_id, ctx.restart, ctx.rank), rank=ctx.rank, host=ctx.host,
                                      generation=str(ctx.generation))
         self.log_path = files.task_log(ctx.log_job_id or ctx.job_id, ctx.rank)
-        self.ray_proc: rb.RayNodeProcess | None = None
+        self.ray_proc: RayNodeProcess | None = None
         self._temp: Path | None = None
 
     def prepare(self) -> RayLaunch:
@@ -93,9 +94,9 @@ class NodeRun:
             logger.warning("no CUDA device for gpus_per_node=%d on %s: the workers run on CPU",
                            spec.gpus_per_node, ctx.host)
         launch = RayLaunch(ip=self.job_env.node_address(ray_cfg.interface),
-                           ports=rb.choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
-                           temp=rb.temp_dir(rb.private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
-                                           ctx.restart, ctx.rank),
+                           ports=choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
+                           temp=temp_dir(private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
+                                         ctx.restart, ctx.rank),
                            num_cpus=int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.cpus_per_task),
                            num_gpus=gpus, object_store_memory_mb=ray_cfg.object_store_memory_mb,
                            extra_args=tuple(self.faults.ray_start_words()))
@@ -105,11 +106,11 @@ class NodeRun:
         return launch
 
     def start_ray(self, launch: RayLaunch, *, head_address: str | None = None,
-                  token_path: Path | None = None) -> rb.RayNodeProcess:
+                  token_path: Path | None = None) -> RayNodeProcess:
         """Start this node's ``ray start`` (the head's without ``head_address``); it is ended by
         :meth:`teardown`."""
         ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
-        self.ray_proc = rb.RayNodeProcess(launch.command(head_address), ray_log, token_path=token_path)
+        self.ray_proc = RayNodeProcess(launch.command(head_address), ray_log, token_path=token_path)
         self.state.write(NodeStatus.RAY_STARTING, ray=self.ray_proc.ref.to_dict())
         return self.ray_proc
 

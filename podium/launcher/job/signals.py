@@ -1,4 +1,5 @@
-"""The stop signals of a node task, and what each one means for the generation.
+"""The stop signals of a node task, and what each one means for the generation (a
+:class:`~podium.launcher.backends.base.StopIntent`, what the kind's job environment answers).
 
 The handler only records the signal and sets ``stop``; what the stop *means* is asked once, from a
 thread, of the teacher's backend (:meth:`Signals.intent`), because the same SIGTERM is a cancel, a
@@ -29,29 +30,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
-
-
-@dataclass(frozen=True)
-class StopIntent:
-    """What a stop means: its kind, whether this generation requeues its job when it is done, and
-    until when (wall clock) it may drain; ``why`` is the sentence the record and logs show."""
-
-    kind: str
-    requeue: bool
-    drain_until: float
-    why: str
-
-    @property
-    def urgent(self) -> bool:
-        return self.kind in URGENT_KINDS
-
-    def drain_s(self, now: float | None = None) -> float:
-        return max(0.0, self.drain_until - (time.time() if now is None else now))
-
+from podium.launcher.backends.base import URGENT_KINDS, StopIntent
 
 Classifier = Callable[[str], StopIntent]
 

@@ -14,9 +14,8 @@ import time
 from collections.abc import Sequence
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.base import JobEnvironment, NodeContext, host_name
+from podium.launcher.backends.base import JobEnvironment, NodeContext, StopIntent, host_name
 from podium.launcher.common.slurm_state import show_job, slurm_time
-from podium.launcher.job.signals import StopIntent
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from podium.launcher.job.ray_bootstrap import RayStartError, choose_ports, node_ip
+from podium.launcher.common.ray_ports import RayStartError, choose_ports, node_ip
 from podium.launcher.login.doctor.base import FAIL, PASS, Check
 from podium.net import find_free_port
 
