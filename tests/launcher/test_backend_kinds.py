@@ -48,3 +48,13 @@ def test_the_classes_must_carry_the_name() -> None:
     with pytest.raises(ValueError, match=r"FakeScheduler.name is 'fake'"):
         register("slurm", FakeScheduler, SlurmEnvironment)
     assert type(scheduler_for("slurm")) is SlurmScheduler
+
+
+def test_a_class_named_by_its_dotted_name_is_checked_when_first_asked_for() -> None:
+    # registering by name imports nothing, so the class's name is checked when it is imported
+    with registered("fake", "podium.launcher.backends.local.scheduler.LocalScheduler",
+                    "podium.launcher.backends.local.environment.LocalEnvironment"):
+        with pytest.raises(ValueError, match=r"cluster kind 'fake': LocalScheduler.name is 'local'"):
+            scheduler_for("fake")
+        with pytest.raises(ValueError, match=r"cluster kind 'fake': LocalEnvironment.name is 'local'"):
+            environment_for("fake")
