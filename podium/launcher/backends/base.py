@@ -21,6 +21,7 @@ method                     class           does
 ``log_paths(f, job, n)``   Scheduler       where the node tasks write
 ``node_context()``         JobEnvironment  rank, node count, generation, host
 ``node_gpus(spec)``        JobEnvironment  GPUs each node's Ray offers (0: CPU slots)
+``node_cpus(spec)``        JobEnvironment  CPUs each node's Ray offers
 ``node_address(iface)``    JobEnvironment  the address Ray and the endpoint use
 ``requeue(ctx, ...)``      JobEnvironment  ask for the next generation; why not, if not
 ``stop_intent(ctx, sig)``  JobEnvironment  what a stop signal means (cancel, preemption,
@@ -179,6 +180,10 @@ class JobEnvironment(abc.ABC):
         """GPUs each node's Ray offers the teacher's workers (``ray start --num-gpus``); with 0 the
         workers are CPU slots. The scheduler allocated what the recipe asked, so the recipe's count."""
         return asked_gpus(spec)
+
+    def node_cpus(self, spec: TeacherSpec) -> int:
+        """CPUs each node's Ray offers (``ray start --num-cpus``): the recipe's ``cpus_per_task``."""
+        return spec.cpus_per_task
 
     def node_address(self, interface: str | None) -> str:
         return node_ip(interface)

@@ -11,7 +11,6 @@ then keep it until the head has drained. Rank 0's role is :mod:`podium.launcher.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -97,7 +96,7 @@ class NodeRun:
                            ports=choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
                            temp=temp_dir(private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
                                          ctx.restart, ctx.rank),
-                           num_cpus=int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.cpus_per_task),
+                           num_cpus=self.job_env.node_cpus(spec),
                            num_gpus=gpus, object_store_memory_mb=ray_cfg.object_store_memory_mb,
                            extra_args=tuple(self.faults.ray_start_words()))
         self._temp = launch.temp
