@@ -131,20 +131,20 @@ def up(
     from podium.config.plan import load_plan
     from podium.launcher.backends import SubmitError
     from podium.launcher.common.slurm_state import SlurmQueryError
-    from podium.launcher.login import commands
+    from podium.launcher.login import up as up_logic
     from podium.launcher.login.run_dir import default_run_dir
 
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
         target = run_dir or default_run_dir(the_plan)
         if dry_run:
-            submissions = commands.dry_run(the_plan, target)
-            _notices(commands.notices(the_plan))
+            submissions = up_logic.dry_run(the_plan, target)
+            _notices(up_logic.notices(the_plan))
             for submission in submissions:
                 typer.echo(f"# ---- {submission.teacher} ({submission.backend}): what `podium up` submits", err=True)
                 typer.echo(submission.render(), nl=False)
             return
-        result = commands.up(the_plan, target, replace=replace)
+        result = up_logic.up(the_plan, target, replace=replace)
     except (ConfigError, SubmitError) as exc:
         _fail(str(exc))
         return
@@ -239,11 +239,11 @@ def logs(
     """Print a teacher's job logs."""
     import subprocess
 
-    from podium.launcher.login import commands
+    from podium.launcher.login.logs import log_paths
     from podium.launcher.login.selection import UnknownTeacherError
 
     try:
-        paths = commands.log_paths(_run_dir(run_dir), teacher, node)
+        paths = log_paths(_run_dir(run_dir), teacher, node)
     except (FileNotFoundError, UnknownTeacherError) as exc:
         _fail(str(exc))
         return
@@ -291,11 +291,11 @@ def scale(
     (the others are left as they are)."""
     from podium.launcher.backends import SubmitError
     from podium.launcher.common.slurm_state import SlurmQueryError
-    from podium.launcher.login import commands
+    from podium.launcher.login.scale import scale as scale_teacher
     from podium.rendezvous.atomic import FileReadError
 
     try:
-        result = commands.scale(_run_dir(run_dir), teacher, replicas)
+        result = scale_teacher(_run_dir(run_dir), teacher, replicas)
     except (ValueError, SubmitError, FileReadError) as exc:
         _fail(str(exc))
         return

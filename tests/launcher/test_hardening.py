@@ -37,9 +37,11 @@ from podium.launcher.common.stop_request import request_stop, stop_requested
 from podium.launcher.job import ray_bootstrap as rb
 from podium.launcher.job.lifecycle import IdleWatch, TeacherLifecycle
 from podium.launcher.job.signals import Signals
-from podium.launcher.login import commands, status, submission
+from podium.launcher.login import status, submission
 from podium.launcher.login.claims import claim_state
 from podium.launcher.login.run_dir import prepare_run_dir
+from podium.launcher.login.scale import scale
+from podium.launcher.login.up import up
 from podium.poll import poll_until
 from podium.rendezvous.manifest import read_rendezvous
 from podium.rendezvous.records import Generation
@@ -111,16 +113,16 @@ def test_a_live_same_host_claim_is_never_stale(tmp_path: Path) -> None:
 
 def test_concurrent_scales_of_two_teachers_keep_both_edits(tmp_path: Path, fake_slurm) -> None:
     run_dir = tmp_path / "run"
-    commands.up(load_plan(_recipe(tmp_path)), run_dir)
+    up(load_plan(_recipe(tmp_path)), run_dir)
     errors: list[BaseException] = []
 
-    def scale(name: str) -> None:
+    def scale_teacher(name: str) -> None:
         try:
-            commands.scale(run_dir, name, 2, wait_s=1)
+            scale(run_dir, name, 2, wait_s=1)
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=scale, args=(name,)) for name in ("math", "code")]
+    threads = [threading.Thread(target=scale_teacher, args=(name,)) for name in ("math", "code")]
     for t in threads:
         t.start()
     for t in threads:
@@ -246,7 +248,7 @@ def test_a_parent_someone_else_made_is_not_used(tmp_path: Path) -> None:
 def test_wait_polls_slurm_with_backoff(tmp_path: Path, fake_slurm) -> None:
     _, queries = fake_slurm
     run_dir = tmp_path / "run"
-    commands.up(load_plan(_recipe(tmp_path)), run_dir)
+    up(load_plan(_recipe(tmp_path)), run_dir)
     queries.clear()
     t0 = time.monotonic()
     with pytest.raises(status.WaitFailed):

@@ -8,7 +8,7 @@ import pytest
 
 from podium.config.plan import load_plan
 from podium.config.spec import display_name
-from podium.launcher.login import commands
+from podium.launcher.login.logs import log_paths
 from podium.launcher.login.run_dir import prepare_run_dir
 from podium.launcher.login.selection import UnknownTeacherError, resolve
 from podium.launcher.login.stop import down
@@ -57,6 +57,6 @@ def test_a_word_that_names_nothing_is_an_error_listing_the_teachers(run_dir: Pat
     with pytest.raises(UnknownTeacherError, match="no teacher 'chat#2'"):
         down(run_dir, ["chat#2"])  # nothing is stopped for a typo
     with pytest.raises(UnknownTeacherError, match="no teacher 'nope'"):
-        commands.log_paths(run_dir, "nope")
+        log_paths(run_dir, "nope")
     with pytest.raises(FileNotFoundError, match="no job submitted yet"):
-        commands.log_paths(run_dir, "chat#1")
+        log_paths(run_dir, "chat#1")

@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,8 +27,8 @@ from podium.launcher.common.slurm_state import JobState
 SUBMIT_GRACE_S = 60.0  # a job this fresh that the scheduler does not list yet counts as pending
 
 __all__ = ["BackendKind", "JobEnvironment", "NodeContext", "Scheduler", "Submission", "SubmitError",
-           "environment_for", "job_states", "kind_for", "known_kinds", "register", "registered", "scheduler_for",
-           "unregister"]
+           "environment_for", "job_states", "kind_for", "known_kinds", "live_job_ids", "register", "registered",
+           "scheduler_for", "unregister"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,11 @@ def job_states(records: Iterable[JobRecord]) -> dict[str, JobState]:
         if rec.job_id not in out and now - rec.submitted_at < SUBMIT_GRACE_S:
             out[rec.job_id] = JobState(rec.job_id, "PENDING", raw_state="SUBMITTED")
     return out
+
+
+def live_job_ids(records: Sequence[JobRecord]) -> set[str]:
+    """The ids of these jobs that are pending or running (:func:`job_states`)."""
+    return {job_id for job_id, state in job_states(records).items() if state.alive}
 
 
 register("slurm", "podium.launcher.backends.slurm.scheduler.SlurmScheduler",

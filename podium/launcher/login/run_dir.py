@@ -6,7 +6,7 @@ token is kept, files are replaced whole).
 
 The run dir is the user's own: 0700 (made so again when an older one is written), the files the
 launcher writes 0600. Every read-modify-write of ``rendezvous.json`` (``up``, ``scale``) holds the
-run's rendezvous claim (:func:`rendezvous_claims`, :mod:`podium.launcher.login.claims`).
+run's rendezvous claim (:func:`editing_rendezvous`, :mod:`podium.launcher.login.claims`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
 from podium.launcher.common.files import FILE_MODE, PLAN_FILE, RECIPE_FILE, RENDEZVOUS_CLAIM_PREFIX, TeacherFiles
-from podium.launcher.login.claims import ClaimSet
+from podium.launcher.login.claims import Claim, ClaimSet, holding
 from podium.rendezvous.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
 from podium.rendezvous.layout import RunLayout, teacher_dir_name
 from podium.rendezvous.manifest import build_rendezvous, write_rendezvous
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 RUNS_DIR_ENV = "PODIUM_RUNS_DIR"
 DEFAULT_RUNS_ROOT = "~/podium-runs"
 RUN_DIR_MODE = 0o700
+RENDEZVOUS_CLAIM_WAIT_S = 120.0  # another `up`/`scale` edits rendezvous.json for seconds at most
 
 
 def default_run_dir(plan: Plan) -> Path:
@@ -90,6 +92,11 @@ def make_run_dir(run_dir: Path) -> Path:
 def rendezvous_claims(run_dir: Path) -> ClaimSet:
     """The claim every read-modify-write of the run's ``rendezvous.json`` holds."""
     return ClaimSet(run_dir, RENDEZVOUS_CLAIM_PREFIX)
+
+
+def editing_rendezvous(run_dir: Path) -> AbstractContextManager[Claim]:
+    """The run's rendezvous claim, held around a read-modify-write of ``rendezvous.json``."""
+    return holding(rendezvous_claims(run_dir), "the claim on rendezvous.json", RENDEZVOUS_CLAIM_WAIT_S)
 
 
 def write_spec(run_dir: Path, spec: TeacherSpec) -> TeacherFiles:

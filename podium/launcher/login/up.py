@@ -1,40 +1,30 @@
-"""The logic of ``podium up / scale / logs`` and ``up --dry-run`` (the CLI only parses and prints).
+"""The logic of ``podium up`` and ``up --dry-run`` (the CLI only parses and prints): bring a run to
+its recipe.
 
-Owns what brings a run to the recipe (``up``) or a teacher to a count of replicas (``scale``):
-submitting each replica once, reattaching to live jobs, listing the replicas in the rendezvous.
-What runs is seen by :mod:`podium.launcher.login.status`, stopped by :mod:`podium.launcher.login.stop`, and
-the words a user types are turned into teachers by :mod:`podium.launcher.login.selection`.
+Submits each replica of each teacher once, reattaches to live jobs, lists the replicas in the
+rendezvous, and reports (or with ``--replace`` applies) what the recipe changed under a live job.
+What runs is seen by :mod:`podium.launcher.login.status`, stopped by :mod:`podium.launcher.login.stop`;
+a teacher's count of replicas is changed by :mod:`podium.launcher.login.scale`.
 
 All state comes from the run directory (``job.json``, the endpoint records) and Slurm, so any
-``podium`` process on any login node can run these. Light imports only: no torch, no ray.
+``podium`` process on any login node can run it. Light imports only: no torch, no ray.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from podium.config.launcher import SettingChange, launcher_changes
 from podium.config.plan import Plan, require_checkpoints
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends import Submission, SubmitError, job_states, scheduler_for
+from podium.launcher.backends import Submission, SubmitError, live_job_ids, scheduler_for
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.jobs import JobRecord
-from podium.launcher.login.claims import Claim, holding
-from podium.launcher.login.run_dir import known_teachers, make_run_dir, prepare_run_dir, rendezvous_claims, write_spec
-from podium.launcher.login.selection import resolve, select
-from podium.launcher.login.stop import down, stop_replicas, with_jobs
+from podium.launcher.login.run_dir import editing_rendezvous, known_teachers, make_run_dir, prepare_run_dir, write_spec
+from podium.launcher.login.stop import down, stop_replicas
 from podium.launcher.login.submission import ensure_submitted
-from podium.rendezvous.layout import RunLayout
-from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
-
-logger = logging.getLogger(__name__)
-
-RENDEZVOUS_CLAIM_WAIT_S = 120.0  # another `up`/`scale` edits rendezvous.json for seconds at most
 
 
 @dataclass
@@ -73,7 +63,7 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     run_dir = make_run_dir(run_dir.absolute())
     # The replicas `scale` started are read and listed under the claim: a `scale` that submits one
     # meanwhile lists it after this write (its job.json exists before its own write).
-    with _editing_rendezvous(run_dir):
+    with editing_rendezvous(run_dir):
         extras = _live_extra_replicas(plan, run_dir)
         listed = {spec.key: [*range(spec.launcher.replicas),
                              *([] if replace else [s.replica for s, _, _ in extras.get(spec.key, [])])]
@@ -147,17 +137,12 @@ def _live_extra_replicas(plan: Plan, run_dir: Path) -> dict[str, list[tuple[Teac
     found = [(spec, files, JobRecord.of(files, spec.launcher.cluster)) for spec, files in known_teachers(run_dir)
              if spec.key in wanted and spec.replica >= wanted[spec.key]]
     with_jobs = [(spec, files, rec) for spec, files, rec in found if rec is not None]
-    live = _live_job_ids([rec for _, _, rec in with_jobs])
+    live = live_job_ids([rec for _, _, rec in with_jobs])
     out: dict[str, list[tuple[TeacherSpec, TeacherFiles, JobRecord]]] = {}
     for spec, files, rec in with_jobs:
         if rec.job_id in live:
             out.setdefault(spec.key, []).append((spec, files, rec))
     return out
-
-
-def _live_job_ids(records: Sequence[JobRecord]) -> set[str]:
-    """The ids of these jobs that are pending or running (one query)."""
-    return {job_id for job_id, state in job_states(records).items() if state.alive}
 
 
 def validate(plan: Plan) -> None:
@@ -181,92 +166,3 @@ def dry_run(plan: Plan, run_dir: Path) -> list[Submission]:
     run_dir = run_dir.absolute()
     return [scheduler_for(replica.launcher.cluster).materialise(replica, TeacherFiles.of_spec(run_dir, replica))
             for spec in plan.teachers for replica in spec.replica_specs()]
-
-
-@dataclass
-class ScaleResult:
-    """What ``podium scale`` did to one teacher."""
-
-    run_dir: Path
-    teacher: str
-    key: str
-    count: int
-    before: int  # replicas the rendezvous listed before
-    actions: dict[str, str] = field(default_factory=dict)  # display name -> submitted | reattached | resubmitted
-    job_ids: dict[str, str] = field(default_factory=dict)
-    stopped: list[str] = field(default_factory=list)  # display names of the replicas stopped
-
-
-def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> ScaleResult:
-    """Serve ``teacher`` of a running run by ``count`` replicas: any word naming one of its replicas
-    (:mod:`podium.launcher.login.selection`: name, key, folder name, ``name#i``) names the teacher.
-
-    Replicas ``0..count-1`` that run are left as they are (reattached); the missing ones are
-    submitted with the teacher's spec (replica 0's: the settings it runs with). The rendezvous is
-    rewritten to list exactly those, so clients spread their calls over them; only then are the
-    replicas beyond ``count`` stopped (a call in flight there is retried on another replica). The
-    recipe is not read: the next ``podium up`` brings the teacher back to the recipe's count, and
-    keeps live replicas beyond it (``--replace`` stops them)."""
-    run_dir = run_dir.absolute()
-    if count < 1:
-        raise ValueError(f"podium scale: {count} replicas: a teacher needs at least 1 "
-                         f"(`podium down {run_dir} {teacher}` stops it)")
-    layout = RunLayout(run_dir)
-    rdv = read_rendezvous(run_dir)
-    known = known_teachers(run_dir)
-    keys = {spec.key for spec, _ in select(known, [teacher], run_dir)}
-    listed_keys = sorted(keys & set(rdv.teachers))
-    if len(listed_keys) != 1:
-        names = ", ".join(dict.fromkeys(entry.name for entry in rdv.teachers.values()))
-        if not listed_keys:
-            raise ValueError(f"teacher {teacher!r} is not in {layout.rendezvous_path} (the recipe no longer has it): "
-                             f"`podium up` it first; teachers: {names}")
-        raise ValueError(f"{teacher!r} names {len(listed_keys)} teachers in {run_dir}: name one by its key "
-                         f"({', '.join(listed_keys)})")
-    (key,) = listed_keys
-    replicas = {spec.replica: (spec, files) for spec, files in known if spec.key == key}
-    template = replicas[min(replicas)][0]
-    result = ScaleResult(run_dir, template.name, key, count, len(rdv.entry(key).replicas))
-    endpoint = functools.partial(layout.endpoint_relpath, template.name, key)
-    for index in range(count):
-        spec = replicas[index][0] if index in replicas else template.replica_spec(index)
-        if index not in replicas:
-            write_spec(run_dir, spec)
-        try:
-            record, action = ensure_submitted(spec, TeacherFiles.of_spec(run_dir, spec))
-        except SubmitError as exc:
-            # what runs stays listed and what was just submitted is listed too; nothing is stopped
-            with _editing_rendezvous(run_dir):
-                fresh = read_rendezvous(run_dir)
-                listed = list(dict.fromkeys([*fresh.entry(key).replicas, *map(endpoint, range(index))]))
-                write_rendezvous(layout, fresh.with_replicas(key, listed))
-            done = ", ".join(f"{name} job {job}" for name, job in result.job_ids.items()) or "none"
-            raise SubmitError(f"{exc} [replicas with jobs: {done}; the rendezvous lists {len(listed)}; nothing "
-                              f"was stopped; `podium scale` again, once fixed, submits the rest]") from exc
-        result.actions[spec.display] = action
-        result.job_ids[spec.display] = record.job_id
-    # listed first, stopped after: a client re-reads the rendezvous and moves to the replicas that stay.
-    # Read again under the claim: another `scale` or `up` may have edited it since (other teachers).
-    with _editing_rendezvous(run_dir):
-        write_rendezvous(layout, read_rendezvous(run_dir).with_replicas(key, [endpoint(i) for i in range(count)]))
-    beyond = with_jobs([found for index, found in sorted(replicas.items()) if index >= count])
-    live = _live_job_ids([rec for _, _, recs in beyond for rec in recs])
-    result.stopped = [spec.display for spec, _, recs in beyond if any(rec.job_id in live for rec in recs)]
-    stop_replicas(beyond, wait_s=wait_s)
-    return result
-
-
-def _editing_rendezvous(run_dir: Path) -> AbstractContextManager[Claim]:
-    """The run's rendezvous claim, held around a read-modify-write of ``rendezvous.json``."""
-    return holding(rendezvous_claims(run_dir), "the claim on rendezvous.json", RENDEZVOUS_CLAIM_WAIT_S)
-
-
-def log_paths(run_dir: Path, teacher: str, node: int | None = None) -> list[Path]:
-    """The logs of a teacher's current job's node tasks (one node, or all): the first replica
-    ``teacher`` names (:mod:`podium.launcher.login.selection`; a teacher's name: its replica 0)."""
-    spec, files = resolve(run_dir, [teacher])[0]
-    rec = JobRecord.of(files, spec.launcher.cluster)
-    if rec is None:
-        raise FileNotFoundError(f"teacher {teacher!r}: no job submitted yet ({files.job} missing)")
-    ranks = [node] if node is not None else list(range(spec.num_nodes))
-    return scheduler_for(rec.cluster).log_paths(files, rec.job_id, ranks)
