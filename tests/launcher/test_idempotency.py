@@ -1,4 +1,5 @@
-"""``ensure_submitted``: reattach to live jobs, submit once under concurrency, resubmit ended ones."""
+"""``ensure_submitted``: reattach to live jobs, submit once under concurrency, resubmit ended ones
+(each new job with a fresh restart ledger)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from harness.fake_backend import fake_slurm as fake_slurm_backend
 from podium.config.spec import TeacherSpec
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.restarts import RestartLedger
 from podium.launcher.login import submission
 from podium.launcher.login.claims import claim_state
 
@@ -109,3 +111,18 @@ def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, mo
     stop._mark_stopped(files)
     record = read_record(files.endpoint)
     assert (record.generation, record.status) == (Generation(7, 2), Status.STARTING)
+
+
+def test_a_new_job_gets_a_fresh_ledger_and_forgets_excluded_nodes(tmp_path: Path, fake_slurm) -> None:
+    """A new job starts with a fresh restart ledger; a reattach keeps the running job's."""
+    files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
+    files.folder.mkdir(parents=True)
+    RestartLedger(consecutive_failures=4, requeues=2, excluded_nodes=("n1", "n2")).write(files)
+    _, action = submission.ensure_submitted(SPEC, files)
+    assert action == "submitted"
+    ledger = RestartLedger.read(files)
+    assert ledger.consecutive_failures == 0 and ledger.requeues == 0 and ledger.excluded_nodes == ()
+    # a reattach keeps the ledger of the job that runs
+    RestartLedger(consecutive_failures=1, excluded_nodes=("n3",)).write(files)
+    assert submission.ensure_submitted(SPEC, files)[1] == "reattached"
+    assert RestartLedger.read(files).excluded_nodes == ("n3",)

@@ -1,8 +1,7 @@
-"""``podium status``'s probe of a ready record (issue 20, finding 5 for the status view): with the
-run's token it asks the server to prove it is the record's generation before it sends the token, so
-a squatter on a dead teacher's port is shown down and never sees the token, while the real teacher
-shows its load even when ``/metrics`` needs the token. Real endpoint (a stand-in group), real server
-proof."""
+"""``podium status``'s probe of a ready record: with the run's token it asks the server to prove it
+is the record's generation before it sends the token, so a squatter on a dead teacher's port is
+shown down and never sees the token, while the real teacher shows its load even when ``/metrics``
+needs the token. Real endpoint (a stand-in group), real server proof."""
 
 from __future__ import annotations
 
