@@ -60,7 +60,7 @@ def _first_node(job: str) -> str:
 def _cause(fault: str, files, job: str, gen: str, scratch: Path) -> float:
     from harness.faults import preempt
 
-    from podium.launcher.procs import ProcRef, session_alive
+    from podium.launcher.common.procs import ProcRef, session_alive
 
     if fault == "lost_node":
         job_id, restart = gen.split(":")
@@ -149,7 +149,7 @@ def main() -> None:
     from harness.slurm_run import job_ids
 
     from podium.apps.tiny_models import hf_oracle_logprobs, make_tiny_checkpoint
-    from podium.launcher.run_dir import known_teachers
+    from podium.launcher.login.run_dir import known_teachers
 
     with tempfile.TemporaryDirectory(prefix="podium-bench-faults-") as tmp:
         root = Path(tmp)

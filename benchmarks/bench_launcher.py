@@ -8,7 +8,7 @@ timings each teacher's head writes into its endpoint record. On Slurm (the test 
 teacher has 2 nodes and the Qwen2 one 1; ``cluster: local`` runs one node per teacher.
 
 The floor, in the same run: what ``ray start`` alone costs, started as podium starts it
-(:class:`podium.launcher.ray_bootstrap.RayNodeProcess`: ``ray start --block`` in a session of
+(:class:`podium.launcher.job.ray_bootstrap.RayNodeProcess`: ``ray start --block`` in a session of
 its own, ports by bind test, a per-node temp dir, token auth) and ended as podium ends it (every
 member of that session, by PID): a head, then a worker joining it, on two loopback addresses.
 Measured twice: ``alone``, and ``two_at_once`` (two floors started together), since the teachers'
@@ -51,22 +51,23 @@ START_TIMEOUT_S = 180.0
 
 def ray_floor(ips: tuple[str, str], tag: str) -> dict[str, float]:
     """Seconds to a running Ray head, then to a worker node joined to it (podium's start and stop)."""
-    from podium.launcher import ray_bootstrap as rb
+    from podium.launcher.common.ray_ports import choose_ports
+    from podium.launcher.job.ray_bootstrap import RayNodeProcess, start_command, write_auth_token
 
     tmp = Path(tempfile.mkdtemp(prefix="pbf", dir="/tmp"))  # short: Ray's socket paths
-    token = rb.write_auth_token(tmp / "token")
-    nodes: list[rb.RayNodeProcess] = []
+    token = write_auth_token(tmp / "token")
+    nodes: list[RayNodeProcess] = []
     try:
         t0 = time.monotonic()
-        ports = rb.choose_ports(FLOOR_PORTS, tag, 0, 0)
-        nodes.append(rb.RayNodeProcess(rb.start_command(head=True, ip=ips[0], ports=ports, temp=tmp / "0", num_cpus=1,
-                                                        object_store_memory_mb=100), tmp / "head.log", token))
+        ports = choose_ports(FLOOR_PORTS, tag, 0, 0)
+        nodes.append(RayNodeProcess(start_command(head=True, ip=ips[0], ports=ports, temp=tmp / "0", num_cpus=1,
+                                                  object_store_memory_mb=100), tmp / "head.log", token))
         nodes[0].wait_started(START_TIMEOUT_S)
         t_head = time.monotonic() - t0
-        worker_ports = rb.choose_ports(FLOOR_PORTS, tag, 0, 1)
-        nodes.append(rb.RayNodeProcess(rb.start_command(head=False, ip=ips[1], ports=worker_ports, temp=tmp / "1",
-                                                        num_cpus=1, head_address=f"{ips[0]}:{ports.gcs}",
-                                                        object_store_memory_mb=100), tmp / "worker.log", token))
+        worker_ports = choose_ports(FLOOR_PORTS, tag, 0, 1)
+        nodes.append(RayNodeProcess(start_command(head=False, ip=ips[1], ports=worker_ports, temp=tmp / "1",
+                                                  num_cpus=1, head_address=f"{ips[0]}:{ports.gcs}",
+                                                  object_store_memory_mb=100), tmp / "worker.log", token))
         nodes[1].wait_started(START_TIMEOUT_S)
         total = time.monotonic() - t0
     finally:

@@ -129,22 +129,22 @@ def up(
     """Submit one job per unique teacher (idempotent: live jobs are reattached; changed settings are
     reported, applied with --replace)."""
     from podium.config.plan import load_plan
-    from podium.launcher import commands
     from podium.launcher.backends import SubmitError
-    from podium.launcher.run_dir import default_run_dir
-    from podium.launcher.slurm_state import SlurmQueryError
+    from podium.launcher.common.slurm_state import SlurmQueryError
+    from podium.launcher.login import up as up_logic
+    from podium.launcher.login.run_dir import default_run_dir
 
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
         target = run_dir or default_run_dir(the_plan)
         if dry_run:
-            submissions = commands.dry_run(the_plan, target)
-            _notices(commands.notices(the_plan))
+            submissions = up_logic.dry_run(the_plan, target)
+            _notices(up_logic.notices(the_plan))
             for submission in submissions:
                 typer.echo(f"# ---- {submission.teacher} ({submission.backend}): what `podium up` submits", err=True)
                 typer.echo(submission.render(), nl=False)
             return
-        result = commands.up(the_plan, target, replace=replace)
+        result = up_logic.up(the_plan, target, replace=replace)
     except (ConfigError, SubmitError) as exc:
         _fail(str(exc))
         return
@@ -174,7 +174,7 @@ def _notices(lines: list[str]) -> None:
 
 def _wait(run_dir: Path, timeout: float) -> None:
     from podium.cli_render import WaitView
-    from podium.launcher.status import WaitFailed, wait
+    from podium.launcher.login.status import WaitFailed, wait
 
     view = WaitView()
     try:
@@ -204,8 +204,8 @@ def status(
 ) -> None:
     """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s and answer
     bytes/s over the last minute, queue depth, padding share); exit 0 only when all are ready."""
-    from podium.launcher import status as teacher_status
-    from podium.launcher.slurm_state import SlurmQueryError
+    from podium.launcher.common.slurm_state import SlurmQueryError
+    from podium.launcher.login import status as teacher_status
     from podium.rendezvous.atomic import FileReadError
 
     try:
@@ -239,11 +239,11 @@ def logs(
     """Print a teacher's job logs."""
     import subprocess
 
-    from podium.launcher import commands
-    from podium.launcher.selection import UnknownTeacherError
+    from podium.launcher.login.logs import log_paths
+    from podium.launcher.login.selection import UnknownTeacherError
 
     try:
-        paths = commands.log_paths(_run_dir(run_dir), teacher, node)
+        paths = log_paths(_run_dir(run_dir), teacher, node)
     except (FileNotFoundError, UnknownTeacherError) as exc:
         _fail(str(exc))
         return
@@ -265,9 +265,9 @@ def down(
         None, help="Teachers to stop, each by name, key, folder name, or NAME#i for its replica i (default: all)."),
 ) -> None:
     """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
-    from podium.launcher.selection import UnknownTeacherError
-    from podium.launcher.slurm_state import SlurmQueryError
-    from podium.launcher.stop import down as stop_teachers
+    from podium.launcher.common.slurm_state import SlurmQueryError
+    from podium.launcher.login.selection import UnknownTeacherError
+    from podium.launcher.login.stop import down as stop_teachers
 
     try:
         names = stop_teachers(_run_dir(run_dir), teachers or [])
@@ -289,13 +289,13 @@ def scale(
 ) -> None:
     """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond
     (the others are left as they are)."""
-    from podium.launcher import commands
     from podium.launcher.backends import SubmitError
-    from podium.launcher.slurm_state import SlurmQueryError
+    from podium.launcher.common.slurm_state import SlurmQueryError
+    from podium.launcher.login.scale import scale as scale_teacher
     from podium.rendezvous.atomic import FileReadError
 
     try:
-        result = commands.scale(_run_dir(run_dir), teacher, replicas)
+        result = scale_teacher(_run_dir(run_dir), teacher, replicas)
     except (ValueError, SubmitError, FileReadError) as exc:
         _fail(str(exc))
         return
@@ -324,8 +324,8 @@ def render(
     """Print one teacher's job script: exactly what `podium up` submits (sbatch it yourself with --write)."""
     from podium.config.plan import load_plan
     from podium.launcher.backends import scheduler_for
-    from podium.launcher.files import TeacherFiles
-    from podium.launcher.run_dir import default_run_dir, prepare_run_dir
+    from podium.launcher.common.files import TeacherFiles
+    from podium.launcher.login.run_dir import default_run_dir, prepare_run_dir
 
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
@@ -355,9 +355,9 @@ def doctor(
     podium on a node, ports); exit 0 when all pass."""
     from podium.config.launcher import TeacherLauncherSettings
     from podium.config.plan import load_plan
-    from podium.launcher.doctor.checks import run_doctor
-    from podium.launcher.doctor.report import doctor_report, print_checks
-    from podium.launcher.run_dir import DEFAULT_RUNS_ROOT, RUNS_DIR_ENV, default_run_dir
+    from podium.launcher.login.doctor.checks import run_doctor
+    from podium.launcher.login.doctor.report import doctor_report, print_checks
+    from podium.launcher.login.run_dir import DEFAULT_RUNS_ROOT, RUNS_DIR_ENV, default_run_dir
 
     the_plan = None
     try:

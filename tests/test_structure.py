@@ -87,3 +87,78 @@ def test_no_module_is_over_the_line_cap() -> None:
     assert len(sizes) > 50, sizes
     over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
     assert not over, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {over}"
+
+
+# -- the launcher's sides ------------------------------------------------------------------------
+# podium.launcher runs in two places: login/ where `podium` is typed, job/ inside a teacher's job,
+# and common/ what both use; a cluster kind's scheduler (backends/<kind>/scheduler.py) is login's,
+# its job environment (backends/<kind>/environment.py) the job's, the registry and base classes common.
+
+# The login side's imports of the job side, each with why it is right.
+LOGIN_IMPORTS_OF_THE_JOB = {
+    ("podium.launcher.backends.local.scheduler", "podium.launcher.backends.local.environment"):
+        "the local kind's job ids (sequence * PID_SPAN + controller PID) and its GPU rule (gpu_use) are "
+        "defined once, in its environment, which computes them in the job; the scheduler, which hands the "
+        "job its sequence and turns job ids back into PIDs and refuses what the GPUs cannot run, uses "
+        "the same functions",
+}
+
+
+def _launcher_side(module: str) -> str | None:
+    """``login``, ``job`` or ``common`` for a module of the launcher (the CLI is login's); None for
+    the rest of podium."""
+    parts = module.split(".")
+    if module in ("podium.cli", "podium.cli_render"):
+        return "login"
+    if parts[:2] != ["podium", "launcher"]:
+        return None
+    rest = parts[2:]
+    if rest and rest[0] in ("login", "job", "common"):
+        return rest[0]
+    if rest and rest[0] == "backends" and len(rest) == 3 and rest[2] in ("scheduler", "environment"):
+        return "login" if rest[2] == "scheduler" else "job"
+    assert not rest or rest[0] == "backends", f"{module}: a launcher module outside login/, job/, common/, backends/"
+    return "common"
+
+
+def _side_imports(path: Path) -> set[str]:
+    """:func:`_imports`, with ``from package import module`` read as the module too (its side is
+    the module's, not the package's)."""
+    found = _imports(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in found:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                relative = Path(*name.split("."))
+                if (PACKAGE.parent / relative).with_suffix(".py").exists() or (PACKAGE.parent / relative).is_dir():
+                    found.add(name)
+    return found
+
+
+def test_the_launchers_job_side_never_imports_its_login_side() -> None:
+    """The job never imports the login side (module level or lazily), so a node task loads no CLI,
+    renderer or submission code; the login side imports the job side only as
+    :data:`LOGIN_IMPORTS_OF_THE_JOB` says why; ``common`` imports neither."""
+    paths = [*sorted((PACKAGE / "launcher").rglob("*.py")), PACKAGE / "cli.py", PACKAGE / "cli_render.py"]
+    sides: dict[str, set[str]] = defaultdict(set)
+    crossings: set[tuple[str, str]] = set()
+    wrong: list[str] = []
+    for path in paths:
+        here = _module_name(path)
+        side = _launcher_side(here)
+        assert side is not None, here
+        sides[side].add(here)
+        for there in _side_imports(path):
+            other = _launcher_side(there)
+            if other is None or other == side or other == "common":
+                continue
+            crossings.add((here, there))
+            if side == "login" and (here, there) in LOGIN_IMPORTS_OF_THE_JOB:
+                continue
+            wrong.append(f"{here} ({side}) imports {there} ({other})")
+    assert {"podium.launcher.job.node_entry", "podium.launcher.backends.slurm.environment"} <= sides["job"], sides
+    assert {"podium.launcher.login.up", "podium.launcher.backends.slurm.scheduler"} <= sides["login"], sides
+    assert {"podium.launcher.common.files", "podium.launcher.backends"} <= sides["common"], sides
+    assert not wrong, "imports across the launcher's sides:\n" + "\n".join(wrong)
+    unused = set(LOGIN_IMPORTS_OF_THE_JOB) - crossings
+    assert not unused, f"allowed crossings that no longer happen (remove them): {unused}"

@@ -60,9 +60,9 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     from podium.cli_render import WaitView
     from podium.client import connect
     from podium.config.plan import load_plan
-    from podium.launcher import commands
-    from podium.launcher.status import WaitFailed, wait
-    from podium.launcher.stop import down
+    from podium.launcher.login.status import WaitFailed, wait
+    from podium.launcher.login.stop import down
+    from podium.launcher.login.up import up
     from podium.rendezvous.layout import RunLayout
 
     console = Console()
@@ -78,7 +78,7 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     console.print(f"{len(plan.routes)} aliases -> {len(plan.teachers)} teachers; `podium up --wait` (cluster: local)")
     code = 1
     try:
-        commands.up(plan, run_dir)
+        up(plan, run_dir)
         with WaitView(console) as view:
             wait(run_dir, timeout_s, on_update=view.update)
         t_ready = time.monotonic() - t0

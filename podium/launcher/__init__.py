@@ -1,13 +1,22 @@
 """podium.launcher: getting teachers onto a cluster and keeping them there.
 
-On a login node: ``run_dir`` (the run directory from a plan), ``submission`` (submit each teacher
-once), ``backends`` (each cluster kind's scheduler: materialise, submit, states, cancel), ``jobs``
-(``job.json``), ``commands`` (up / scale / logs), ``status`` (status / wait), ``stop`` (down),
-``selection`` (the words that name a teacher), ``stop_request``, ``claims``, ``slurm_state`` (Slurm's
-text), ``doctor``.
-In the allocation: ``node_entry`` (every task, told where it runs by its kind's job environment),
-``node_run`` (every node: its record, Ray node, teardown), ``head_run`` (rank 0: the group, serving,
-the next generation), ``node_files`` (``<rank>.json``, ``head.json``), ``lifecycle`` (the endpoint
-record's one publisher), ``restarts``, ``watchdog``, ``signals``, ``faults`` (test hooks),
-``ray_bootstrap``, ``procs``, ``cleanup``.
+The launcher runs in two places, and its packages say which:
+
+- :mod:`podium.launcher.login`: what runs where a person or a trainer job types ``podium`` (a login
+  node): ``up``, ``scale``, ``logs``, ``status``/``wait``, ``down``, ``doctor``, the run directory and
+  the submission of each teacher's job;
+- :mod:`podium.launcher.job`: what runs inside a teacher's job, on every node of its allocation
+  (``python -m podium.launcher.job.node_entry``): the node's Ray, rank 0's group and endpoint, the
+  teacher's lifecycle, the watchdog, the stop signals;
+- :mod:`podium.launcher.common`: what both read and write, the run directory's files above all
+  (a teacher's folder, job and node records, stop requests, the restart ledger), and the tools both
+  use (processes, Slurm's text).
+
+:mod:`podium.launcher.backends` is each cluster kind, split the same way: its ``Scheduler``
+(``<kind>/scheduler.py``) is login-side, its ``JobEnvironment`` (``<kind>/environment.py``) job-side,
+and the registry and base classes are common; a kind's modules are imported when it is first asked for.
+
+The import rule (``tests/test_structure.py``): the job side never imports the login side (a job loads
+no CLI, renderer or submission code); the login side never imports the job side, except where that
+test names why; ``common`` imports neither.
 """

@@ -96,7 +96,7 @@ class ModelInfo(BaseModel):
 
 
 class RestartInfo(BaseModel):
-    """What the launcher decided when a generation ended (``podium.launcher.restarts``), as the
+    """What the launcher decided when a generation ended (``podium.launcher.common.restarts``), as the
     record carries it for ``podium status`` and trainers."""
 
     model_config = ConfigDict(frozen=True, extra="allow")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from harness.cli import podium_cli
 
-from podium.launcher.cleanup import run_processes
-from podium.launcher.run_dir import known_teachers
+from podium.launcher.common.cleanup import run_processes
+from podium.launcher.login.run_dir import known_teachers
 
 
 def test_demo_the_readme_first_command(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from podium.config.errors import ConfigError
 from podium.config.launcher import launcher_changes
 from podium.config.needs import teacher_needs
 from podium.config.plan import load_plan
-from podium.launcher import commands
-from podium.launcher import status as status_view
-from podium.launcher.run_dir import known_teachers, prepare_run_dir
+from podium.launcher.login import status as status_view
+from podium.launcher.login.run_dir import known_teachers, prepare_run_dir
+from podium.launcher.login.scale import scale
 from podium.rendezvous import read_rendezvous
 from podium.rendezvous.manifest import Rendezvous, TeacherEntry
 
@@ -119,9 +119,9 @@ def test_a_rendezvous_of_an_older_podium_reads_as_one_replica(tmp_path: Path) ->
 def test_scale_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     layout = prepare_run_dir(plan_of(tmp_path), tmp_path / "run")
     with pytest.raises(ValueError, match=r"0 replicas: a teacher needs at least 1 \(`podium down .* math` stops it\)"):
-        commands.scale(layout.run_dir, "math", 0)
+        scale(layout.run_dir, "math", 0)
     with pytest.raises(ValueError, match=r"no teacher 'maths' in .* \(teachers: chat, math\)"):
-        commands.scale(layout.run_dir, "maths", 2)
+        scale(layout.run_dir, "maths", 2)
 
 
 def test_dry_run_prints_every_replicas_job_and_render_names_one(tmp_path: Path) -> None:

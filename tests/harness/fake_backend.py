@@ -2,7 +2,7 @@
 :class:`FakeScheduler` (through :func:`podium.launcher.backends.registered`, so the launcher holds
 it as it holds the real one) over a :class:`FakeJobs` the test reads and changes.
 
-Submitting (``podium.launcher.submission.submit``, patched) numbers jobs from 100 and enters them in
+Submitting (``podium.launcher.login.submission.submit``, patched) numbers jobs from 100 and enters them in
 ``jobs`` with the state asked for; ``states`` answers from ``jobs``; ``find_live`` lists the
 ``unrecorded`` jobs (the scheduler runs them, no ``job.json`` names them) that are ``RUNNING``;
 ``cancel`` records the job and marks it ``CANCELLED``; each ``states`` query is timed in ``queries``.
@@ -21,13 +21,13 @@ from typing import ClassVar
 import pytest
 
 from podium.config.spec import TeacherSpec
-from podium.launcher import submission
 from podium.launcher.backends import registered
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.login import submission
 
 FIRST_JOB_ID = 100
 

@@ -19,8 +19,8 @@ from harness.client_loop import COMEBACK_S, ClientLoop
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import TOL
 from harness.slurm_run import job_ids
-from podium.launcher.files import TeacherFiles
-from podium.launcher.run_dir import known_teachers
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.login.run_dir import known_teachers
 
 
 class RecordWatcher:

@@ -1,6 +1,6 @@
 """A teacher served as in production, for the endpoint and client tests: :class:`Teacher`.
 
-It runs the real :class:`podium.launcher.lifecycle.TeacherLifecycle` on a group (a ``FakeGroup`` or
+It runs the real :class:`podium.launcher.job.lifecycle.TeacherLifecycle` on a group (a ``FakeGroup`` or
 a real one) in a thread: ``starting`` (published here, as the node task does before the lifecycle
 serves), the endpoint, ``ready``, the heartbeat. :meth:`Teacher.stop` asks for a stop the way
 ``podium down`` does and publishes ``stopped`` once the lifecycle drained; :meth:`Teacher.restart`
@@ -30,9 +30,9 @@ from harness.poll import wait_for
 from harness.run import TeacherDef
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.lifecycle import TeacherLifecycle
-from podium.launcher.signals import Signals
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.job.lifecycle import TeacherLifecycle
+from podium.launcher.job.signals import Signals
 from podium.rendezvous import Generation, RecordWriter, RunLayout, Status
 from podium.teacher.endpoint import ServerThread
 

@@ -55,3 +55,23 @@ def write_recipe(path: Path, aliases: Mapping[str, tuple[Path | str, int]], *, c
     }
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+# Two teachers on Slurm, named by Hub ids (nothing is loaded): what the launcher's logic tests run
+# against a fake Slurm (:mod:`harness.fake_backend`).
+TWO_TEACHERS_ON_SLURM = """\
+on_policy_distillation:
+  teacher_model_by_agent_name: {math: Qwen/Qwen2-0.5B, code: Qwen/Qwen2.5-0.5B}
+  non_colocated_teachers:
+    default_teacher_cfg: {num_nodes: 1, gpus_per_node: 1}
+podium:
+  cluster: slurm
+  slurm: {gpus: false, time: "04:00:00", partition: low}
+"""
+
+
+def two_teachers_on_slurm(tmp_path: Path) -> Path:
+    """:data:`TWO_TEACHERS_ON_SLURM` in ``tmp_path/recipe.yaml``."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(TWO_TEACHERS_ON_SLURM)
+    return path

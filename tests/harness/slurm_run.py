@@ -58,7 +58,7 @@ def identity(recipe: Path, run_dir: Path, *overrides: str) -> str:
     """The ``--comment`` the recipe's one teacher's jobs carry in ``run_dir``."""
     from podium.config.plan import load_plan
     from podium.launcher.backends.slurm.scheduler import job_comment
-    from podium.launcher.files import TeacherFiles
+    from podium.launcher.common.files import TeacherFiles
 
     (spec,) = load_plan(recipe, list(overrides)).teachers
     return job_comment(spec, TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))

@@ -7,7 +7,7 @@ from that cluster) and matches the page's text against it, ``<...>`` standing fo
 ``<!-- error: source FILE -->`` (messages only a running job prints: the head's log, the wrapper
 lines) every literal piece of the text must be in FILE. Every trigger here has its block on the
 page and every block its trigger, so neither side can drift alone. The table of sbatch refusals
-on the page holds every row of ``podium.launcher.sbatch_errors.REFUSALS``, fix word for word.
+on the page holds every row of ``podium.launcher.login.sbatch_errors.REFUSALS``, fix word for word.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def template_regex(text: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------------------------------------- triggers
 
 def _ray_start_died(tmp: Path) -> str:
-    from podium.launcher.exits import describe_death
-    from podium.launcher.ray_bootstrap import ray_executable
+    from podium.launcher.job.exits import describe_death
+    from podium.launcher.job.ray_bootstrap import ray_executable
 
     log = tmp / "ray-start.log"
     with open(log, "wb") as out:
@@ -55,7 +55,7 @@ def _ray_start_died(tmp: Path) -> str:
 
 def _probe_report(tmp: Path, **changes) -> str:
     import podium
-    from podium.launcher.doctor.probe import PROBE_MARK
+    from podium.launcher.login.doctor.probe import PROBE_MARK
 
     report = {"token": "3f2a9c1b7d4e", "host": "n1", "python": sys.executable, "version": list(sys.version_info[:3]),
               "podium": {"file": podium.__file__, "version": podium.__version__}, "checks": [], **changes}
@@ -63,7 +63,7 @@ def _probe_report(tmp: Path, **changes) -> str:
 
 
 def _run_dir_not_shared(tmp: Path) -> str:
-    from podium.launcher.doctor.probe_job import _judge_probe
+    from podium.launcher.login.doctor.probe_job import _judge_probe
 
     out = Path("/shared/me/mopd-run/.doctor/3f2a9c1b7d4e.json")  # written on the node, absent here
     rows = _judge_probe(0, _probe_report(tmp), "", out, "in partition 'batch'", ())
@@ -71,7 +71,7 @@ def _run_dir_not_shared(tmp: Path) -> str:
 
 
 def _podium_not_on_node(tmp: Path) -> str:
-    from podium.launcher.doctor.probe_job import _judge_probe
+    from podium.launcher.login.doctor.probe_job import _judge_probe
 
     out = tmp / "probe.json"
     out.write_text(json.dumps({"token": "3f2a9c1b7d4e"}))
@@ -89,7 +89,7 @@ def _free_range(width: int, start: int = 24000) -> int:
 
 
 def _ray_ports(tmp: Path) -> str:
-    from podium.launcher.ray_bootstrap import BLOCK_SIZE, RayStartError, choose_ports
+    from podium.launcher.common.ray_ports import BLOCK_SIZE, RayStartError, choose_ports
 
     lo = _free_range(2 * BLOCK_SIZE)
     held = [socket.socket() for _ in range(2)]
@@ -105,7 +105,7 @@ def _ray_ports(tmp: Path) -> str:
 
 
 def _ray_range_small(tmp: Path) -> str:
-    from podium.launcher.ray_bootstrap import RayStartError, choose_ports
+    from podium.launcher.common.ray_ports import RayStartError, choose_ports
 
     with pytest.raises(RayStartError) as err:
         choose_ports((24000, 24010), 1, 0, 0)
@@ -130,7 +130,7 @@ def _server_ports(tmp: Path) -> str:
 
 
 def _interface(tmp: Path) -> str:
-    from podium.launcher.ray_bootstrap import RayStartError, node_ip
+    from podium.launcher.common.ray_ports import RayStartError, node_ip
 
     with pytest.raises(RayStartError) as err:
         node_ip("eth9")
@@ -176,7 +176,7 @@ def _spec(tmp: Path, slurm: dict, gpus_per_node: int):
 
 def _sbatch(option: str, slurm: dict, gpus_per_node: int) -> Callable[[Path], str]:
     def trigger(tmp: Path) -> str:
-        from podium.launcher.sbatch_errors import explain
+        from podium.launcher.login.sbatch_errors import explain
 
         said = json.loads(CAPTURED.read_text())[option]  # what the test cluster's sbatch answers
         return "podium: error: " + explain(said, _spec(tmp, slurm, gpus_per_node))
@@ -193,7 +193,7 @@ def _client_unavailable(tmp: Path) -> str:
 def _client_failed(tmp: Path) -> str:
     from podium.client import TeacherFailedError
     from podium.config.launcher import RestartSettings
-    from podium.launcher.restarts import RestartLedger, decide
+    from podium.launcher.common.restarts import RestartLedger, decide
 
     decision = decide(RestartLedger(consecutive_failures=3), "failed", RestartSettings(), can_requeue=True)
     reason = f"RayStartError: {_interface(tmp).replace(socket.gethostname(), 'n1')} ({decision.why})"
@@ -253,7 +253,7 @@ def test_messages_only_a_job_prints_are_in_their_source() -> None:
 
 
 def test_the_refusals_table_holds_every_known_refusal() -> None:
-    from podium.launcher.sbatch_errors import REFUSALS
+    from podium.launcher.login.sbatch_errors import REFUSALS
 
     after = PAGE.read_text().split("<!-- refusals-table -->", 1)[1].lstrip("\n").splitlines()
     table = list(itertools.takewhile(lambda line: line.startswith("|"), after))  # this table, not a later one
@@ -270,7 +270,7 @@ def test_sacct_disabled_is_what_podium_prints(slurm_cluster, tmp_path: Path) -> 
     (the controller still answers squeue)."""
     import os
 
-    from podium.launcher.slurm_state import SlurmQueryError, query_states
+    from podium.launcher.common.slurm_state import SlurmQueryError, query_states
 
     conf = tmp_path / "slurm.conf"
     text = Path(os.environ["SLURM_CONF"]).read_text()

@@ -16,9 +16,9 @@ import pytest
 from harness.cli import podium
 from harness.recipes import write_recipe
 
-from podium.launcher.doctor import probe
-from podium.launcher.doctor.probe_job import PODIUM_FIX, _judge_probe
-from podium.launcher.sbatch_errors import REFUSALS
+from podium.launcher.login.doctor import probe
+from podium.launcher.login.doctor.probe_job import PODIUM_FIX, _judge_probe
+from podium.launcher.login.sbatch_errors import REFUSALS
 
 SLURM_ROWS = ["slurm", "sacct", "partition low", "checkpoints", "test job", "run dir", "python", "podium",
               "ports", "address"]

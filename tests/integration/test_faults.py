@@ -32,8 +32,8 @@ from harness.cli import podium
 from harness.faults import Served, comes_back, preempt, serve_with_client
 from harness.recipes import write_recipe
 
-from podium.launcher.procs import ProcRef, session_alive
-from podium.launcher.restarts import RestartLedger
+from podium.launcher.common.procs import ProcRef, session_alive
+from podium.launcher.common.restarts import RestartLedger
 from podium.rendezvous.atomic import file_mode
 
 pytestmark = pytest.mark.slurm

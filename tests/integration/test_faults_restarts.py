@@ -24,10 +24,10 @@ from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 from harness.slurm_run import job_ids
 
-from podium.launcher.files import TeacherFiles
-from podium.launcher.restarts import RestartLedger
-from podium.launcher.run_dir import known_teachers
-from podium.launcher.slurm_state import query_states
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.common.slurm_state import query_states
+from podium.launcher.login.run_dir import known_teachers
 from podium.poll import poll_until
 from podium.rendezvous.records import Status, read_record
 

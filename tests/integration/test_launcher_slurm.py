@@ -28,7 +28,7 @@ from harness.cli import podium
 from harness.recipes import write_recipe
 from harness.slurm_run import check_logprobs, job_ids, ray_processes_of
 
-from podium.launcher.slurm_state import query_states
+from podium.launcher.common.slurm_state import query_states
 from podium.poll import poll_until
 
 pytestmark = pytest.mark.slurm

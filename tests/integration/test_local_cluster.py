@@ -25,9 +25,9 @@ from harness.recipes import RAY_PORTS
 from omegaconf import OmegaConf
 
 import podium.nemo_rl
-from podium.launcher.cleanup import run_processes
-from podium.launcher.devices import cuda_device_count
-from podium.launcher.run_dir import known_teachers
+from podium.launcher.common.cleanup import run_processes
+from podium.launcher.common.devices import cuda_device_count
+from podium.launcher.login.run_dir import known_teachers
 from podium.rendezvous.token import read_token
 
 TOL = 2e-3

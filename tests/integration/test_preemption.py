@@ -42,12 +42,19 @@ from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import TOL, write_recipe
 from harness.slurm_run import job_ids
 
-from podium.launcher import status as status_view
-from podium.launcher.cleanup import node_records, run_processes, sweep_temp_dirs
-from podium.launcher.files import TeacherFiles
-from podium.launcher.procs import STOP_SIGNALS, ProcRef, kill_session, session_alive, shim_command, stop_signals_blocked
-from podium.launcher.run_dir import known_teachers
-from podium.launcher.slurm_state import parse_squeue
+from podium.launcher.common.cleanup import node_records, run_processes, sweep_temp_dirs
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.procs import (
+    STOP_SIGNALS,
+    ProcRef,
+    kill_session,
+    session_alive,
+    shim_command,
+    stop_signals_blocked,
+)
+from podium.launcher.common.slurm_state import parse_squeue
+from podium.launcher.login import status as status_view
+from podium.launcher.login.run_dir import known_teachers
 
 
 def teacher_files(run_dir: Path) -> TeacherFiles:

@@ -32,8 +32,8 @@ from harness.faults import RecordWatcher, preempt, serve_with_client
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 
-from podium.launcher.files import TeacherFiles
-from podium.launcher.run_dir import known_teachers
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.login.run_dir import known_teachers
 from podium.rendezvous import read_rendezvous
 from podium.teacher.endpoint.metrics import summary
 
@@ -168,7 +168,7 @@ def test_scale_refused_halfway_lists_what_was_submitted_and_stops_nothing(
     import subprocess
 
     from podium.config.plan import load_plan
-    from podium.launcher.run_dir import prepare_run_dir
+    from podium.launcher.login.run_dir import prepare_run_dir
 
     recipe = write_recipe(slurm_scratch / "recipe.yaml", {"solo": (tiny_qwen2_checkpoint, 1)})
     run_dir = slurm_scratch / "run"

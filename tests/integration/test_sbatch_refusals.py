@@ -15,7 +15,7 @@ from harness.cli import podium
 from harness.recipes import write_recipe
 from harness.slurm_run import identity, job_ids, queued_with
 
-from podium.launcher.sbatch_errors import one_line
+from podium.launcher.login.sbatch_errors import one_line
 
 pytestmark = pytest.mark.slurm
 

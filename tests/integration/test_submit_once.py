@@ -24,9 +24,9 @@ from harness.slurm_run import identity, queued_with
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler, job_comment, job_name
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import query_states
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import query_states
 
 pytestmark = pytest.mark.slurm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from podium.config.spec import TeacherSpec
 from podium.launcher.backends import environment_for, known_kinds, register, registered, scheduler_for
 from podium.launcher.backends.local.environment import LocalEnvironment
 from podium.launcher.backends.local.scheduler import LocalScheduler
@@ -48,3 +49,23 @@ def test_the_classes_must_carry_the_name() -> None:
     with pytest.raises(ValueError, match=r"FakeScheduler.name is 'fake'"):
         register("slurm", FakeScheduler, SlurmEnvironment)
     assert type(scheduler_for("slurm")) is SlurmScheduler
+
+
+def test_a_class_named_by_its_dotted_name_is_checked_when_first_asked_for() -> None:
+    # registering by name imports nothing, so the class's name is checked when it is imported
+    with registered("fake", "podium.launcher.backends.local.scheduler.LocalScheduler",
+                    "podium.launcher.backends.local.environment.LocalEnvironment"):
+        with pytest.raises(ValueError, match=r"cluster kind 'fake': LocalScheduler.name is 'local'"):
+            scheduler_for("fake")
+        with pytest.raises(ValueError, match=r"cluster kind 'fake': LocalEnvironment.name is 'local'"):
+            environment_for("fake")
+
+
+def test_the_cpus_a_node_offers_are_slurms_allocation_or_the_recipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt", num_nodes=1,
+                       gpus_per_node=2)  # cpus_per_task unset: gpus_per_node + 1
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "7")
+    assert environment_for("slurm").node_cpus(spec) == 7  # what Slurm gave the task
+    assert environment_for("local").node_cpus(spec) == 3  # no Slurm allocation: the recipe's
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert environment_for("slurm").node_cpus(spec) == 3

@@ -1,4 +1,5 @@
-"""The submit claim (``podium.launcher.claims``): exactly one process takes over a stale claim.
+"""The submit claim (``podium.launcher.login.claims``): exactly one process takes over a stale claim,
+and a live claimant's claim is never stale.
 
 Races real processes (``multiprocessing``, fork) on a real filesystem (the test's tmp dir): all
 start together at a barrier and stay alive until all have tried, so none of them is mistaken for a
@@ -19,14 +20,14 @@ from pathlib import Path
 import pytest
 
 from podium.config.spec import TeacherSpec
-from podium.launcher import submission
 from podium.launcher.backends import registered
 from podium.launcher.backends.slurm.environment import SlurmEnvironment
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.claims import claim_state, try_claim
-from podium.launcher.files import CLAIM_STALE_S, TeacherFiles
-from podium.launcher.procs import ProcRef
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import CLAIM_STALE_S, TeacherFiles
+from podium.launcher.common.procs import ProcRef
+from podium.launcher.common.slurm_state import JobState
+from podium.launcher.login import submission
+from podium.launcher.login.claims import claim_state, try_claim
 
 RACERS = 24
 ROUNDS = 4
@@ -158,3 +159,14 @@ def test_release_keeps_the_name_and_the_next_claim_takes_the_next_number(tmp_pat
     first.release()
     second = try_claim(files)
     assert second is not None and second.number == 1 and files.claim_numbers() == [1]
+
+
+def test_a_live_same_host_claim_is_never_stale(tmp_path: Path) -> None:
+    """A live ``up`` on this host keeps its submit claim however long sbatch takes."""
+    files = TeacherFiles(tmp_path)
+    me = ProcRef.of(os.getpid())
+    files.claim(0).write_text(json.dumps({"pid": me.pid, "start": me.start, "host": socket.gethostname(),
+                                          "time": time.time()}))
+    old = time.time() - 10 * CLAIM_STALE_S
+    os.utime(files.claim(0), (old, old))
+    assert claim_state(files, 0) == "held"

@@ -9,16 +9,16 @@ import json
 import sys
 from pathlib import Path
 
-from podium.launcher.doctor.base import FAIL, PASS
-from podium.launcher.doctor.partitions import (
+from podium.launcher.login.doctor.base import FAIL, PASS
+from podium.launcher.login.doctor.partitions import (
     PartitionNeed,
     gres_gpus,
     judge_partition,
     parse_sinfo_nodes,
 )
-from podium.launcher.doctor.probe import PROBE_MARK
-from podium.launcher.doctor.probe_job import _judge_probe
-from podium.launcher.sbatch_errors import REFUSALS
+from podium.launcher.login.doctor.probe import PROBE_MARK
+from podium.launcher.login.doctor.probe_job import _judge_probe
+from podium.launcher.login.sbatch_errors import REFUSALS
 
 # sinfo -h -N -o '%N|%P|%a|%t|%G|%l' of a GPU cluster (the forms Slurm 22.05 prints)
 GPU_SINFO = """\

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.launcher.exits import describe_death, exit_status, first_cause
+from podium.launcher.job.exits import describe_death, exit_status, first_cause
 
 DATA = Path(__file__).parent / "data" / "ray_start"
 
@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data" / "ray_start"
     # `ray start --object-store-memory=1048576`: INFO lines, then a traceback
     ("object_store_too_small.log", "ValueError: Attempting to cap object store memory usage at 1048576 bytes, "
                                    "but the minimum allowed is 78643200 bytes."),
-    # `CUDA_VISIBLE_DEVICES= ray start --num-gpus=2` (issue 13's first run on a machine without GPUs)
+    # `CUDA_VISIBLE_DEVICES= ray start --num-gpus=2` (a first run on a machine without GPUs)
     ("gpus_not_visible.log",
      "ValueError: Attempting to start raylet with 2 GPU, but CUDA_VISIBLE_DEVICES contains []."),
 ])

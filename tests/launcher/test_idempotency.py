@@ -1,4 +1,5 @@
-"""``ensure_submitted``: reattach to live jobs, submit once under concurrency, resubmit ended ones."""
+"""``ensure_submitted``: reattach to live jobs, submit once under concurrency, resubmit ended ones
+(each new job with a fresh restart ledger)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 from harness.fake_backend import fake_slurm as fake_slurm_backend
 
 from podium.config.spec import TeacherSpec
-from podium.launcher import submission
-from podium.launcher.claims import claim_state
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.login import submission
+from podium.launcher.login.claims import claim_state
 
 SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
                    num_nodes=1, gpus_per_node=1)
@@ -82,7 +84,7 @@ def test_stale_claim_is_taken_over(tmp_path: Path, fake_slurm) -> None:
 
 
 def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, monkeypatch) -> None:
-    from podium.launcher import stop
+    from podium.launcher.login import stop
     from podium.rendezvous.records import Generation, RecordWriter, Status, read_record
 
     files = TeacherFiles(tmp_path / "t")
@@ -109,3 +111,18 @@ def test_down_marks_stopped_but_never_over_a_newer_generation(tmp_path: Path, mo
     stop._mark_stopped(files)
     record = read_record(files.endpoint)
     assert (record.generation, record.status) == (Generation(7, 2), Status.STARTING)
+
+
+def test_a_new_job_gets_a_fresh_ledger_and_forgets_excluded_nodes(tmp_path: Path, fake_slurm) -> None:
+    """A new job starts with a fresh restart ledger; a reattach keeps the running job's."""
+    files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
+    files.folder.mkdir(parents=True)
+    RestartLedger(consecutive_failures=4, requeues=2, excluded_nodes=("n1", "n2")).write(files)
+    _, action = submission.ensure_submitted(SPEC, files)
+    assert action == "submitted"
+    ledger = RestartLedger.read(files)
+    assert ledger.consecutive_failures == 0 and ledger.requeues == 0 and ledger.excluded_nodes == ()
+    # a reattach keeps the ledger of the job that runs
+    RestartLedger(consecutive_failures=1, excluded_nodes=("n3",)).write(files)
+    assert submission.ensure_submitted(SPEC, files)[1] == "reattached"
+    assert RestartLedger.read(files).excluded_nodes == ("n3",)

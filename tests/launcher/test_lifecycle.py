@@ -1,15 +1,17 @@
 """The launcher's lifecycle around a served group, the one publisher of the endpoint record: ready
 with the tokenizer's fingerprint, heartbeats, a stop request for this job (not an older one), the
-drain, and how the generation ended."""
+drain, and how the generation ended; a teacher nobody calls stops after ``server.idle_stop_s``."""
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from harness.fake_group import FakeGroup, fake_logprobs
 from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
@@ -18,16 +20,18 @@ import podium
 from podium.client import tokenizer_fingerprint
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.lifecycle import TeacherLifecycle
-from podium.launcher.restarts import Decision, RestartLedger
-from podium.launcher.signals import Signals
-from podium.launcher.stop_request import request_stop
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.restarts import Decision, RestartLedger
+from podium.launcher.common.stop_request import request_stop
+from podium.launcher.job.lifecycle import IdleWatch, TeacherLifecycle
+from podium.launcher.job.signals import Signals
 from podium.rendezvous import Generation, Status, read_record
 
 MATH = TeacherDef("a1a1a1a1a1a1", "math", ("math", "code"))
 FAST = {"ready_timeout_s": 60.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2}
 _wait = functools.partial(wait_for, timeout_s=30.0)
+SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
+                   num_nodes=1, gpus_per_node=1)
 
 
 def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: Path,
@@ -74,3 +78,65 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
     assert final.final is False and final.will_retry is False
     assert final.timings["draining"] <= final.timings["stopped"]
+
+
+
+class _Endpoint:
+    """What the lifecycle reads of the endpoint: answers given, requests queued."""
+
+    served = 0
+    queue_depth = 0
+
+    def model_info(self) -> dict:
+        return {"served_name": "math", "vocab_size": 8}
+
+
+class _ServerThread:
+    def __init__(self, group, config) -> None:
+        self.server = _Endpoint()
+
+    def start(self) -> str:
+        return "http://127.0.0.1:1"
+
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        pass
+
+
+def test_a_teacher_nobody_calls_stops_after_idle_stop_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teacher nobody calls stops after ``server.idle_stop_s``."""
+    import podium.teacher.endpoint as endpoint
+
+    monkeypatch.setattr(endpoint, "ServerThread", _ServerThread)
+    files = TeacherFiles(tmp_path / "teachers" / "math-abcdef12")
+    files.folder.mkdir(parents=True)
+    spec = SPEC.model_copy(update={"launcher": SPEC.launcher.model_copy(update={
+        "server": SPEC.launcher.server.model_copy(update={"idle_stop_s": 1.0})})})
+    signals = Signals()
+    served = threading.Thread(target=TeacherLifecycle(spec, files, Generation(5, 0), signals).serve,
+                              args=(FakeGroup(),), kwargs={"host": "127.0.0.1", "token": "t"})
+    t0 = time.monotonic()
+    served.start()
+    served.join(30)
+    assert not served.is_alive() and 1.0 <= time.monotonic() - t0 < 10
+    intent = signals.intent()
+    assert intent is not None and intent.kind == "idle" and not intent.requeue and "idle_stop_s" in intent.why
+
+
+def test_calls_keep_a_teacher_from_idling() -> None:
+    now = [0.0]
+    watch = IdleWatch(clock=lambda: now[0])
+    now[0] = 50.0
+    assert watch.idle_for(served=0, queued=0) == 0.0  # the first look starts the clock
+    now[0] = 90.0
+    assert watch.idle_for(served=0, queued=0) == 40.0
+    assert watch.idle_for(served=0, queued=1) == 0.0  # a request computing
+    now[0] = 200.0
+    assert watch.idle_for(served=3, queued=0) == 0.0  # answered since
+    now[0] = 260.0
+    assert watch.idle_for(served=3, queued=0) == 60.0

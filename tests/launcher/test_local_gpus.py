@@ -1,5 +1,5 @@
 """``cluster: local`` and GPUs: what the local Ray node offers a teacher on this machine and on
-others (:func:`local_gpu_use`), and how many CUDA devices a process may use (:mod:`podium.launcher.devices`)."""
+others (:func:`local_gpu_use`), and how many CUDA devices a process may use (:mod:`podium.launcher.common.devices`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from podium.launcher.backends import SubmitError
 from podium.launcher.backends.local.environment import local_gpu_use
-from podium.launcher.devices import cuda_device_count, driver_device_count, visible_limit
+from podium.launcher.common.devices import cuda_device_count, driver_device_count, visible_limit
 
 
 def test_gpus_asked_for_on_machines_with_none_some_and_enough() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from podium.faults import Faults, faults, parse_faults
-from podium.launcher.cleanup import node_records
-from podium.launcher.files import TeacherFiles
-from podium.launcher.node_files import (
+from podium.launcher.common.cleanup import node_records
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.node_files import (
     DONE_STATES,
     HeadFile,
     NodeState,

@@ -21,9 +21,9 @@ from podium.config.launcher import TeacherLauncherSettings
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import scheduler_for
 from podium.launcher.backends.slurm.scheduler import SlurmScheduler, sbatch_request
-from podium.launcher.files import TeacherFiles
-from podium.launcher.slurm_state import time_to_minutes
-from podium.launcher.submission import clean_submit_env
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.slurm_state import time_to_minutes
+from podium.launcher.login.submission import clean_submit_env
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN_DIR = Path("/shared/runs/demo")
@@ -84,7 +84,7 @@ def test_values_with_spaces_and_shell_are_quoted(tmp_path: Path) -> None:
     folder = str(TeacherFiles.of(run_dir, case.name, case.key).folder)
     assert words[-1] == folder  # the teacher's folder, with its space, is one argument
     assert f"--output={folder}/submitit/%j_%t_log.out" in words
-    assert words[words.index("-m") + 1] == "podium.launcher.node_entry"
+    assert words[words.index("-m") + 1] == "podium.launcher.job.node_entry"
 
 
 def test_request() -> None:
@@ -111,7 +111,7 @@ def test_local_materialisation_is_the_node_entry_command(tmp_path: Path) -> None
     submission = scheduler_for("local").materialise(case, files)
     command_line = submission.render().splitlines()[-1]
     assert shlex.split(command_line) == list(submission.command)
-    assert submission.command[-1] == str(files.folder) and "podium.launcher.node_entry" in submission.command
+    assert submission.command[-1] == str(files.folder) and "podium.launcher.job.node_entry" in submission.command
 
 
 def test_golden_rule_refuses_to_write_under_ci(tmp_path: Path) -> None:

@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 from podium.config.launcher import SettingChange, TeacherLauncherSettings, launcher_changes
 from podium.config.plan import load_plan
 from podium.config.spec import TeacherSpec
-from podium.launcher import commands, submission
 from podium.launcher.backends import kind_for
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.login import submission
+from podium.launcher.login.up import recorded_changes, up
 
 RECIPE = """\
 on_policy_distillation:
@@ -44,17 +45,17 @@ def recipe(tmp_path: Path) -> Path:
 def test_changed_settings_are_reported_and_left_running(tmp_path: Path, fake_slurm) -> None:
     jobs, cancelled = fake_slurm
     run_dir = tmp_path / "run"
-    first = commands.up(load_plan(recipe(tmp_path)), run_dir)
+    first = up(load_plan(recipe(tmp_path)), run_dir)
     assert first.actions == {"math": "submitted"} and first.notes == []
     job_id = first.job_ids["math"]
     (spec,) = load_plan(recipe(tmp_path)).teachers
     files = TeacherFiles.of(run_dir.absolute(), spec.name, spec.key)
     assert JobRecord.read(files).launcher_settings() == spec.launcher  # recorded at submission
 
-    same = commands.up(load_plan(recipe(tmp_path)), run_dir)
+    same = up(load_plan(recipe(tmp_path)), run_dir)
     assert same.actions == {"math": "reattached"} and same.notes == []
 
-    changed = commands.up(load_plan(recipe(tmp_path), ["podium.slurm.time=08:00:00"]), run_dir)
+    changed = up(load_plan(recipe(tmp_path), ["podium.slurm.time=08:00:00"]), run_dir)
     assert changed.actions == {"math": "reattached"} and changed.job_ids == {"math": job_id}
     assert changed.notes == [f"teacher 'math': job {job_id} runs with slurm.time=04:00:00, the recipe now says "
                              f"08:00:00: left running; `podium up --replace` resubmits it"]
@@ -66,9 +67,9 @@ def test_changed_settings_are_reported_and_left_running(tmp_path: Path, fake_slu
 def test_replace_cancels_and_resubmits_with_the_new_settings(tmp_path: Path, fake_slurm) -> None:
     jobs, cancelled = fake_slurm
     run_dir = tmp_path / "run"
-    old = commands.up(load_plan(recipe(tmp_path)), run_dir).job_ids["math"]
+    old = up(load_plan(recipe(tmp_path)), run_dir).job_ids["math"]
     plan = load_plan(recipe(tmp_path), ["podium.slurm.time=08:00:00", "podium.slurm.partition=high"])
-    result = commands.up(plan, run_dir, replace=True)
+    result = up(plan, run_dir, replace=True)
     new = result.job_ids["math"]
     assert result.actions == {"math": "replaced"} and result.replaced == {"math": old} and new != old
     assert cancelled == [old] and jobs[new] == "PENDING"
@@ -77,7 +78,7 @@ def test_replace_cancels_and_resubmits_with_the_new_settings(tmp_path: Path, fak
     (spec,) = plan.teachers
     record = JobRecord.read(TeacherFiles.of(run_dir.absolute(), spec.name, spec.key))
     assert record.previous_job_ids == [old] and record.launcher_settings().slurm.time == "08:00:00"
-    again = commands.up(plan, run_dir, replace=True)  # nothing differs any more: nothing is cancelled
+    again = up(plan, run_dir, replace=True)  # nothing differs any more: nothing is cancelled
     assert again.actions == {"math": "reattached"} and cancelled == [old]
 
 
@@ -85,13 +86,13 @@ def test_unrecorded_settings_are_said_and_not_replaced(tmp_path: Path, fake_slur
     _jobs, cancelled = fake_slurm
     run_dir = tmp_path / "run"
     plan = load_plan(recipe(tmp_path))
-    commands.up(plan, run_dir)
+    up(plan, run_dir)
     (spec,) = plan.teachers
     files = TeacherFiles.of(run_dir.absolute(), spec.name, spec.key)
     record = JobRecord.read(files)
     record.launcher = None  # a job.json of an older podium
     record.write(files)
-    result = commands.up(plan, run_dir, replace=True)
+    result = up(plan, run_dir, replace=True)
     assert result.actions == {"math": "reattached"} and cancelled == []
     assert "has no recorded launcher settings" in result.notes[0]
 
@@ -131,7 +132,7 @@ def test_an_adopted_job_keeps_the_settings_it_was_submitted_with(tmp_path: Path,
     record, action = submission.ensure_submitted(newer, files)
     assert (record.job_id, action) == ("77", "reattached")
     assert record.launcher_settings() == spec.launcher
-    assert [c.key for c in commands.recorded_changes(newer, record)] == ["slurm.time"]
+    assert [c.key for c in recorded_changes(newer, record)] == ["slurm.time"]
 
 
 def test_launcher_changes() -> None:

@@ -11,9 +11,12 @@ import time
 import pytest
 
 from podium.config.launcher import RestartSettings
-from podium.launcher.restarts import RestartLedger, decide, excluded_after
-from podium.launcher.signals import Signals, StopIntent
-from podium.launcher.slurm_state import parse_scontrol_job, slurm_time
+from podium.config.spec import TeacherSpec
+from podium.launcher.backends.base import NodeContext, StopIntent
+from podium.launcher.backends.slurm import environment as slurm_environment
+from podium.launcher.common.restarts import RestartLedger, decide, excluded_after
+from podium.launcher.common.slurm_state import parse_scontrol_job, slurm_time
+from podium.launcher.job.signals import Signals
 
 # `scontrol show job -o` of a job preempted by SIGTERM with GraceTime=20 (Slurm 22.05, this test cluster).
 PREEMPTED = ("JobId=51 JobName=probe2.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 "
@@ -23,6 +26,8 @@ PREEMPTED = ("JobId=51 JobName=probe2.sh UserId=root(0) GroupId=root(0) MCS_labe
              "EndTime=2026-12-01T20:05:42 Deadline=N/A PreemptEligibleTime=2026-12-01T20:04:35 "
              "PreemptTime=2026-12-01T20:05:22 SuspendTime=None TRES=cpu=4,node=2,billing=4 "
              "Comment=podium:abc:def Command=/tmp/exp/probe 2.sh")
+SPEC = TeacherSpec(key="abcdef123456", name="math", aliases=("math",), model_name="/ckpt",
+                   num_nodes=1, gpus_per_node=1)
 
 
 def test_failures_back_off_then_give_up_and_serving_resets_the_count() -> None:
@@ -108,8 +113,8 @@ def test_without_a_classifier_a_user_signal_drains_and_a_term_cancels(name: str,
 
 
 def test_watched_nodes_match_ray_to_the_node_tasks() -> None:
-    from podium.launcher.node_files import NodeState
-    from podium.launcher.watchdog import watched_nodes
+    from podium.launcher.common.node_files import NodeState
+    from podium.launcher.job.watchdog import watched_nodes
 
     alive = [{"NodeID": "a", "NodeManagerAddress": "127.0.0.11"}, {"NodeID": "b", "NodeManagerAddress": "127.0.0.12"}]
     recorded = [NodeState(state="started", rank=0, host="n1", ip="127.0.0.11"),
@@ -123,3 +128,30 @@ def test_watched_nodes_match_ray_to_the_node_tasks() -> None:
     assert (local.node_id, local.rank, local.host, local.ip) == ("c", 0, "vm", "192.0.2.2")
     (unknown, _) = watched_nodes(alive, [], "n1")
     assert unknown.rank is None and unknown.describe() == "node 127.0.0.11 (127.0.0.11)"
+
+
+
+def _time_limit_intent(monkeypatch: pytest.MonkeyPatch, spec: TeacherSpec, signal_name: str):
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 100))
+    monkeypatch.setattr(slurm_environment, "show_job", lambda job_id: {
+        "JobState": "RUNNING", "Restarts": "0", "PreemptTime": "None", "EndTime": end})
+    ctx = NodeContext(job_id="9", rank=0, num_nodes=1, restart=0, host="n1")
+    return slurm_environment.SlurmEnvironment().stop_intent(ctx, signal_name, spec)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGUSR2", "SIGTERM"])
+def test_a_time_limit_stops_by_default_and_requeues_when_asked(monkeypatch: pytest.MonkeyPatch,
+                                                                signal_name: str) -> None:
+    """A time limit ends a teacher unless the recipe asks for a requeue."""
+    intent = _time_limit_intent(monkeypatch, SPEC, signal_name)
+    assert intent.kind == "time_limit" and not intent.requeue
+    ledger = RestartLedger().ended("9:0", "time_limit", intent.why)
+    decision = decide(ledger, "time_limit", SPEC.launcher.restart, can_requeue=True)
+    assert not decision.requeue and not decision.final and "at_time_limit" in decision.why
+    asked = SPEC.model_copy(update={"launcher": SPEC.launcher.model_copy(update={
+        "restart": SPEC.launcher.restart.model_copy(update={"at_time_limit": "requeue"})})})
+    intent = _time_limit_intent(monkeypatch, asked, signal_name)
+    assert intent.kind == "time_limit" and intent.requeue
+    assert decide(ledger, "time_limit", asked.launcher.restart, can_requeue=True).requeue
+    assert decide(RestartLedger().ended("9:0", "preempted", "p"), "preempted", SPEC.launcher.restart,
+                  can_requeue=True).requeue  # preemption still requeues

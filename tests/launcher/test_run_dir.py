@@ -1,14 +1,20 @@
-"""The default run dir is named by the recipe file, not by the directory ``up`` runs in."""
+"""The default run dir is named by the recipe file, not by the directory ``up`` runs in; a run dir
+and the files the launcher writes in it are the user's own."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 import pytest
+from harness.recipes import two_teachers_on_slurm
 
 from podium.config.plan import load_plan
-from podium.launcher.run_dir import RUNS_DIR_ENV, default_run_dir
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.stop_request import request_stop
+from podium.launcher.login.run_dir import RUNS_DIR_ENV, default_run_dir, prepare_run_dir
 
 RECIPE = """\
 on_policy_distillation:
@@ -68,3 +74,18 @@ def test_cli_uses_the_default(tmp_path: Path, monkeypatch, command: str) -> None
     assert result.exit_code == 0, result.output
     assert f"{expected}/teachers/math-" in result.stdout
     assert not (tmp_path / "runs").exists()  # neither writes the run dir
+
+
+def test_the_run_dir_is_private(tmp_path: Path) -> None:
+    """The run dir is 0700, the files the launcher writes in it 0600."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)
+    os.chmod(run_dir, 0o755)  # an older podium's run dir: made private when written again
+    plan = load_plan(two_teachers_on_slurm(tmp_path))
+    layout = prepare_run_dir(plan, run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    files = TeacherFiles.of_spec(run_dir, plan.teachers[0])
+    for path in (layout.auth_token_path, run_dir / "plan.json", run_dir / "recipe.yaml", files.spec):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    request_stop(files, "7")
+    assert stat.S_IMODE(files.stop_request.stat().st_mode) == 0o600

@@ -1,4 +1,4 @@
-"""The table of sbatch refusals (:mod:`podium.launcher.sbatch_errors`) on sbatch's own answers.
+"""The table of sbatch refusals (:mod:`podium.launcher.login.sbatch_errors`) on sbatch's own answers.
 
 ``CAPTURED`` (``data/sbatch_refusals.json``): what ``sbatch`` printed on the Slurm 22.05 test cluster
 (``sbatch OPTION --wrap true``), kept in sync with the cluster by ``tests/integration/test_sbatch_refusals.py``.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from podium.config.plan import load_plan
-from podium.launcher.sbatch_errors import REFUSALS, explain, find_refusal, one_line
+from podium.launcher.login.sbatch_errors import REFUSALS, explain, find_refusal, one_line
 
 CAPTURED_FILE = Path(__file__).parent / "data" / "sbatch_refusals.json"
 CAPTURED = {k: v for k, v in json.loads(CAPTURED_FILE.read_text()).items() if not k.startswith("_")}

@@ -1,4 +1,4 @@
-"""``podium.launcher.selection``: the words that name a run's teachers, the same for every command."""
+"""``podium.launcher.login.selection``: the words that name a run's teachers, the same for every command."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from podium.config.plan import load_plan
 from podium.config.spec import display_name
-from podium.launcher import commands
-from podium.launcher.run_dir import prepare_run_dir
-from podium.launcher.selection import UnknownTeacherError, resolve
-from podium.launcher.stop import down
+from podium.launcher.login.logs import log_paths
+from podium.launcher.login.run_dir import prepare_run_dir
+from podium.launcher.login.selection import UnknownTeacherError, resolve
+from podium.launcher.login.stop import down
 
 RECIPE = """\
 on_policy_distillation:
@@ -57,6 +57,6 @@ def test_a_word_that_names_nothing_is_an_error_listing_the_teachers(run_dir: Pat
     with pytest.raises(UnknownTeacherError, match="no teacher 'chat#2'"):
         down(run_dir, ["chat#2"])  # nothing is stopped for a typo
     with pytest.raises(UnknownTeacherError, match="no teacher 'nope'"):
-        commands.log_paths(run_dir, "nope")
+        log_paths(run_dir, "nope")
     with pytest.raises(FileNotFoundError, match="no job submitted yet"):
-        commands.log_paths(run_dir, "chat#1")
+        log_paths(run_dir, "chat#1")

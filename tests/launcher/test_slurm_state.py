@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from podium.launcher import slurm_state as ss
+from podium.launcher.common import slurm_state as ss
 
 # `sacct -j 4,5,6,9 -o JobID,JobName,State,ExitCode,NodeList,Start,End -P` on the test cluster
 SACCT = """\
@@ -111,3 +113,15 @@ def test_squeue_comments_and_live_jobs_of_one_identity() -> None:
 def test_squeue_comment_line_without_its_fields_is_an_error() -> None:
     with pytest.raises(ss.SlurmQueryError, match=r"JOBID|STATE|COMMENT"):
         ss.parse_squeue_comments("57|PENDING\n")
+
+
+def test_a_job_of_another_user_with_the_teachers_comment_is_not_found() -> None:
+    """A job found by its name and comment must be this user's."""
+    comment = "podium:abcdef123456:9f86d081884c7d65"
+    # `squeue -h --me --name=... -O 'JobID:|,State:|,UserId:|,Comment:|'` (22.05 prints the uid)
+    text = f"57|PENDING|{os.getuid()}|{comment}|\n58|RUNNING|{os.getuid() + 1}|{comment}|\n59|RUNNING|x(5)|a|b|\n"
+    jobs = ss.parse_squeue_comments(text, with_user=True)
+    assert [j.uid for j in jobs] == [os.getuid(), os.getuid() + 1, 5] and jobs[2].comment == "a|b"
+    assert ss.live_with_comment(jobs, comment, uid=os.getuid()) == ["57"]
+    with pytest.raises(ss.SlurmQueryError):
+        ss.parse_squeue_comments(f"57|PENDING|{comment}|\n", with_user=True)  # no user column

@@ -1,8 +1,7 @@
-"""``podium status``'s probe of a ready record (issue 20, finding 5 for the status view): with the
-run's token it asks the server to prove it is the record's generation before it sends the token, so
-a squatter on a dead teacher's port is shown down and never sees the token, while the real teacher
-shows its load even when ``/metrics`` needs the token. Real endpoint (a stand-in group), real server
-proof."""
+"""``podium status``'s probe of a ready record: with the run's token it asks the server to prove it
+is the record's generation before it sends the token, so a squatter on a dead teacher's port is
+shown down and never sees the token, while the real teacher shows its load even when ``/metrics``
+needs the token. Real endpoint (a stand-in group), real server proof."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from harness.lifecycle import Teacher
 from harness.run import TeacherDef, make_run
 from harness.squatter import Squatter
 
-from podium.launcher.status import _probe
+from podium.launcher.login.status import _probe
 from podium.rendezvous import read_record
 
 MATH = TeacherDef("e5e5e5e5e5e5", "math", ("math",))

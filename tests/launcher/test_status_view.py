@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from podium.cli_render import status_table
-from podium.launcher.status import TeacherStatus
+from podium.launcher.login.status import TeacherStatus
 from podium.teacher.endpoint.metrics import EndpointMetrics, summary
 
 

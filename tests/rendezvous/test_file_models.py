@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.restarts import RestartLedger
-from podium.launcher.stop_request import request_stop, stop_requested
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.common.stop_request import request_stop, stop_requested
 from podium.rendezvous.atomic import FileReadError, atomic_write_json
 from podium.rendezvous.manifest import read_rendezvous
 from podium.rendezvous.records import (

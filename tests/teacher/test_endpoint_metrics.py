@@ -30,8 +30,8 @@ from harness.run import TeacherDef, make_run
 from rich.console import Console
 
 from podium.cli_render import bytes_per_s, status_table
-from podium.launcher.run_dir import write_spec
-from podium.launcher.status import status
+from podium.launcher.login.run_dir import write_spec
+from podium.launcher.login.status import status
 from podium.protocol import oip
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.metrics import WINDOW_S, EndpointMetrics, summary, totals

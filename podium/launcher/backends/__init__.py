@@ -2,53 +2,80 @@
 
 A kind is a :class:`BackendKind`: its :class:`Scheduler` (the login node: submit, states, cancel)
 and its :class:`JobEnvironment` (inside the job: node context, requeue, what a stop means), see
-:mod:`podium.launcher.backends.base`. ``slurm`` and ``local`` are registered when this package is
-imported; :func:`registered` puts another in place for a block (a test's fake scheduler) and then
-puts back what was there. The rest of the launcher holds a scheduler or an environment and never
-asks which kind it is.
+:mod:`podium.launcher.backends.base`. ``slurm`` and ``local`` are registered by the dotted names of
+their classes, and a half's module is imported when it is first asked for (:func:`scheduler_for`,
+:func:`environment_for`): a job that asks for its environment never imports its scheduler (for Slurm,
+the sbatch renderer and its refusal table). :func:`registered` puts another kind in place for a block
+(a test's fake scheduler, by class) and then puts back what was there. The rest of the launcher holds
+a scheduler or an environment and never asks which kind it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from podium.launcher.backends.base import JobEnvironment, NodeContext, Scheduler, Submission, SubmitError
-from podium.launcher.backends.local.environment import LocalEnvironment
-from podium.launcher.backends.local.scheduler import LocalScheduler
-from podium.launcher.backends.slurm.environment import SlurmEnvironment
-from podium.launcher.backends.slurm.scheduler import SlurmScheduler
-from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import JobState
 
 SUBMIT_GRACE_S = 60.0  # a job this fresh that the scheduler does not list yet counts as pending
 
 __all__ = ["BackendKind", "JobEnvironment", "NodeContext", "Scheduler", "Submission", "SubmitError",
-           "environment_for", "job_states", "kind_for", "known_kinds", "register", "registered", "scheduler_for",
-           "unregister"]
+           "environment_for", "job_states", "kind_for", "known_kinds", "live_job_ids", "register", "registered",
+           "scheduler_for", "unregister"]
 
 
 @dataclass(frozen=True)
 class BackendKind:
-    """One cluster kind: the classes of its two halves."""
+    """One cluster kind: its two halves, each a class or the dotted name of one, imported when asked for."""
 
     name: str
-    scheduler: type[Scheduler]
-    environment: type[JobEnvironment]
+    scheduler_ref: type[Scheduler] | str
+    environment_ref: type[JobEnvironment] | str
+
+    @property
+    def scheduler(self) -> type[Scheduler]:
+        return _half(self.name, self.scheduler_ref, Scheduler)
+
+    @property
+    def environment(self) -> type[JobEnvironment]:
+        return _half(self.name, self.environment_ref, JobEnvironment)
 
 
 _KINDS: dict[str, BackendKind] = {}
 
 
-def register(name: str, scheduler: type[Scheduler], environment: type[JobEnvironment]) -> BackendKind | None:
-    """Run the cluster kind ``name`` on these classes; returns the registration it replaces, if any.
-    Both classes carry the name (what submissions and messages say), so it must be theirs."""
-    if scheduler.name != name or environment.name != name:
-        raise ValueError(f"cluster kind {name!r}: {scheduler.__name__}.name is {scheduler.name!r}, "
-                         f"{environment.__name__}.name is {environment.name!r}")
+def _half(name: str, ref: type | str, base: type) -> Any:
+    """The class ``ref`` names (imported on first use), checked to be a ``base`` that carries ``name``."""
+    cls: Any = ref
+    if isinstance(ref, str):
+        module, _, attr = ref.rpartition(".")
+        cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"cluster kind {name!r}: {cls!r} is not a {base.__name__}")
+    _check_name(name, cast("type[Scheduler] | type[JobEnvironment]", cls))
+    return cls
+
+
+def _check_name(name: str, *classes: type[Scheduler] | type[JobEnvironment]) -> None:
+    """Both classes carry the kind's name (what submissions and messages say), so it must be theirs."""
+    wrong = [f"{cls.__name__}.name is {cls.name!r}" for cls in classes if cls.name != name]
+    if wrong:
+        raise ValueError(f"cluster kind {name!r}: {', '.join(wrong)}")
+
+
+def register(name: str, scheduler: type[Scheduler] | str,
+             environment: type[JobEnvironment] | str) -> BackendKind | None:
+    """Run the cluster kind ``name`` on these classes, or on the classes these dotted names
+    (``package.module.Class``) give once first asked for; returns the registration it replaces, if
+    any. A class must carry the kind's name: checked here, or when a dotted name is imported."""
+    _check_name(name, *(ref for ref in (scheduler, environment) if not isinstance(ref, str)))
     previous = _KINDS.get(name)
     _KINDS[name] = BackendKind(name, scheduler, environment)
     return previous
@@ -60,7 +87,8 @@ def unregister(name: str) -> None:
 
 
 @contextlib.contextmanager
-def registered(name: str, scheduler: type[Scheduler], environment: type[JobEnvironment]) -> Iterator[BackendKind]:
+def registered(name: str, scheduler: type[Scheduler] | str,
+               environment: type[JobEnvironment] | str) -> Iterator[BackendKind]:
     """:func:`register` for the block, then restore what ``name`` was before (or nothing)."""
     previous = register(name, scheduler, environment)
     try:
@@ -110,5 +138,12 @@ def job_states(records: Iterable[JobRecord]) -> dict[str, JobState]:
     return out
 
 
-register("slurm", SlurmScheduler, SlurmEnvironment)
-register("local", LocalScheduler, LocalEnvironment)
+def live_job_ids(records: Sequence[JobRecord]) -> set[str]:
+    """The ids of these jobs that are pending or running (:func:`job_states`)."""
+    return {job_id for job_id, state in job_states(records).items() if state.alive}
+
+
+register("slurm", "podium.launcher.backends.slurm.scheduler.SlurmScheduler",
+         "podium.launcher.backends.slurm.environment.SlurmEnvironment")
+register("local", "podium.launcher.backends.local.scheduler.LocalScheduler",
+         "podium.launcher.backends.local.environment.LocalEnvironment")

@@ -21,10 +21,11 @@ method                     class           does
 ``log_paths(f, job, n)``   Scheduler       where the node tasks write
 ``node_context()``         JobEnvironment  rank, node count, generation, host
 ``node_gpus(spec)``        JobEnvironment  GPUs each node's Ray offers (0: CPU slots)
+``node_cpus(spec)``        JobEnvironment  CPUs each node's Ray offers
 ``node_address(iface)``    JobEnvironment  the address Ray and the endpoint use
 ``requeue(ctx, ...)``      JobEnvironment  ask for the next generation; why not, if not
 ``stop_intent(ctx, sig)``  JobEnvironment  what a stop signal means (cancel, preemption,
-                                           time limit, ...): :mod:`podium.launcher.signals`
+                                           time limit, ...): :mod:`podium.launcher.job.signals`
 =========================  ==============  ==============================================
 """
 
@@ -40,14 +41,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.procs import shim_command
-from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.procs import shim_command
+from podium.launcher.common.ray_ports import node_ip
+from podium.launcher.common.slurm_state import JobState
 from podium.rendezvous.records import Generation
 
-NODE_ENTRY_MODULE = "podium.launcher.node_entry"
+NODE_ENTRY_MODULE = "podium.launcher.job.node_entry"
 
 
 class SubmitError(RuntimeError):
@@ -89,9 +90,30 @@ class NodeContext:
         return Generation(int(self.job_id), self.restart)
 
 
+URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
+
+
+@dataclass(frozen=True)
+class StopIntent:
+    """What a stop means: its kind, whether this generation requeues its job when it is done, and
+    until when (wall clock) it may drain; ``why`` is the sentence the record and logs show."""
+
+    kind: str
+    requeue: bool
+    drain_until: float
+    why: str
+
+    @property
+    def urgent(self) -> bool:
+        return self.kind in URGENT_KINDS
+
+    def drain_s(self, now: float | None = None) -> float:
+        return max(0.0, self.drain_until - (time.time() if now is None else now))
+
+
 def node_command(spec: TeacherSpec, files: TeacherFiles) -> tuple[str, ...]:
     """The command every node task runs: the node entry on the teacher's folder, behind the shim
-    that blocks the stop signals before Python loads anything (:mod:`podium.launcher.procs`)."""
+    that blocks the stop signals before Python loads anything (:mod:`podium.launcher.common.procs`)."""
     python = spec.launcher.slurm.python or sys.executable
     return (*shim_command(python), "-u", "-m", NODE_ENTRY_MODULE, str(files.folder))
 
@@ -159,9 +181,11 @@ class JobEnvironment(abc.ABC):
         workers are CPU slots. The scheduler allocated what the recipe asked, so the recipe's count."""
         return asked_gpus(spec)
 
-    def node_address(self, interface: str | None) -> str:
-        from podium.launcher.ray_bootstrap import node_ip
+    def node_cpus(self, spec: TeacherSpec) -> int:
+        """CPUs each node's Ray offers (``ray start --num-cpus``): the recipe's ``cpus_per_task``."""
+        return spec.cpus_per_task
 
+    def node_address(self, interface: str | None) -> str:
         return node_ip(interface)
 
     def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> str | None:
@@ -170,7 +194,7 @@ class JobEnvironment(abc.ABC):
         return f"cluster {self.name!r} does not requeue jobs"
 
     def stop_intent(self, ctx: NodeContext, signal_name: str, spec: TeacherSpec) -> StopIntent:
-        """What a stop signal means here (see :mod:`podium.launcher.signals`)."""
+        """What a stop signal means here (see :mod:`podium.launcher.job.signals`)."""
         user = signal_name in ("SIGUSR1", "SIGUSR2")
         drain = spec.launcher.server.drain_s if user else 0.0
         return StopIntent("signal" if user else "cancel", user and self.requeues, time.time() + drain,

@@ -1,7 +1,7 @@
 """The teacher's HTTP endpoint: its worker group served over the Open Inference Protocol (KServe v2).
 
 It runs on the teacher's head node, serves and reports (URL, model metadata, queue, metrics); it
-publishes nothing: the lifecycle (:mod:`podium.launcher.lifecycle`) sets its readiness and owns the
+publishes nothing: the lifecycle (:mod:`podium.launcher.job.lifecycle`) sets its readiness and owns the
 endpoint record. The wire codec is :mod:`podium.protocol.oip`, the batch rule
 :mod:`podium.protocol.batch`.
 

@@ -1,6 +1,6 @@
 """An endpoint on its own event loop in a background thread: how synchronous code runs one.
 
-The launcher's lifecycle (:mod:`podium.launcher.lifecycle`), the tests and the benchmarks start,
+The launcher's lifecycle (:mod:`podium.launcher.job.lifecycle`), the tests and the benchmarks start,
 ready, drain and stop an :class:`~podium.teacher.endpoint.server.EndpointServer` through
 :class:`ServerThread` without an event loop of their own.
 """

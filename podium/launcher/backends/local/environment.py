@@ -21,7 +21,7 @@ import os
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import JobEnvironment, NodeContext, SubmitError, asked_gpus, host_name
-from podium.launcher.devices import cuda_device_count
+from podium.launcher.common.devices import cuda_device_count
 
 PID_SPAN = 1 << 22  # above Linux's largest pid_max (2**22)
 SEQUENCE_ENV = "PODIUM_LOCAL_SEQUENCE"

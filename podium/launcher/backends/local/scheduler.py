@@ -35,9 +35,9 @@ from podium.launcher.backends.local.environment import (
     gpu_use,
     local_job_id,
 )
-from podium.launcher.files import NODES_DIR, TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.slurm_state import JobState
+from podium.launcher.common.files import NODES_DIR, TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import JobState
 from podium.rendezvous.atomic import try_read_json
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """Slurm inside the job: where a node task runs, how its job is requeued, what a stop signal means.
 
 Every answer comes from Slurm itself: submitit's ``SlurmJobEnvironment`` (rank, node count, job
-id), ``SLURM_RESTART_COUNT`` (the generation), ``scontrol requeue``/``update`` (the next generation)
-and ``scontrol show job`` (what a stop is: :meth:`SlurmEnvironment.stop_intent`).
+id), ``SLURM_RESTART_COUNT`` (the generation), ``SLURM_CPUS_PER_TASK`` (the task's CPUs),
+``scontrol requeue``/``update`` (the next generation) and ``scontrol show job`` (what a stop is:
+:meth:`SlurmEnvironment.stop_intent`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import time
 from collections.abc import Sequence
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.base import JobEnvironment, NodeContext, host_name
-from podium.launcher.signals import StopIntent
-from podium.launcher.slurm_state import show_job, slurm_time
+from podium.launcher.backends.base import JobEnvironment, NodeContext, StopIntent, host_name
+from podium.launcher.common.slurm_state import show_job, slurm_time
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class SlurmEnvironment(JobEnvironment):
         env = SlurmJobEnvironment()
         return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
                            restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
+
+    def node_cpus(self, spec: TeacherSpec) -> int:
+        """The CPUs Slurm gave the task (``SLURM_CPUS_PER_TASK``), else the recipe's count."""
+        return int(os.environ.get("SLURM_CPUS_PER_TASK") or spec.cpus_per_task)
 
     def requeue(self, ctx: NodeContext, *, exclude: Sequence[str] = (), delay_s: float = 0.0) -> str | None:
         """``scontrol requeue``, then (best effort: a site may refuse it) the nodes to avoid and the

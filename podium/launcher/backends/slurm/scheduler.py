@@ -41,10 +41,16 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends.base import Scheduler, Submission, SubmitError, node_command
-from podium.launcher.files import TeacherFiles
-from podium.launcher.jobs import JobRecord
-from podium.launcher.sbatch_errors import explain, one_line
-from podium.launcher.slurm_state import JobState, SlurmQueryError, query_live_by_comment, query_states, time_to_minutes
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.slurm_state import (
+    JobState,
+    SlurmQueryError,
+    query_live_by_comment,
+    query_states,
+    time_to_minutes,
+)
+from podium.launcher.login.sbatch_errors import explain, one_line
 
 TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
 TEACHER_TEMPLATE = "teacher.sbatch.j2"
@@ -170,7 +176,7 @@ class SlurmScheduler(Scheduler):
 
     def submit(self, submission: Submission) -> str:
         """sbatch through submitit; a refusal is a :class:`SubmitError` of one line that names the
-        recipe settings at fault and the fix (:mod:`podium.launcher.sbatch_errors`), and leaves
+        recipe settings at fault and the fix (:mod:`podium.launcher.login.sbatch_errors`), and leaves
         nothing behind (no job; submitit's temporary script removed)."""
         import submitit
 

@@ -1,0 +1,213 @@
+"""One node task of one generation: its Ray node, the worker ranks' whole run, and the teardown.
+
+:class:`NodeRun` is what every rank does around its role: record itself (``<rank>.json``,
+:mod:`podium.launcher.common.node_files`), sweep what ended generations left on the node, choose the
+address, ports and temp dir of its Ray node (:class:`RayLaunch`), start ``ray start`` and, at the
+end, stop it by its session and remove the temp dir. A worker rank's role is here too
+(:meth:`NodeRun.run_worker`): wait for the head's address, join its Ray, watch it until a stop,
+then keep it until the head has drained. Rank 0's role is :mod:`podium.launcher.job.head_run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from podium.config.spec import TeacherSpec
+from podium.faults import Faults
+from podium.launcher.backends import JobEnvironment, NodeContext
+from podium.launcher.common import procs
+from podium.launcher.common.cleanup import sweep_temp_dirs
+from podium.launcher.common.files import TeacherFiles
+from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
+from podium.launcher.common.ray_ports import RayPorts, choose_ports
+from podium.launcher.job.ray_bootstrap import RayNodeProcess, private_temp_root, start_command, temp_dir
+from podium.launcher.job.signals import Signals
+from podium.poll import PollTimeout, poll_until
+
+logger = logging.getLogger(__name__)
+
+HEAD_FILE_POLL_S = 0.05  # a worker rank looks for the head's address this often
+HEAD_DONE_POLL_S = 0.1  # a stopping worker rank looks at the head's state this often
+RAY_CHECK_S = 0.5  # a worker rank checks its own `ray start` this often while it runs
+URGENT_HEAD_WAIT_S = 3.0  # worker ranks on SIGTERM: how long they leave their Ray to the head
+
+
+class NodeStartError(RuntimeError):
+    """A node of the job could not start or join; the message names the node and its log."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node  # the host at fault, when it is another node
+
+
+@dataclass(frozen=True)
+class RayLaunch:
+    """What this node's ``ray start`` runs with (the head's or a worker's)."""
+
+    ip: str
+    ports: RayPorts
+    temp: Path
+    num_cpus: int
+    num_gpus: int
+    object_store_memory_mb: int | None
+    extra_args: tuple[str, ...] = ()  # fault injection (tests): appended as they are
+
+    def command(self, head_address: str | None = None) -> list[str]:
+        """The head's command without ``head_address``, a worker's joining it with one."""
+        cmd = start_command(head=head_address is None, head_address=head_address, ip=self.ip, ports=self.ports,
+                            temp=self.temp, num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                            object_store_memory_mb=self.object_store_memory_mb)
+        return cmd + list(self.extra_args)
+
+
+class NodeRun:
+    """One node task of one generation: its record, its Ray node, its teardown."""
+
+    def __init__(self, spec: TeacherSpec, files: TeacherFiles, job_env: JobEnvironment, ctx: NodeContext,
+                 signals: Signals, faults: Faults) -> None:
+        self.spec, self.files, self.job_env, self.ctx, self.signals = spec, files, job_env, ctx, signals
+        self.faults = faults
+        self.state = NodeStateWriter(files.node(ctx.job_id, ctx.restart, ctx.rank), rank=ctx.rank, host=ctx.host,
+                                     generation=str(ctx.generation))
+        self.log_path = files.task_log(ctx.log_job_id or ctx.job_id, ctx.rank)
+        self.ray_proc: RayNodeProcess | None = None
+        self._temp: Path | None = None
+
+    def prepare(self) -> RayLaunch:
+        """Sweep what ended generations left here, choose this node's Ray address, ports and temp
+        dir, and record them (``starting``)."""
+        ctx, spec = self.ctx, self.spec
+        if self.signals.stop.is_set():
+            logger.warning("a stop signal came before the task started: %s", self.signals.describe())
+        for path in sweep_temp_dirs(self.files, keep=(ctx.job_id, ctx.restart)):
+            logger.info("swept %s (an ended generation's Ray temp dir)", path)
+        if self.faults.fail_node_rank == ctx.rank:
+            raise NodeStartError(f"fault injected by {self.faults.injected('fail_node_rank')}")
+        ray_cfg = spec.launcher.ray
+        gpus = self.job_env.node_gpus(spec)
+        if spec.launcher.slurm.gpus and gpus < spec.gpus_per_node:
+            logger.warning("no CUDA device for gpus_per_node=%d on %s: the workers run on CPU",
+                           spec.gpus_per_node, ctx.host)
+        launch = RayLaunch(ip=self.job_env.node_address(ray_cfg.interface),
+                           ports=choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
+                           temp=temp_dir(private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
+                                         ctx.restart, ctx.rank),
+                           num_cpus=self.job_env.node_cpus(spec),
+                           num_gpus=gpus, object_store_memory_mb=ray_cfg.object_store_memory_mb,
+                           extra_args=tuple(self.faults.ray_start_words()))
+        self._temp = launch.temp
+        self.state.write(NodeStatus.STARTING, ip=launch.ip, ports=launch.ports.to_dict(), temp=str(launch.temp),
+                         log=str(self.log_path))
+        return launch
+
+    def start_ray(self, launch: RayLaunch, *, head_address: str | None = None,
+                  token_path: Path | None = None) -> RayNodeProcess:
+        """Start this node's ``ray start`` (the head's without ``head_address``); it is ended by
+        :meth:`teardown`."""
+        ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
+        self.ray_proc = RayNodeProcess(launch.command(head_address), ray_log, token_path=token_path)
+        self.state.write(NodeStatus.RAY_STARTING, ray=self.ray_proc.ref.to_dict())
+        return self.ray_proc
+
+    def failed(self, exc: BaseException) -> None:
+        """Record in this node's state that its task failed (the other ranks watch it)."""
+        msg = f"node {self.ctx.host} (rank {self.ctx.rank}) failed: {type(exc).__name__}: {exc}"
+        logger.error("%s (log %s)", msg, self.log_path)
+        try:
+            self.state.write(NodeStatus.FAILED, error=msg)
+        except OSError:
+            pass
+
+    def teardown(self) -> None:
+        """End this node's Ray (by session) and remove its temp dir; harmless when repeated."""
+        t0 = time.monotonic()
+        survivors: list[int] = []
+        if self.ray_proc is not None:
+            survivors = self.ray_proc.stop()
+        if self._temp is not None and not survivors:
+            shutil.rmtree(self._temp, ignore_errors=True)
+        procs.reap_orphans(exclude=[self.ray_proc.pid] if self.ray_proc is not None else [])
+        state = NodeStatus.FAILED if self.state.error else NodeStatus.ENDED
+        try:
+            self.state.write(state, ended_at=time.time(), teardown_s=round(time.monotonic() - t0, 3),
+                             survivors=survivors, stop=self.signals.describe() if self.signals.stop.is_set() else None)
+        except OSError as exc:
+            logger.warning("could not write %s: %s", self.state.path, exc)
+        logger.info("node %s (rank %d) torn down in %.2fs", self.ctx.host, self.ctx.rank, time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ worker ranks
+
+    def run_worker(self) -> None:
+        """A worker rank's whole run: join the head's Ray, keep it until a stop, tear down; raises
+        what made it fail (after recording it)."""
+        error: BaseException | None = None
+        try:
+            launch = self.prepare()
+            self._join(launch)
+        except BaseException as exc:
+            error = exc
+            self.failed(exc)
+        self.teardown()
+        if error is not None:
+            raise error
+
+    def _join(self, launch: RayLaunch) -> None:
+        if self.signals.stop.is_set():
+            return
+        head = self._wait_head_file()
+        if head is None:
+            return
+        ray_proc = self.start_ray(launch, head_address=head.address, token_path=Path(head.token_path))
+        self.state.write(NodeStatus.STARTED)
+        while not self.signals.stop.wait(RAY_CHECK_S):
+            if not ray_proc.alive():
+                raise NodeStartError(f"node {self.ctx.host} (rank {self.ctx.rank}): {ray_proc.describe_exit()}")
+        logger.warning("generation %s rank %d: %s; ending this node's Ray once the head has drained",
+                       self.ctx.generation, self.ctx.rank, self.signals.describe())
+        self._wait_head_done()
+
+    def _wait_head_file(self) -> HeadFile | None:
+        """This generation's head file, or None on a stop; NodeStartError when the head failed or
+        wrote none within ``ray.nodes_timeout_s``."""
+        files, ctx = self.files, self.ctx
+        path = files.head(ctx.job_id, ctx.restart)
+
+        def found() -> tuple[HeadFile | None] | None:
+            if self.signals.stop.is_set():
+                return (None,)
+            head = try_read_head(path)
+            if head is not None and head.generation == str(ctx.generation):
+                return (head,)
+            head_state = try_read_node_state(files.node(ctx.job_id, ctx.restart, 0))
+            if head_state is not None and head_state.state is NodeStatus.FAILED:
+                raise NodeStartError(f"head node failed: {head_state.error}")
+            return None
+
+        timeout_s = self.spec.launcher.ray.nodes_timeout_s
+        try:
+            (head,) = poll_until(found, timeout_s=timeout_s, interval_s=HEAD_FILE_POLL_S,
+                                 what=f"the Ray head address in {path}")
+        except PollTimeout:
+            raise NodeStartError(f"no Ray head address in {path} after {timeout_s:.0f}s") from None
+        return head
+
+    def _wait_head_done(self) -> None:
+        """Keep this node's Ray until the head has drained (its queued requests may need it), for
+        as long as the stop allows: until the drain's end on a preemption or a time limit, a few
+        seconds on a cancel or when Slurm requeues the job itself."""
+        head_file = self.files.node(self.ctx.job_id, self.ctx.restart, 0)
+        intent = self.signals.intent()
+        wait_s = URGENT_HEAD_WAIT_S if intent is None or intent.urgent else intent.drain_s() + URGENT_HEAD_WAIT_S
+
+        def head_done() -> bool:
+            head = try_read_node_state(head_file)
+            return head is not None and head.done
+
+        try:
+            poll_until(head_done, timeout_s=wait_s, interval_s=HEAD_DONE_POLL_S, what="the head to finish draining")
+        except PollTimeout:
+            logger.warning("head did not finish draining in time; ending this node's Ray")

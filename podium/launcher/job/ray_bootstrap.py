@@ -1,0 +1,228 @@
+"""Ray on one node of a teacher job: per-job temp dir, auth token, start and stop by PID.
+
+Temp dirs: ``<ray.temp_dir_root>/podium-u<uid>/podium-<job>-<restart>-<rank>``, under a parent
+that is the user's own (0700, ownership checked: :func:`private_temp_root`).
+
+The node's address and its block of ports: :mod:`podium.launcher.common.ray_ports`.
+
+``ray start --block`` runs as a child process in a session of its own, with the stop signals
+(SIGTERM, SIGINT, USR1, USR2) blocked: Slurm signals every process of a job step, and a raylet
+that dies of the preemption signal or of a cancel's SIGTERM takes the head's driver (and so the
+drain, the record and the cleanup) down with it (see :mod:`podium.launcher.common.procs`). The node task
+ends its Ray when it is done, by session (every Ray process of the node is a member of the session
+whose id is the recorded ``ray start`` PID): SIGKILL to each member, in well under a second, so a
+teardown fits in Slurm's ``KillWait``. The head's driver disconnects (``ray.shutdown``) before
+that. Nothing here runs ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from podium.launcher.common.procs import ProcRef, kill_session, stop_signals_blocked
+from podium.launcher.common.ray_ports import RayPorts, RayStartError
+from podium.launcher.job.exits import describe_death
+
+logger = logging.getLogger(__name__)
+
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    # The GCS marks a node whose raylet is gone (its checks fail at once) dead after 5 failed
+    # checks 1 s apart (Ray's defaults take 15-30 s): the head's watchdog then sees a lost node in
+    # ~5 s. A raylet that is only slow (a starved CPU) gets 3 s per check, so a loaded node is not
+    # taken for a lost one (1 s and 3 checks did that on the 2-core test machine under load).
+    "RAY_health_check_initial_delay_ms": "2000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "5",
+}
+AUTH_TOKEN_BYTES = 32
+STARTED_MARK = "Ray runtime started."  # what `ray start` logs once the node's daemons are up
+
+
+def write_auth_token(path: Path) -> Path:
+    """A new Ray auth token for one generation, in a 0600 file (never on a command line): every
+    node of the job and the head's driver present it (``RAY_AUTH_MODE=token``), and Ray refuses
+    any other process that reaches the job's ports."""
+    import secrets
+
+    from podium.rendezvous.atomic import atomic_write_bytes
+
+    atomic_write_bytes(path, secrets.token_hex(AUTH_TOKEN_BYTES).encode(), mode=0o600)
+    return path
+
+
+def auth_env(token_path: Path) -> dict[str, str]:
+    """The environment that makes a Ray process (node or driver) use the job's token."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+
+
+PRIVATE_DIR_MODE = 0o700
+
+
+def temp_dir(parent: str | Path, job_id: int | str, restart: int, rank: int) -> Path:
+    """Per-job, per-node Ray temp dir in ``parent`` (:func:`private_temp_root`; short: Ray's socket
+    paths must stay under 108 bytes)."""
+    return Path(parent) / f"podium-{job_id}-{restart}-{rank}"
+
+
+def private_temp_name() -> str:
+    """``podium-u<uid>``: the name of this user's parent of its Ray temp dirs."""
+    return f"podium-u{os.getuid()}"
+
+
+def private_temp_root(root: str | Path) -> Path:
+    """This user's parent of its Ray temp dirs in ``root`` (``ray.temp_dir_root``, a shared ``/tmp``):
+    a directory it owns, mode 0700, not a link; created when missing. When that name is taken by
+    someone else (another user's directory, a link) a fresh private one (``mkdtemp``) is used, so no
+    other user can make ``ray start`` fail, or reach its sockets, by creating a path first."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / private_temp_name()
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+        if stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
+            os.chmod(path, PRIVATE_DIR_MODE)
+        return path
+    fresh = Path(tempfile.mkdtemp(prefix=f"{private_temp_name()}-", dir=base))
+    logger.warning("%s is not this user's private directory (owner uid %d, %s): Ray's temp dirs go to %s",
+                   path, info.st_uid, "a link" if stat.S_ISLNK(info.st_mode) else f"mode {info.st_mode & 0o777:o}",
+                   fresh)
+    return fresh
+
+
+def ray_executable() -> list[str]:
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return [str(candidate)]
+    found = shutil.which("ray")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
+def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus: int,
+                  num_gpus: int = 0, head_address: str | None = None,
+                  object_store_memory_mb: int | None = None) -> list[str]:
+    cmd = [*ray_executable(), "start", "--block", "--disable-usage-stats",
+           f"--node-ip-address={ip}", f"--temp-dir={temp}",
+           f"--node-manager-port={ports.node_manager}", f"--object-manager-port={ports.object_manager}",
+           f"--metrics-export-port={ports.metrics_export}",
+           f"--dashboard-agent-grpc-port={ports.dashboard_agent_grpc}",
+           f"--dashboard-agent-listen-port={ports.dashboard_agent_listen}",
+           f"--runtime-env-agent-port={ports.runtime_env_agent}",
+           f"--min-worker-port={ports.min_worker}", f"--max-worker-port={ports.max_worker}",
+           f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"]
+    if object_store_memory_mb:
+        cmd.append(f"--object-store-memory={object_store_memory_mb * 1024 * 1024}")
+    if head:
+        cmd += ["--head", f"--port={ports.gcs}", f"--ray-client-server-port={ports.ray_client_server}",
+                "--include-dashboard=false", f"--dashboard-port={ports.dashboard}"]
+    else:
+        if not head_address:
+            raise ValueError("a Ray worker node needs the head's address")
+        cmd.append(f"--address={head_address}")
+    return cmd
+
+
+def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(RAY_ENV)
+    if token_path is not None:
+        env.update(auth_env(token_path))
+    return env
+
+
+class RayNodeProcess:
+    """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
+
+    def __init__(self, cmd: list[str], log_path: Path, token_path: Path | None = None) -> None:
+        self.cmd = cmd
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600: the log names the node's address and ports
+        self._log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        logger.info("starting Ray: %s (log %s)", " ".join(cmd), log_path)
+        with stop_signals_blocked():  # inherited by every Ray process of this node
+            # stdin from /dev/null, output to its log: Ray holds nothing of whoever started the task
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=ray_env(token_path=token_path), start_new_session=True)
+        self.ref = ProcRef.of(self.proc.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def describe_exit(self) -> str:
+        """One line: how ``ray start`` ended, the first line of its log that says why, the log."""
+        return describe_death("`ray start`", self.pid, self.proc.returncode, self.log_path)
+
+    def wait_started(self, timeout_s: float) -> float:
+        """Seconds until ``ray start`` says the node runs (every daemon of it up, the raylet
+        registered): a driver that connects earlier gives up after Ray's own 60 s, which a
+        loaded node's start can take (seen on the 2-core test machine). ``RayStartError`` when
+        ``ray start`` dies first or the time runs out."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                if STARTED_MARK in self.log_path.read_text(errors="replace"):
+                    return time.monotonic() - t0
+            except OSError:
+                pass
+            if not self.alive():
+                raise RayStartError(self.describe_exit())
+            if time.monotonic() - t0 > timeout_s:
+                raise RayStartError(f"`ray start` (pid {self.pid}) did not report the node started within "
+                                    f"{timeout_s:.0f}s; log {self.log_path}")
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 10.0) -> list[int]:
+        """End every Ray process of this node (SIGKILL by session); returns PIDs that survived.
+
+        Only the session this task started: its ``ray start`` and whatever Ray started under it.
+        """
+        t0 = time.monotonic()
+        survivors = kill_session(self.ref, timeout_s, not_reaped=[self.pid])
+        try:
+            self.proc.wait(max(1.0, timeout_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            survivors = sorted({*survivors, self.pid})
+        if not self._log.closed:
+            self._log.close()
+        logger.info("Ray (session %d) ended in %.2fs%s", self.pid, time.monotonic() - t0,
+                    f"; still alive: {survivors}" if survivors else "")
+        return survivors
+
+
+def wait_port(host: str, port: int, timeout_s: float, alive: RayNodeProcess | None = None) -> float:
+    """Seconds until ``host:port`` accepts a TCP connection; RayStartError on timeout or death."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        if alive is not None and not alive.alive():
+            raise RayStartError(alive.describe_exit())
+        if time.monotonic() - t0 > timeout_s:
+            raise RayStartError(f"{host}:{port} did not answer within {timeout_s:.0f}s")
+        time.sleep(0.05)
