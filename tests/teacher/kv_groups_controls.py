@@ -25,14 +25,14 @@ from typing import Any
 
 
 def _old_slicing(self: Any, read: Callable[[int, slice], Any]) -> Any:
-    from podium.teacher.model.hf.weights import _fuse_qkv
+    from podium.teacher.model.hf.slices import fuse_qkv
 
     d, lay = self.desc, self.lay
     per = d.num_query_groups // lay.tp_size
     g0, g1 = lay.tp_rank * per, (lay.tp_rank + 1) * per
     qpg, hd = d.num_attention_heads // d.num_query_groups, d.head_dim
     q = read(0, slice(g0 * qpg * hd, g1 * qpg * hd))
-    return _fuse_qkv(q, read(1, slice(g0 * hd, g1 * hd)), read(2, slice(g0 * hd, g1 * hd)), g1 - g0, qpg, hd)
+    return fuse_qkv(q, read(1, slice(g0 * hd, g1 * hd)), read(2, slice(g0 * hd, g1 * hd)), g1 - g0, qpg, hd)
 
 
 def _split_per_projection(self: Any, read: Callable[[int, slice], Any]) -> Any:
@@ -49,15 +49,15 @@ def _split_per_projection(self: Any, read: Callable[[int, slice], Any]) -> Any:
 
 @contextlib.contextmanager
 def _qkv_as(method: Callable[..., Any] | None) -> Iterator[None]:
-    from podium.teacher.model.hf.weights import _Reader
+    from podium.teacher.model.hf.slices import SliceReader
 
-    original = _Reader.qkv
+    original = SliceReader.qkv
     if method is not None:
-        _Reader.qkv = method  # type: ignore[method-assign]  # the control swaps the slicing
+        SliceReader.qkv = method  # type: ignore[method-assign]  # the control swaps the slicing
     try:
         yield
     finally:
-        _Reader.qkv = original  # type: ignore[method-assign]
+        SliceReader.qkv = original  # type: ignore[method-assign]
 
 
 def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:

@@ -37,7 +37,8 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
 
     from podium.apps.tiny_models import hf_oracle_logits, random_batch
     from podium.teacher.model.checkpoint_loader import describe_model
-    from podium.teacher.model.hf import RankLayout, load_hf_weights, weights
+    from podium.teacher.model.hf import RankLayout, load_hf_weights
+    from podium.teacher.model.hf.registry import WEIGHT_MAPS
     from podium.teacher.model.hybrid_model import build_hybrid_model
     from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
 
@@ -50,7 +51,7 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     layout = RankLayout(tp_rank=parallel_state.get_tensor_model_parallel_rank(), tp_size=tp, padded_vocab_size=padded,
                         etp_rank=parallel_state.get_expert_tensor_parallel_rank(),
                         etp_size=parallel_state.get_expert_tensor_parallel_world_size())
-    right = weights._MAPS["nemotron_h"]
+    right = WEIGHT_MAPS["nemotron_h"]
 
     def contiguous_in_proj(r: Any, layer: int | None, local: str) -> Any:
         if local == "mixer.in_proj.weight":
@@ -88,14 +89,14 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
     diffs: dict[str, float | str] = {}
     for name, (d, source) in variants.items():
         model = build_hybrid_model(d, build_transformer_config(d, parallel, "fp32"), padded)
-        weights._MAPS["nemotron_h"] = source
+        WEIGHT_MAPS["nemotron_h"] = source
         try:
             load_hf_weights(model, checkpoint, d, layout)
         except ValueError as exc:  # a map the loader refuses (etp_ignored): its message
             diffs[name] = f"refused: {exc}"
             continue
         finally:
-            weights._MAPS["nemotron_h"] = right
+            WEIGHT_MAPS["nemotron_h"] = right
         with torch.no_grad():
             logits = model(ids, torch.arange(ids.shape[1])[None].expand_as(ids), None)
         logits = gather_from_tensor_model_parallel_region(logits.transpose(0, 1).contiguous()).transpose(0, 1)

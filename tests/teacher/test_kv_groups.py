@@ -23,7 +23,7 @@ from fixtures.checkpoints import make_tiny_checkpoint
 from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 from podium.config.architecture import attention_tp_problem
-from podium.teacher.model.hf.weights import RankLayout, _fuse_qkv, _Reader
+from podium.teacher.model.hf.slices import RankLayout, SliceReader, fuse_qkv
 
 VOCAB = 256
 
@@ -56,7 +56,7 @@ def test_each_rank_reads_the_rows_megatron_keeps(heads: int, groups: int, head_d
     q = torch.arange(heads * head_dim, dtype=torch.float64)[:, None] + 0.1  # row ids, told apart by part
     k = torch.arange(groups * head_dim, dtype=torch.float64)[:, None] + 0.2
     v = torch.arange(groups * head_dim, dtype=torch.float64)[:, None] + 0.3
-    full = _fuse_qkv(q, k, v, groups, heads // groups, head_dim)
+    full = fuse_qkv(q, k, v, groups, heads // groups, head_dim)
     reads: list[int] = []
 
     def read(part: int, rows: slice) -> torch.Tensor:
@@ -64,7 +64,7 @@ def test_each_rank_reads_the_rows_megatron_keeps(heads: int, groups: int, head_d
         return (q, k, v)[part][rows]
 
     desc = _Desc(heads, groups, head_dim)
-    pieces = [_Reader(None, desc, RankLayout(tp_rank=r, tp_size=tp, padded_vocab_size=tp)).qkv(read)  # type: ignore[arg-type]
+    pieces = [SliceReader(None, desc, RankLayout(tp_rank=r, tp_size=tp, padded_vocab_size=tp)).qkv(read)  # type: ignore[arg-type]
               for r in range(tp)]
     assert all(p.shape[0] == full.shape[0] // tp for p in pieces)
     assert torch.equal(torch.cat(pieces), full)
