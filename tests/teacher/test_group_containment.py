@@ -1,5 +1,5 @@
 """A request whose own computation fails fails alone: the real group (TP2 on the Ray test cluster)
-stays whole and serves the next call; a worker that died breaks it for good (issue 20, finding 2).
+stays whole and serves the next call; a worker that died breaks it for good.
 
 The failing request is the one the workers are told to fail (``PODIUM_FAULTS fail_call_token``):
 every rank raises, as an out-of-memory on every rank of a too-large request would.

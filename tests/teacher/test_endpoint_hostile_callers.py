@@ -1,9 +1,9 @@
-"""The endpoint against hostile or careless callers (issue 20): connections, costs, containment,
-stalled and large bodies, malformed numbers, fairness across options, what /metrics shows.
+"""The endpoint against hostile or careless callers: connections, costs, containment, stalled and
+large bodies, malformed numbers, fairness across options, what /metrics shows.
 
 The real endpoint, with numpy stand-in groups (a group's failure, an out-of-memory included, is
-simulated by one). Figures the issue asks for (health latency under the flood, a caller's wait
-behind another's long run) are printed (``-s``).
+simulated by one). Two figures (health latency under the flood, a caller's wait behind another's
+long run) are printed (``-s``).
 """
 
 from __future__ import annotations
