@@ -9,7 +9,8 @@ MODULES = ["podium.teacher", "podium.teacher.compute.group", "podium.teacher.com
            "podium.teacher.model.convert",
            "podium.teacher.model.hf", "podium.teacher.model.megatron_config", "podium.teacher.model.megatron_patches",
            "podium.teacher.model.megatron_model", "podium.teacher.compute.logprobs",
-           "podium.teacher.model.torch_dist", "podium.teacher.model.checkpoint_loader", "podium.teacher.cpu.cuda_shims"]
+           "podium.teacher.model.torch_dist", "podium.teacher.model.checkpoint_loader", "podium.teacher.cpu.cuda_shims",
+           "podium.teacher.cpu.mamba_shims"]
 
 
 def test_teacher_modules_import_nothing_heavy():
