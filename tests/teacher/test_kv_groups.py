@@ -12,11 +12,9 @@ zeros, and q/k/v each cut in TP parts is far from HF; podium's map matches.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import controls
 import pytest
 import torch
 from fixtures.checkpoints import make_tiny_checkpoint
@@ -128,12 +126,7 @@ def test_moe_teacher_with_one_kv_group_at_tp2_matches_hf(moe_tp2_ep2, qwen3_moe_
 @pytest.mark.megatron
 def test_the_oracle_catches_the_old_slicing_and_a_per_projection_split(
         qwen2_one_group: Path, qwen3_moe_one_group: Path, tmp_path: Path) -> None:
-    out = tmp_path / "diffs.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("kv_groups_controls.py")), str(out),
-                           str(qwen2_one_group), str(qwen3_moe_one_group)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = controls.run("kv_groups_controls.py", tmp_path, [qwen2_one_group, qwen3_moe_one_group])
     for diffs in result.values():
         assert diffs["right"] < 1e-4 and diffs["split_per_projection"] > 1.0, result
         assert "map selected no rows for Megatron parameter 'decoder.layers.0.self_attention.linear_qkv.weight' " \
