@@ -18,11 +18,13 @@ field                             short  rule
 ================================  =====  ==================================================
 
 DP = world / (TP·PP·CP). ETP defaults to 1, NeMo RL's recipe convention (Megatron's own default,
-ETP = TP, would reject the Ultra recipe's EP16 on 16 GPUs).
+ETP = TP, would reject the Ultra recipe's EP16 on 16 GPUs). The fewest workers that hold given
+sizes (``ParallelLayout.on_fewest_workers``) follow from the rule: PP · lcm(TP·CP, EP·ETP).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
@@ -76,6 +78,14 @@ class ParallelLayout(BaseModel):
     @property
     def data_parallel_size(self) -> int:
         return self.world_size // self.model_parallel_size
+
+    @classmethod
+    def on_fewest_workers(cls, sizes: Mapping[str, int]) -> ParallelLayout:
+        """One node with the fewest workers ``check`` accepts for these parallel sizes (Megatron
+        names; absent ones are 1): world = PP · m where TP·CP and EP·ETP both divide m, so
+        m = lcm(TP·CP, EP·ETP) (attention data parallelism fills what the experts need)."""
+        tp, pp, cp, ep, etp = (int(sizes.get(key, 1)) for key in PARALLEL_SIZES)
+        return cls(num_nodes=1, gpus_per_node=pp * math.lcm(tp * cp, ep * etp), **sizes)
 
     def parallel_sizes(self) -> dict[str, int]:
         """The five sizes by their Megatron names (what ``parallel_state`` is initialised with)."""

@@ -1,4 +1,5 @@
-"""Negative controls for fewer KV groups than TP (run as a script by test_kv_groups.py).
+"""Negative controls for fewer KV groups than TP (run as a script by test_kv_groups.py; scaffold:
+``controls.py``).
 
 ``python kv_groups_controls.py OUT.json CHECKPOINT...``: two ranks at TP2 build each checkpoint's
 model (one KV group each) as podium does, then with the fused QKV sliced wrongly:
@@ -10,29 +11,30 @@ model (one KV group each) as podium does, then with the fused QKV sliced wrongly
   right shape, not Megatron's rows).
 
 Rank 0 writes ``{checkpoint: {variant: largest logit difference from HF transformers, or the
-loader's error}}``. The right map must match and every wrong one must not, or the oracle tests
-could not catch those mistakes.
+loader's error}}``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import controls
+
+PARALLEL = {"tensor_model_parallel_size": controls.WORLD}
+
 
 def _old_slicing(self: Any, read: Callable[[int, slice], Any]) -> Any:
-    from podium.teacher.model.hf.weights import _fuse_qkv
+    from podium.teacher.model.hf.slices import fuse_qkv
 
     d, lay = self.desc, self.lay
     per = d.num_query_groups // lay.tp_size
     g0, g1 = lay.tp_rank * per, (lay.tp_rank + 1) * per
     qpg, hd = d.num_attention_heads // d.num_query_groups, d.head_dim
     q = read(0, slice(g0 * qpg * hd, g1 * qpg * hd))
-    return _fuse_qkv(q, read(1, slice(g0 * hd, g1 * hd)), read(2, slice(g0 * hd, g1 * hd)), g1 - g0, qpg, hd)
+    return fuse_qkv(q, read(1, slice(g0 * hd, g1 * hd)), read(2, slice(g0 * hd, g1 * hd)), g1 - g0, qpg, hd)
 
 
 def _split_per_projection(self: Any, read: Callable[[int, slice], Any]) -> Any:
@@ -49,36 +51,30 @@ def _split_per_projection(self: Any, read: Callable[[int, slice], Any]) -> Any:
 
 @contextlib.contextmanager
 def _qkv_as(method: Callable[..., Any] | None) -> Iterator[None]:
-    from podium.teacher.model.hf.weights import _Reader
+    from podium.teacher.model.hf.slices import SliceReader
 
-    original = _Reader.qkv
+    original = SliceReader.qkv
     if method is not None:
-        _Reader.qkv = method  # type: ignore[method-assign]  # the control swaps the slicing
+        SliceReader.qkv = method  # type: ignore[method-assign]  # the control swaps the slicing
     try:
         yield
     finally:
-        _Reader.qkv = original  # type: ignore[method-assign]
+        SliceReader.qkv = original  # type: ignore[method-assign]
 
 
-def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
-    import torch
+def diffs(checkpoint: str, parallel: dict[str, int]) -> controls.Diffs:
     from megatron.core import parallel_state
 
-    from podium.apps.tiny_models import hf_oracle_logits, random_batch
-    from podium.teacher.model.checkpoint_loader import describe_model
     from podium.teacher.model.hf import RankLayout, load_hf_weights
     from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
     from podium.teacher.model.megatron_model import build_gpt_model
 
-    desc = describe_model(checkpoint)
+    desc, ids, expected = controls.reference(checkpoint)
     assert desc.num_query_groups == 1, desc
-    batch = random_batch(desc.vocab_size, [12, 12], seed=7)
-    ids = batch["input_ids"]
-    expected = hf_oracle_logits(checkpoint, ids, torch.full((2,), 13))  # every position valid
     tp, rank = parallel["tensor_model_parallel_size"], parallel_state.get_tensor_model_parallel_rank()
     padded = padded_vocab_size(desc.vocab_size, tp)
     layout = RankLayout(tp_rank=rank, tp_size=tp, padded_vocab_size=padded)
-    diffs: dict[str, float | str] = {}
+    result: controls.Diffs = {}
     variants = (("right", None), ("old_slicing", _old_slicing), ("split_per_projection", _split_per_projection))
     for name, method in variants:
         model = build_gpt_model(desc, build_transformer_config(desc, parallel, "fp32"), padded)
@@ -86,42 +82,11 @@ def _diffs(checkpoint: str, parallel: dict[str, int]) -> dict[str, float | str]:
             with _qkv_as(method):
                 load_hf_weights(model, checkpoint, desc, layout)
         except ValueError as exc:
-            diffs[name] = str(exc)
+            result[name] = str(exc)
             continue
-        with torch.no_grad():
-            local = model(ids, torch.arange(ids.shape[1])[None].expand_as(ids), None)
-        pieces = [torch.empty_like(local) for _ in range(tp)]
-        torch.distributed.all_gather(pieces, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-        logits = torch.cat(pieces, dim=-1)[..., : desc.vocab_size]
-        diffs[name] = float((logits.float() - expected).abs().max())
-    return diffs
-
-
-def _rank(rank: int, world: int, store: str, checkpoints: list[str], out: str) -> None:
-    from podium.teacher.compute.worker import destroy_parallel, init_parallel
-    from podium.teacher.cpu.cuda_shims import apply_cuda_shims
-
-    apply_cuda_shims()
-    parallel = {"tensor_model_parallel_size": world}
-    init_parallel(rank, world, store, parallel)
-    try:
-        result = {checkpoint: _diffs(checkpoint, parallel) for checkpoint in checkpoints}
-        if rank == 0:
-            with open(out, "w") as fh:
-                json.dump(result, fh)
-    finally:
-        destroy_parallel()
-
-
-def main() -> int:
-    import torch.multiprocessing as mp
-
-    out, checkpoints = sys.argv[1], sys.argv[2:]
-    tmp = tempfile.mkdtemp(prefix="kv-groups-controls-")
-    mp.start_processes(_rank, args=(2, f"file://{tmp}/store", checkpoints, out), nprocs=2, join=True,
-                       start_method="spawn")
-    return 0
+        result[name] = controls.logit_diff(model, ids, expected, desc.vocab_size)
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(controls.main(diffs, PARALLEL))

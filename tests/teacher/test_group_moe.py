@@ -19,11 +19,7 @@ top-k too (Qwen2-MoE: within 1e-5).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
+import controls
 import pytest
 from fixtures.checkpoints import hf_oracle_logprobs
 from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
@@ -124,12 +120,7 @@ def test_the_oracle_catches_a_forgotten_ep_offset_a_flipped_router_and_a_wrong_s
     the same model built with every rank's experts taken from 0, or with ``norm_topk_prob`` read
     the wrong way round, or (Qwen2-MoE) with the shared expert's gate left out or applied without
     its sigmoid, is far from HF; as podium builds it, it matches."""
-    out = tmp_path / "diffs.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("moe_controls.py")), str(out),
-                           str(tiny_qwen3_moe_checkpoint), str(tiny_qwen2_moe_checkpoint)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = controls.run("moe_controls.py", tmp_path, [tiny_qwen3_moe_checkpoint, tiny_qwen2_moe_checkpoint])
     qwen3, qwen2 = result[str(tiny_qwen3_moe_checkpoint)], result[str(tiny_qwen2_moe_checkpoint)]
     for diffs in (qwen3, qwen2):
         assert diffs["right"] < 1e-4, result

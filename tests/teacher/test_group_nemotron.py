@@ -28,11 +28,7 @@ TP2·ETP2·PP2 logprobs 1.3e-5 from HF (every expert-TP rank reading the first h
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
+import controls
 import pytest
 from fixtures.checkpoints import hf_oracle_logprobs
 from harness.teacher_groups import assert_matches_oracle, assert_next_token_outputs_match, ragged_batch, start_group
@@ -83,11 +79,9 @@ def nemotron_tp2_etp2_pp2(ray_cluster, tiny_nemotron_h_checkpoint):
 @pytest.fixture(scope="module")
 def control_diffs(tiny_nemotron_h_checkpoint, tmp_path_factory) -> dict:
     """``nemotron_controls.py`` run once: {variant: max abs logit difference from HF, or why refused}."""
-    out = tmp_path_factory.mktemp("nemotron-controls") / "diffs.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("nemotron_controls.py")), str(out),
-                           str(tiny_nemotron_h_checkpoint)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    diffs = json.loads(out.read_text())
+    result = controls.run("nemotron_controls.py", tmp_path_factory.mktemp("nemotron-controls"),
+                          [tiny_nemotron_h_checkpoint])
+    diffs = result[str(tiny_nemotron_h_checkpoint)]
     print(f"max abs logit diff vs HF: {diffs}")
     return diffs
 

@@ -15,13 +15,14 @@ import torch
 
 from podium.teacher.model.checkpoint_loader import describe_model
 from podium.teacher.model.hf import RankLayout, SafetensorsCheckpoint, describe_hf_config
-from podium.teacher.model.hf.weights import _gpt2_sources, _llama_sources, _Reader
+from podium.teacher.model.hf.dense import gpt2_sources, llama_sources
+from podium.teacher.model.hf.slices import SliceReader
 
 
-def reader(path: Path, tp_rank: int = 0, tp: int = 1, padded: int | None = None) -> _Reader:
+def reader(path: Path, tp_rank: int = 0, tp: int = 1, padded: int | None = None) -> SliceReader:
     desc = describe_model(path)
     padded = padded or desc.vocab_size
-    return _Reader(SafetensorsCheckpoint(path), desc, RankLayout(tp_rank, tp, padded))
+    return SliceReader(SafetensorsCheckpoint(path), desc, RankLayout(tp_rank, tp, padded))
 
 
 def test_descriptions(tiny_checkpoints):
@@ -71,14 +72,14 @@ def full_llama_layer(path: Path, layer: int) -> dict[str, torch.Tensor]:
     r = reader(path)
     names = ["self_attention.linear_qkv.weight", "self_attention.linear_proj.weight",
              "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]
-    return {n: _llama_sources(r, layer, n) for n in names}
+    return {n: llama_sources(r, layer, n) for n in names}
 
 
 def test_llama_fused_qkv_layout_matches_hf(tiny_llama_checkpoint):
     from safetensors.torch import load_file
 
     sd = load_file(str(tiny_llama_checkpoint / "model.safetensors"))
-    qkv = _llama_sources(reader(tiny_llama_checkpoint), 1, "self_attention.linear_qkv.weight")
+    qkv = llama_sources(reader(tiny_llama_checkpoint), 1, "self_attention.linear_qkv.weight")
     hd, groups, qpg = 16, 2, 2
     q = sd["model.layers.1.self_attn.q_proj.weight"].view(groups, qpg * hd, -1)
     k = sd["model.layers.1.self_attn.k_proj.weight"].view(groups, hd, -1)
@@ -88,7 +89,7 @@ def test_llama_fused_qkv_layout_matches_hf(tiny_llama_checkpoint):
         assert torch.equal(per_group[g, : qpg * hd], q[g])
         assert torch.equal(per_group[g, qpg * hd : (qpg + 1) * hd], k[g])
         assert torch.equal(per_group[g, (qpg + 1) * hd :], v[g])
-    fc1 = _llama_sources(reader(tiny_llama_checkpoint), 1, "mlp.linear_fc1.weight")
+    fc1 = llama_sources(reader(tiny_llama_checkpoint), 1, "mlp.linear_fc1.weight")
     assert torch.equal(fc1, torch.cat([sd["model.layers.1.mlp.gate_proj.weight"],
                                        sd["model.layers.1.mlp.up_proj.weight"]]))
 
@@ -101,8 +102,8 @@ def test_tp2_slices_are_megatron_partitions_of_the_full_tensors(tiny_checkpoints
         part = reader(path, rank, 2)
         for name in ["self_attention.linear_qkv.weight", "self_attention.linear_proj.weight",
                      "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]:
-            whole = _llama_sources(full, 0, name)
-            mine = _llama_sources(part, 0, name)
+            whole = llama_sources(full, 0, name)
+            mine = llama_sources(part, 0, name)
             if name.endswith(("linear_qkv.weight",)):
                 expected = whole.chunk(2, dim=0)[rank]  # whole query groups per rank
             elif name == "mlp.linear_fc1.weight":  # partition stride 2: gate and up halves each split
@@ -112,17 +113,17 @@ def test_tp2_slices_are_megatron_partitions_of_the_full_tensors(tiny_checkpoints
                 expected = whole.chunk(2, dim=1)[rank]
             assert torch.equal(mine, expected), (kind, name, rank)
         if kind == "qwen2":
-            whole_b = _llama_sources(full, 0, "self_attention.linear_qkv.bias")
-            assert torch.equal(_llama_sources(part, 0, "self_attention.linear_qkv.bias"), whole_b.chunk(2)[rank])
+            whole_b = llama_sources(full, 0, "self_attention.linear_qkv.bias")
+            assert torch.equal(llama_sources(part, 0, "self_attention.linear_qkv.bias"), whole_b.chunk(2)[rank])
 
 
 def test_each_rank_reads_only_its_slices(tiny_llama_checkpoint):
     full = reader(tiny_llama_checkpoint)
-    _llama_sources(full, 2, "self_attention.linear_qkv.weight")
-    _llama_sources(full, 2, "mlp.linear_fc1.weight")
+    llama_sources(full, 2, "self_attention.linear_qkv.weight")
+    llama_sources(full, 2, "mlp.linear_fc1.weight")
     half = reader(tiny_llama_checkpoint, 1, 2)
-    _llama_sources(half, 2, "self_attention.linear_qkv.weight")
-    _llama_sources(half, 2, "mlp.linear_fc1.weight")
+    llama_sources(half, 2, "self_attention.linear_qkv.weight")
+    llama_sources(half, 2, "mlp.linear_fc1.weight")
     assert half.ckpt.bytes_read * 2 == full.ckpt.bytes_read
 
 
@@ -130,8 +131,8 @@ def test_padded_vocabulary_rows_are_zero_and_split(tiny_gpt2_checkpoint):
     from safetensors.torch import load_file
 
     wte = load_file(str(tiny_gpt2_checkpoint / "model.safetensors"))["transformer.wte.weight"]
-    r0 = _gpt2_sources(reader(tiny_gpt2_checkpoint, 0, 2, padded=256), None, "embedding.word_embeddings.weight")
-    r1 = _gpt2_sources(reader(tiny_gpt2_checkpoint, 1, 2, padded=256), None, "output_layer.weight")
+    r0 = gpt2_sources(reader(tiny_gpt2_checkpoint, 0, 2, padded=256), None, "embedding.word_embeddings.weight")
+    r1 = gpt2_sources(reader(tiny_gpt2_checkpoint, 1, 2, padded=256), None, "output_layer.weight")
     assert r0.shape == r1.shape == (128, 64)
     assert torch.equal(r0[:101], wte) and torch.all(r0[101:] == 0) and torch.all(r1 == 0)
 
@@ -141,15 +142,15 @@ def test_gpt2_conv1d_weights_are_transposed(tiny_gpt2_checkpoint):
 
     sd = load_file(str(tiny_gpt2_checkpoint / "model.safetensors"))
     r = reader(tiny_gpt2_checkpoint)
-    assert torch.equal(_gpt2_sources(r, 0, "mlp.linear_fc1.weight"), sd["transformer.h.0.mlp.c_fc.weight"].t())
-    assert torch.equal(_gpt2_sources(r, 0, "self_attention.linear_proj.weight"),
+    assert torch.equal(gpt2_sources(r, 0, "mlp.linear_fc1.weight"), sd["transformer.h.0.mlp.c_fc.weight"].t())
+    assert torch.equal(gpt2_sources(r, 0, "self_attention.linear_proj.weight"),
                        sd["transformer.h.0.attn.c_proj.weight"].t())
-    qkv = _gpt2_sources(r, 0, "self_attention.linear_qkv.weight").view(4, 3, 16, 64)  # [head, (q,k,v), hd, in]
+    qkv = gpt2_sources(r, 0, "self_attention.linear_qkv.weight").view(4, 3, 16, 64)  # [head, (q,k,v), hd, in]
     q, k, v = sd["transformer.h.0.attn.c_attn.weight"].t().view(3, 4, 16, 64)
     assert torch.equal(qkv[:, 0], q) and torch.equal(qkv[:, 1], k) and torch.equal(qkv[:, 2], v)
     half = reader(tiny_gpt2_checkpoint, 1, 2)
-    assert torch.equal(_gpt2_sources(half, 0, "self_attention.linear_qkv.weight"),
-                       _gpt2_sources(r, 0, "self_attention.linear_qkv.weight").chunk(2)[1])
+    assert torch.equal(gpt2_sources(half, 0, "self_attention.linear_qkv.weight"),
+                       gpt2_sources(r, 0, "self_attention.linear_qkv.weight").chunk(2)[1])
 
 
 def test_sharded_index_reads_the_same_tensors(tiny_llama_checkpoint, tiny_llama_sharded_checkpoint):
@@ -157,8 +158,8 @@ def test_sharded_index_reads_the_same_tensors(tiny_llama_checkpoint, tiny_llama_
     a, b = reader(tiny_llama_checkpoint, 1, 2), reader(tiny_llama_sharded_checkpoint, 1, 2)
     for layer in range(4):
         for name in ["self_attention.linear_qkv.weight", "mlp.linear_fc2.weight", "input_layernorm.weight"]:
-            assert torch.equal(_llama_sources(a, layer, name), _llama_sources(b, layer, name))
-    assert torch.equal(_llama_sources(a, None, "output_layer.weight"), _llama_sources(b, None, "output_layer.weight"))
+            assert torch.equal(llama_sources(a, layer, name), llama_sources(b, layer, name))
+    assert torch.equal(llama_sources(a, None, "output_layer.weight"), llama_sources(b, None, "output_layer.weight"))
 
 
 def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_checkpoint, tiny_llama_sharded_checkpoint,
@@ -171,7 +172,7 @@ def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_che
     del sd["model.layers.3.mlp.up_proj.weight"]
     save_file(sd, str(broken / "model.safetensors"))
     with pytest.raises(ValueError, match=f"checkpoint {broken}: tensor 'model.layers.3.mlp.up_proj.weight' is missing"):
-        _llama_sources(reader(broken), 3, "mlp.linear_fc1.weight")
+        llama_sources(reader(broken), 3, "mlp.linear_fc1.weight")
     sharded = tmp_path / "sharded"
     shutil.copytree(tiny_llama_sharded_checkpoint, sharded)
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
@@ -179,4 +180,4 @@ def test_missing_tensor_and_missing_shard_name_checkpoint_and_key(tiny_llama_che
     (sharded / shard).unlink()
     missing = f"checkpoint {sharded}: shard {shard} \\(for tensor 'model.norm.weight'\\) is missing"
     with pytest.raises(ValueError, match=missing):
-        _llama_sources(reader(sharded), None, "decoder.final_layernorm.weight")
+        llama_sources(reader(sharded), None, "decoder.final_layernorm.weight")

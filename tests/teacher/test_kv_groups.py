@@ -12,18 +12,16 @@ zeros, and q/k/v each cut in TP parts is far from HF; podium's map matches.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import controls
 import pytest
 import torch
 from fixtures.checkpoints import make_tiny_checkpoint
 from harness.teacher_groups import assert_matches_oracle, ragged_batch, start_group
 
 from podium.config.architecture import attention_tp_problem
-from podium.teacher.model.hf.weights import RankLayout, _fuse_qkv, _Reader
+from podium.teacher.model.hf.slices import RankLayout, SliceReader, fuse_qkv
 
 VOCAB = 256
 
@@ -56,7 +54,7 @@ def test_each_rank_reads_the_rows_megatron_keeps(heads: int, groups: int, head_d
     q = torch.arange(heads * head_dim, dtype=torch.float64)[:, None] + 0.1  # row ids, told apart by part
     k = torch.arange(groups * head_dim, dtype=torch.float64)[:, None] + 0.2
     v = torch.arange(groups * head_dim, dtype=torch.float64)[:, None] + 0.3
-    full = _fuse_qkv(q, k, v, groups, heads // groups, head_dim)
+    full = fuse_qkv(q, k, v, groups, heads // groups, head_dim)
     reads: list[int] = []
 
     def read(part: int, rows: slice) -> torch.Tensor:
@@ -64,7 +62,7 @@ def test_each_rank_reads_the_rows_megatron_keeps(heads: int, groups: int, head_d
         return (q, k, v)[part][rows]
 
     desc = _Desc(heads, groups, head_dim)
-    pieces = [_Reader(None, desc, RankLayout(tp_rank=r, tp_size=tp, padded_vocab_size=tp)).qkv(read)  # type: ignore[arg-type]
+    pieces = [SliceReader(None, desc, RankLayout(tp_rank=r, tp_size=tp, padded_vocab_size=tp)).qkv(read)  # type: ignore[arg-type]
               for r in range(tp)]
     assert all(p.shape[0] == full.shape[0] // tp for p in pieces)
     assert torch.equal(torch.cat(pieces), full)
@@ -128,12 +126,7 @@ def test_moe_teacher_with_one_kv_group_at_tp2_matches_hf(moe_tp2_ep2, qwen3_moe_
 @pytest.mark.megatron
 def test_the_oracle_catches_the_old_slicing_and_a_per_projection_split(
         qwen2_one_group: Path, qwen3_moe_one_group: Path, tmp_path: Path) -> None:
-    out = tmp_path / "diffs.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("kv_groups_controls.py")), str(out),
-                           str(qwen2_one_group), str(qwen3_moe_one_group)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = controls.run("kv_groups_controls.py", tmp_path, [qwen2_one_group, qwen3_moe_one_group])
     for diffs in result.values():
         assert diffs["right"] < 1e-4 and diffs["split_per_projection"] > 1.0, result
         assert "map selected no rows for Megatron parameter 'decoder.layers.0.self_attention.linear_qkv.weight' " \

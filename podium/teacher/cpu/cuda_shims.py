@@ -4,7 +4,8 @@ This module owns every patch podium needs for megatron-core to run at all withou
 upgrade has one place to look (the exact speed-ups of the local layer spec are
 :mod:`podium.teacher.model.megatron_patches`). They are applied only when CUDA is absent
 (``torch.cuda.is_available()`` is False; ``te_general_gemm``: when TransformerEngine is), by the
-worker process before it builds a model, and by ``convert`` before it saves a checkpoint.
+worker process before it builds a model, and by ``convert`` before it saves a checkpoint; once per
+process (:class:`podium.teacher.cpu.shims.ShimSet`).
 
 What megatron-core 0.16.1 needs on a CPU-only torch build (each shim is named; the test
 ``tests/teacher/test_cuda_shims.py`` runs, for each one, the megatron code path with all shims but
@@ -40,27 +41,13 @@ new one, fails that test instead of hiding):
 from __future__ import annotations
 
 import functools
-import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from podium.teacher.cpu.shims import Shim, ShimSet, cuda_available, mark, module_missing
 from podium.teacher.model.megatron_compat import shims_not_needed
 
-logger = logging.getLogger(__name__)
-
-SHIM_NAMES: tuple[str, ...] = ("current_device", "synchronize", "tied_embedding_cuda", "te_general_gemm",
-                               "moe_dtoh_stream", "moe_dtoh_sync")
 NO_TE_SHIMS: tuple[str, ...] = ("te_general_gemm",)  # needed wherever TransformerEngine is absent
-
-_applied: set[str] = set()
-_lock = threading.Lock()
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def _shim_current_device() -> None:
@@ -69,8 +56,7 @@ def _shim_current_device() -> None:
     def current_device() -> str:
         return "cpu"
 
-    current_device.__podium_shim__ = True  # type: ignore[attr-defined]
-    torch.cuda.current_device = current_device  # type: ignore[assignment]
+    torch.cuda.current_device = mark(current_device)  # type: ignore[assignment]
 
 
 def _shim_synchronize() -> None:
@@ -79,8 +65,7 @@ def _shim_synchronize() -> None:
     def synchronize(device: Any = None) -> None:
         return None
 
-    synchronize.__podium_shim__ = True  # type: ignore[attr-defined]
-    torch.cuda.synchronize = synchronize
+    torch.cuda.synchronize = mark(synchronize)
 
 
 def _shim_tied_embedding_cuda() -> None:
@@ -102,8 +87,7 @@ def _shim_tied_embedding_cuda() -> None:
         finally:
             torch.Tensor.cuda = saved  # type: ignore[method-assign]
 
-    setup_embeddings_and_output_layer.__podium_shim__ = True  # type: ignore[attr-defined]
-    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
+    LanguageModule.setup_embeddings_and_output_layer = mark(setup_embeddings_and_output_layer)
 
 
 def _shim_te_general_gemm() -> None:
@@ -113,10 +97,9 @@ def _shim_te_general_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+@mark
 class _NoStream:
     """Stands where the ``alltoall`` dispatcher keeps its device-to-host CUDA stream."""
-
-    __podium_shim__ = True
 
 
 def _shim_moe_dtoh_stream() -> None:
@@ -142,49 +125,41 @@ def _shim_moe_dtoh_sync() -> None:
                 self.output_splits_tp = self.output_splits_tp.numpy()
         return tokens_per_expert
 
-    _maybe_dtoh_and_synchronize.__podium_shim__ = True  # type: ignore[attr-defined]
-    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = mark(_maybe_dtoh_and_synchronize)
 
 
-_SHIMS: dict[str, Callable[[], None]] = {
-    "current_device": _shim_current_device,
-    "synchronize": _shim_synchronize,
-    "tied_embedding_cuda": _shim_tied_embedding_cuda,
-    "te_general_gemm": _shim_te_general_gemm,
-    "moe_dtoh_stream": _shim_moe_dtoh_stream,
-    "moe_dtoh_sync": _shim_moe_dtoh_sync,
-}
-assert tuple(_SHIMS) == SHIM_NAMES
+def _needed(name: str) -> Callable[[], bool]:
+    """Without CUDA (and, for :data:`NO_TE_SHIMS`, without TransformerEngine), unless this
+    megatron-core release no longer needs it (``megatron_compat.shims_not_needed``)."""
+    def needed() -> bool:
+        if name in shims_not_needed():
+            return False
+        return not cuda_available() or (name in NO_TE_SHIMS and module_missing("transformer_engine"))
+
+    return needed
+
+
+CUDA_SHIMS = ShimSet("CUDA", [Shim(name, apply, _needed(name)) for name, apply in (
+    ("current_device", _shim_current_device),
+    ("synchronize", _shim_synchronize),
+    ("tied_embedding_cuda", _shim_tied_embedding_cuda),
+    ("te_general_gemm", _shim_te_general_gemm),
+    ("moe_dtoh_stream", _shim_moe_dtoh_stream),
+    ("moe_dtoh_sync", _shim_moe_dtoh_sync),
+)])
+SHIM_NAMES: tuple[str, ...] = CUDA_SHIMS.names
 
 
 def apply_cuda_shims(skip: Iterable[str] = ()) -> tuple[str, ...]:
     """Apply every shim (except ``skip``) once per process when CUDA is absent; return those active.
 
     With CUDA present only the shims for a missing TransformerEngine apply. ``skip`` exists for the
-    test that checks each shim is still needed.
+    test that checks each shim is still needed (left out for the rest of the process).
     """
-    skip = set(skip)
-    unknown = skip - set(SHIM_NAMES)
-    if unknown:
-        raise ValueError(f"unknown CUDA shim(s) {sorted(unknown)}; known: {list(SHIM_NAMES)}")
-    import importlib.util
-
-    cuda = cuda_available()
-    te = importlib.util.find_spec("transformer_engine") is not None
-    not_needed = shims_not_needed()  # by this megatron-core release (megatron_compat)
-    wanted = [n for n in SHIM_NAMES if n not in not_needed and (not cuda or (n in NO_TE_SHIMS and not te))]
-    if not wanted:
-        return ()
-    with _lock:
-        for name in wanted:
-            if name in skip or name in _applied:
-                continue
-            _SHIMS[name]()
-            _applied.add(name)
-            logger.debug("applied CPU shim %s", name)
-        return tuple(n for n in SHIM_NAMES if n in _applied)
+    return CUDA_SHIMS.apply(skip)
 
 
 def applied_shims() -> tuple[str, ...]:
     """Names of the shims active in this process."""
-    return tuple(n for n in SHIM_NAMES if n in _applied)
+    return CUDA_SHIMS.applied()
+

@@ -4,7 +4,8 @@ CUDA, ``mamba-ssm``'s Triton kernels, Triton itself or TransformerEngine.
 This module owns those patches and the PyTorch kernels they put in place (the SSD scan and the gated
 group RMSNorm), as :mod:`podium.teacher.cpu.cuda_shims` owns the ones every model needs.
 ``hybrid_model.build_hybrid_model`` applies them before it imports megatron's Mamba modules; each
-applies only when what it stands in for is missing. Each is named; ``tests/teacher/
+applies only when what it stands in for is missing, once per process
+(:class:`podium.teacher.cpu.shims.ShimSet`). Each is named; ``tests/teacher/
 test_mamba_shims.py`` builds and runs a tiny hybrid model with all shims but one and expects it to
 fail, so a megatron-core upgrade that no longer needs a shim, or needs a new one, fails that test.
 
@@ -41,23 +42,14 @@ clamped); transformers clamps ``dt`` at ``time_step_min`` (see ``hybrid_model``)
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import sys
-import threading
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from podium.teacher.cpu.shims import Shim, ShimSet, cuda_available, mark, module_missing
 
-MAMBA_SHIM_NAMES: tuple[str, ...] = ("triton_tensor_ops", "mamba_ssm_required", "ssd_scan", "gated_rmsnorm",
-                                     "hybrid_final_norm", "moe_latent_proj")
 _TENSOR_OPS = "megatron.core.inference.contexts.attention_context.triton.tensor_ops"
-
-_applied: set[str] = set()
-_skipped: set[str] = set()  # left out for the rest of the process (the test that proves each is needed)
-_lock = threading.Lock()
 
 
 def ssd_chunk_scan(x: Any, dt: Any, A: Any, B: Any, C: Any, chunk_size: int, D: Any = None, z: Any = None,
@@ -188,8 +180,7 @@ def _shim_triton_tensor_ops() -> None:
     module = types.ModuleType(_TENSOR_OPS, "podium's stand-in: triton is not installed")
     for name in ("tensor_get_slice_after", "tensor_masked_update", "tensor_merge"):
         setattr(module, name, _refuse)
-    module.__podium_shim__ = True  # type: ignore[attr-defined]
-    sys.modules[_TENSOR_OPS] = module
+    sys.modules[_TENSOR_OPS] = mark(module)
 
 
 def _shim_mamba_ssm_required() -> None:
@@ -225,50 +216,27 @@ def _shim_moe_latent_proj() -> None:
     moe_layer.TELinear = _duplicated_linear_cls()
 
 
-_SHIMS: dict[str, Callable[[], None]] = {
-    "triton_tensor_ops": _shim_triton_tensor_ops,
-    "mamba_ssm_required": _shim_mamba_ssm_required,
-    "ssd_scan": _shim_ssd_scan,
-    "gated_rmsnorm": _shim_gated_rmsnorm,
-    "hybrid_final_norm": _shim_hybrid_final_norm,
-    "moe_latent_proj": _shim_moe_latent_proj,
-}
-assert tuple(_SHIMS) == MAMBA_SHIM_NAMES
+def _no_ssm() -> bool:
+    return not cuda_available() or module_missing("mamba_ssm")
 
 
-def _missing(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):  # a module set to None in sys.modules (hidden)
-        return True
+def _no_te() -> bool:
+    return not cuda_available() or module_missing("transformer_engine")
 
 
-def _wanted() -> list[str]:
-    import torch
-
-    no_cuda = not torch.cuda.is_available()
-    no_te = no_cuda or _missing("transformer_engine")
-    no_ssm = no_cuda or _missing("mamba_ssm")
-    needed = {"triton_tensor_ops": _missing("triton"), "mamba_ssm_required": no_ssm, "ssd_scan": no_ssm,
-              "gated_rmsnorm": no_ssm, "hybrid_final_norm": no_te,
-              "moe_latent_proj": no_te}
-    return [name for name in MAMBA_SHIM_NAMES if needed[name]]
+MAMBA_SHIMS = ShimSet("Mamba", [
+    Shim("triton_tensor_ops", _shim_triton_tensor_ops, lambda: module_missing("triton")),
+    Shim("mamba_ssm_required", _shim_mamba_ssm_required, _no_ssm),
+    Shim("ssd_scan", _shim_ssd_scan, _no_ssm),
+    Shim("gated_rmsnorm", _shim_gated_rmsnorm, _no_ssm),
+    Shim("hybrid_final_norm", _shim_hybrid_final_norm, _no_te),
+    Shim("moe_latent_proj", _shim_moe_latent_proj, _no_te),
+])
+MAMBA_SHIM_NAMES: tuple[str, ...] = MAMBA_SHIMS.names
 
 
 def apply_mamba_shims(skip: Iterable[str] = ()) -> tuple[str, ...]:
     """Apply every needed shim once per process, in order (``triton_tensor_ops`` before megatron's
     Mamba modules are imported); return the names active. ``skip`` (for the test that proves each
     is needed) leaves those out for the rest of the process, later calls included."""
-    skip = set(skip)
-    unknown = skip - set(MAMBA_SHIM_NAMES)
-    if unknown:
-        raise ValueError(f"unknown Mamba shim(s) {sorted(unknown)}; known: {list(MAMBA_SHIM_NAMES)}")
-    with _lock:
-        _skipped.update(skip)
-        for name in _wanted():
-            if name in _skipped or name in _applied:
-                continue
-            _SHIMS[name]()
-            _applied.add(name)
-            logger.debug("applied Mamba CPU shim %s", name)
-        return tuple(n for n in MAMBA_SHIM_NAMES if n in _applied)
+    return MAMBA_SHIMS.apply(skip)

@@ -1,12 +1,13 @@
 """``podium convert``: write a Megatron ``torch_dist`` checkpoint from an HF directory.
 
 This module owns :func:`convert_hf_to_torch_dist`. It starts ``TP × PP`` local processes (spawn;
-for an MoE model with expert parallelism, ``PP × lcm(TP, EP × ETP)``), each builds its model stage
-and reads only its slices of the HF safetensors and only its own experts (the same map as a direct
-HF load, so no process holds the whole model unless TP = PP = EP = 1), and all of them save
-together with ``dist_checkpointing``. The result is written into a temp directory next to the
-destination and renamed into place only when complete, so a concurrent reader sees either nothing
-or the whole checkpoint, and two concurrent converters cannot interleave their files.
+for an MoE model with expert parallelism, ``PP × lcm(TP, EP × ETP)``: the fewest the layout rule of
+:mod:`podium.config.layout` accepts), each builds its model stage and reads only its slices of the
+HF safetensors and only its own experts (the same map as a direct HF load, so no process holds the
+whole model unless TP = PP = EP = 1), and all of them save together with ``dist_checkpointing``.
+The result is written into a temp directory next to the destination and renamed into place only
+when complete, so a concurrent reader sees either nothing or the whole checkpoint, and two
+concurrent converters cannot interleave their files.
 
 The output directory holds the ``torch_dist`` files plus the HF ``config.json`` (the architecture,
 needed to load it), the generation config and tokenizer files when present, and
@@ -22,18 +23,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from podium.config.layout import SHORT_NAMES
+from podium.config.layout import SHORT_NAMES, ParallelLayout
 from podium.rendezvous.atomic import fsync_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podium.teacher.model.hf import ModelDescription
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,8 @@ _COPIED_FILES = (
     "added_tokens.json",
     "chat_template.jinja",
 )
+
+
 def _convert_rank(
     rank: int,
     world_size: int,
@@ -81,6 +87,18 @@ def _convert_rank(
         destroy_parallel()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a conversion writes: the HF source, its description, the saved precision and layout,
+    and how many processes write it."""
+
+    source: Path
+    desc: ModelDescription
+    precision: str
+    parallel: dict[str, int]
+    world: int
+
+
 def convert_hf_to_torch_dist(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -102,10 +120,30 @@ def convert_hf_to_torch_dist(
     of the saved tensors (default: the HF config's dtype, else bf16). ``dst`` must not exist unless ``overwrite``; the
     result appears there atomically (temp dir + rename).
     """
-    import torch.multiprocessing as mp
+    plan = _plan(src, tp, pp, ep, etp, precision)
+    dst = _destination(dst, overwrite)
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    started = time.perf_counter()
+    try:
+        _write_ranks(plan, tmp, dict(megatron_cfg_overrides or {}))
+        _write_companions(plan, tmp, started)
+        fsync_dir(tmp, files=True)
+        _publish(tmp, dst, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("converted %s -> %s (%s, saved at %s) in %.1fs", src, dst, plan.precision,
+                " ".join(f"{SHORT_NAMES[k]}{v}" for k, v in plan.parallel.items()), time.perf_counter() - started)
+    return dst
 
+
+def _plan(src: str | os.PathLike[str], tp: int, pp: int, ep: int, etp: int, precision: str | None) -> _Plan:
+    """The source checked (an HF directory of a known architecture), the precision, and the writing
+    layout checked against the architecture, all before any process starts."""
     from podium.config.precision import from_hf_config, normalise_precision
     from podium.teacher.model.checkpoint_loader import describe_checkpoint, resolve_checkpoint
+    from podium.teacher.model.megatron_config import check_model_layout
 
     resolved = resolve_checkpoint(src)
     if resolved.kind != "hf":
@@ -117,61 +155,61 @@ def convert_hf_to_torch_dist(
         raise ValueError(f"convert: --precision {exc}") from None
     if min(int(tp), int(pp), int(ep), int(etp)) < 1:
         raise ValueError(f"convert: tp ({tp}), pp ({pp}), ep ({ep}) and etp ({etp}) must be ≥ 1")
-    from podium.teacher.model.megatron_config import check_model_layout
-
-    parallel = {
-        "tensor_model_parallel_size": int(tp),
-        "pipeline_model_parallel_size": int(pp),
-    }
+    parallel = {"tensor_model_parallel_size": int(tp), "pipeline_model_parallel_size": int(pp)}
     if desc.is_moe or int(ep) > 1 or int(etp) > 1:
         parallel.update(expert_model_parallel_size=int(ep), expert_tensor_parallel_size=int(etp))
     check_model_layout(desc, parallel, where=f"convert {src}: ")
+    # the fewest processes that hold the layout (config.layout's rule): TP·PP, or more ranks of
+    # attention data parallelism where EP·ETP needs them
+    world = ParallelLayout.on_fewest_workers(parallel).world_size
+    return _Plan(source=resolved.path, desc=desc, precision=precision, parallel=parallel, world=world)
+
+
+def _destination(dst: str | os.PathLike[str], overwrite: bool) -> Path:
+    """``dst`` as an absolute path, its parent created; ``ValueError`` if it exists without ``overwrite``."""
     dst = Path(dst).expanduser().absolute()
     if dst.exists() and not overwrite:
         raise ValueError(f"convert: destination {dst} exists (pass overwrite=True, or --overwrite, to replace it)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    # the fewest processes that hold the layout: TP·PP, or more ranks of attention data
-    # parallelism where EP·ETP needs them (experts per stage = world / PP)
-    world = int(pp) * math.lcm(int(tp), int(ep) * int(etp))
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    return dst
+
+
+def _write_ranks(plan: _Plan, out: Path, overrides: dict[str, Any]) -> None:
+    """Start the plan's processes (spawn), which build their model stages and save them into ``out``."""
+    import torch.multiprocessing as mp
+
     rendezvous_dir = tempfile.mkdtemp(prefix="podium-convert-")
-    started = time.perf_counter()
     try:
         mp.start_processes(
             _convert_rank,
-            args=(world, f"file://{rendezvous_dir}/store", str(resolved.path), str(tmp), parallel, precision,
-                  dict(megatron_cfg_overrides or {})),
-            nprocs=world,
+            args=(plan.world, f"file://{rendezvous_dir}/store", str(plan.source), str(out), plan.parallel,
+                  plan.precision, overrides),
+            nprocs=plan.world,
             join=True,
             start_method="spawn",
         )
-        for name in _COPIED_FILES:
-            if (resolved.path / name).is_file():
-                shutil.copy2(resolved.path / name, tmp / name)
-        from podium import __version__
-
-        provenance = {
-            "source": str(resolved.path),
-            "architecture": desc.architecture,
-            "vocab_size": desc.vocab_size,
-            "precision": precision,
-            "saved_layout": parallel,
-            "podium_version": __version__,
-            "created_unix": time.time(),
-            "seconds": round(time.perf_counter() - started, 3),
-        }
-        (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
-        fsync_dir(tmp, files=True)
-        _publish(tmp, dst, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     finally:
         shutil.rmtree(rendezvous_dir, ignore_errors=True)
-    logger.info("converted %s -> %s (%s, saved at %s) in %.1fs", src, dst, precision,
-                " ".join(f"{SHORT_NAMES[k]}{v}" for k, v in parallel.items()), time.perf_counter() - started)
-    return dst
+
+
+def _write_companions(plan: _Plan, out: Path, started: float) -> None:
+    """The HF config, generation config and tokenizer files beside the tensors, and the provenance."""
+    from podium import __version__
+
+    for name in _COPIED_FILES:
+        if (plan.source / name).is_file():
+            shutil.copy2(plan.source / name, out / name)
+    provenance = {
+        "source": str(plan.source),
+        "architecture": plan.desc.architecture,
+        "vocab_size": plan.desc.vocab_size,
+        "precision": plan.precision,
+        "saved_layout": plan.parallel,
+        "podium_version": __version__,
+        "created_unix": time.time(),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    (out / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:

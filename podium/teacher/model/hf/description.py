@@ -28,8 +28,8 @@ from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECT
 # HF architecture name -> family (the one list: config.checkpoints).
 _FAMILIES = ARCHITECTURE_FAMILIES
 # HF names of an MoE layer's router and experts, per architecture: (block prefix, router, expert
-# gate/up/down projections). Its keys are the architectures with routed experts; the weight maps
-# (``weights``) read the names.
+# gate/up/down projections). Its keys are the architectures with routed experts; the MoE map
+# (``moe``) reads the names.
 MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),

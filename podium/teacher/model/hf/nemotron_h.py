@@ -1,9 +1,9 @@
 """The Nemotron-H map: HF ``backbone.*`` tensors into megatron-core's hybrid model (local spec, see
 :mod:`podium.teacher.model.hybrid_model`), each rank reading only its slices.
 
-This module owns ``nemotron_h_sources``, the ``nemotron_h`` entry of ``weights._MAPS``. Layouts
-(TP rank ``r`` of ``tp``; "the rank's part" of ``n`` rows is ``[r·n/tp, (r+1)·n/tp)``), as
-Megatron-Bridge's ``nemotron_h_bridge`` maps them:
+This module owns ``nemotron_h_sources``, the ``nemotron_h`` family's map. Layouts (TP rank ``r``
+of ``tp``; "the rank's part" of ``n`` rows is ``[r·n/tp, (r+1)·n/tp)``), as Megatron-Bridge's
+``nemotron_h_bridge`` maps them:
 
 - Mamba ``in_proj`` ``[z | x | B | C | dt]`` (``d_inner``, ``d_inner``, ``g·n``, ``g·n``, heads rows):
   split over TP **part by part** — the rank's z, x, B, C and dt rows, concatenated in that order
@@ -11,17 +11,17 @@ Megatron-Bridge's ``nemotron_h_bridge`` maps them:
   rank reads its piece as its own ``[z | x | B | C | dt]``). ``conv1d`` weight and bias likewise per
   part over ``[x | B | C]``. ``A_log``, ``D``, ``dt_bias`` (per head) and the gated ``norm`` (per
   channel of ``d_inner``) the rank's part; ``out_proj`` the rank's input columns.
-- attention: q/k/v fused per KV group, the rank's rows of it (``_Reader.qkv``: whole groups, or a
+- attention: q/k/v fused per KV group, the rank's rows of it (``SliceReader.qkv``: whole groups, or a
   share of one where there are fewer KV groups than TP), ``o_proj`` the rank's columns; no
   positional embedding.
 - the ``-`` layer's MLP (``up_proj``/``down_proj``, squared ReLU, not gated) split over TP.
 - MoE: ``gate.weight`` -> ``router.weight`` and ``gate.e_score_correction_bias`` ->
   ``router.expert_bias`` (a buffer, kept fp32), both whole; the latent projections whole (Megatron
-  duplicates them on every rank); the routed experts only this EP rank's (local expert ``i`` of EP
-  rank ``e`` is ``e·E/EP + i``), each split over expert-TP (not gated: ``linear_fc1`` the expert-TP
-  rank's part of ``up_proj``'s rows, ``linear_fc2`` the same part of ``down_proj``'s columns — the
-  same hidden units, or the sum over the expert-TP ranks is wrong); the shared expert over the
-  attention TP (Megatron's ``SharedExpertMLP`` uses the TP group, not the expert-TP one).
+  duplicates them on every rank); the routed experts only this EP rank's, each split over expert-TP
+  (``SliceReader.routed_expert``; not gated: ``linear_fc1`` the expert-TP rank's part of
+  ``up_proj``'s rows, ``linear_fc2`` the same part of ``down_proj``'s columns — the same hidden
+  units, or the sum over the expert-TP ranks is wrong); the shared expert over the attention TP
+  (Megatron's ``SharedExpertMLP`` uses the TP group, not the expert-TP one).
 - each layer's one pre-norm (``backbone.layers.N.norm``) is the Megatron layer's ``norm`` (Mamba),
   ``input_layernorm`` (attention) or ``pre_mlp_layernorm`` (MLP, MoE).
 - MTP heads (``mtp.*``) are not part of a teacher: never read (``load_hf_weights`` says so once).
@@ -29,21 +29,18 @@ Megatron-Bridge's ``nemotron_h_bridge`` maps them:
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
+from podium.teacher.model.hf.slices import SliceReader
 from podium.teacher.model.megatron_compat import mamba_conv1d_params
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from podium.teacher.model.hf.weights import _Reader
-
-_EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _NORMS = ("norm.weight", "input_layernorm.weight", "pre_mlp_layernorm.weight")
 
 
-def _mamba(r: _Reader, p: str, local: str) -> torch.Tensor | None:
+def _mamba(r: SliceReader, p: str, local: str) -> torch.Tensor | None:
     import torch
 
     d = r.desc
@@ -74,8 +71,8 @@ def _mamba(r: _Reader, p: str, local: str) -> torch.Tensor | None:
     return None
 
 
-def _moe(r: _Reader, p: str, local: str) -> torch.Tensor | None:
-    d, lay = r.desc, r.lay
+def _moe(r: SliceReader, p: str, local: str) -> torch.Tensor | None:
+    d = r.desc
     m = p + "mixer."
     whole = {"mlp.router.weight": "gate.weight", "mlp.router.expert_bias": "gate.e_score_correction_bias",
              "mlp.fc1_latent_proj.weight": "fc1_latent_proj.weight",
@@ -86,19 +83,16 @@ def _moe(r: _Reader, p: str, local: str) -> torch.Tensor | None:
         return r.ckpt.read(m + "shared_experts.up_proj.weight", rows=r.part(d.moe_shared_ffn_hidden_size))
     if local == "mlp.shared_experts.linear_fc2.weight":
         return r.ckpt.read(m + "shared_experts.down_proj.weight", cols=r.part(d.moe_shared_ffn_hidden_size))
-    match = _EXPERT_RE.match(local)
-    if match is None:
+    expert = r.routed_expert(local)
+    if expert is None:
         return None
-    expert = lay.ep_rank * (d.num_experts // lay.ep_size) + int(match.group(1))
-    size = d.moe_ffn_hidden_size // lay.etp_size
-    part = slice(lay.etp_rank * size, (lay.etp_rank + 1) * size)
-    e = f"{m}experts.{expert}."
-    if match.group(2) == "linear_fc1":
-        return r.ckpt.read(e + "up_proj.weight", rows=part)
-    return r.ckpt.read(e + "down_proj.weight", cols=part)
+    e = f"{m}experts.{expert.expert}."
+    if expert.fc == "linear_fc1":
+        return r.ckpt.read(e + "up_proj.weight", rows=expert.hidden)
+    return r.ckpt.read(e + "down_proj.weight", cols=expert.hidden)
 
 
-def nemotron_h_sources(r: _Reader, layer: int | None, local: str) -> torch.Tensor | None:
+def nemotron_h_sources(r: SliceReader, layer: int | None, local: str) -> torch.Tensor | None:
     """(reader, global layer or None, local-spec name) -> the rank's tensor (see module doc)."""
     d = r.desc
     if layer is None:

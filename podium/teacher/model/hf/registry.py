@@ -1,0 +1,22 @@
+"""Which weight map reads each family's HF tensors.
+
+This module owns :data:`WEIGHT_MAPS`, family (the values of
+:data:`podium.config.checkpoints.ARCHITECTURE_FAMILIES`) -> its map (a :data:`.slices.WeightMap`).
+``load_hf_weights`` looks the map up here at each load.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from podium.teacher.model.hf.dense import gpt2_sources, llama_sources
+from podium.teacher.model.hf.nemotron_h import nemotron_h_sources
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podium.teacher.model.hf.slices import WeightMap
+
+WEIGHT_MAPS: dict[str, WeightMap] = {
+    "llama": llama_sources,
+    "gpt2": gpt2_sources,
+    "nemotron_h": nemotron_h_sources,
+}
