@@ -10,6 +10,10 @@
 - :mod:`~podium.teacher.cpu`: named stand-ins for CUDA-only kernels, applied on a CPU-only
   machine; imports none of the above.
 
+Beneath them: :mod:`~podium.teacher.seam` (what serving knows of a group) and
+:mod:`~podium.teacher.megatron_compat` (the one adapter over megatron-core's releases, which model
+building and the CPU stand-ins both need).
+
 tests/test_structure.py checks these directions. Every module opens with what it owns; torch, ray
 and megatron are imported only inside the functions that need them, so importing this package or
 ``podium.teacher.compute.group`` stays cheap.

@@ -52,8 +52,8 @@ def main(diffs: Callable[[str, dict[str, int]], Diffs], parallel: dict[str, int]
 
 def _rank(rank: int, world: int, store: str, diffs: Callable[[str, dict[str, int]], Diffs],
           parallel: dict[str, int], checkpoints: list[str], out: str) -> None:
-    from podium.teacher.compute.worker import destroy_parallel, init_parallel
     from podium.teacher.cpu.cuda_shims import apply_cuda_shims
+    from podium.teacher.model.parallel import destroy_parallel, init_parallel
 
     apply_cuda_shims()
     init_parallel(rank, world, store, parallel)

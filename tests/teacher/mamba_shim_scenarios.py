@@ -33,11 +33,11 @@ def run_case(skip: str) -> int:
     try:
         import torch
 
-        from podium.teacher.compute.worker import destroy_parallel, init_parallel
         from podium.teacher.cpu.cuda_shims import apply_cuda_shims
         from podium.teacher.cpu.mamba_shims import apply_mamba_shims
         from podium.teacher.model.hf import describe_hf_config
         from podium.teacher.model.megatron_config import build_transformer_config
+        from podium.teacher.model.parallel import destroy_parallel, init_parallel
 
         apply_cuda_shims()
         apply_mamba_shims(skip=[skip] if skip else [])

@@ -59,8 +59,8 @@ def _build(pp: int):
 def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str) -> None:
     import torch
 
-    from podium.teacher.compute.worker import destroy_parallel, init_parallel
     from podium.teacher.cpu.cuda_shims import apply_cuda_shims
+    from podium.teacher.model.parallel import destroy_parallel, init_parallel
 
     apply_cuda_shims(skip=[skip] if skip else [])
     if scenario == "moe_ep2":
@@ -92,10 +92,10 @@ MOE_CONFIG = {
 def _moe_forward(rank: int, world: int, store: str) -> None:
     import torch
 
-    from podium.teacher.compute.worker import destroy_parallel, init_parallel
     from podium.teacher.model.hf import describe_hf_config
     from podium.teacher.model.megatron_config import build_transformer_config
     from podium.teacher.model.megatron_model import build_gpt_model
+    from podium.teacher.model.parallel import destroy_parallel, init_parallel
 
     parallel = {"expert_model_parallel_size": world}
     init_parallel(rank, world, store, parallel)

@@ -19,7 +19,7 @@ import pytest
 from fixtures.devices import cpu_only_env
 
 from podium.teacher.cpu.cuda_shims import SHIM_NAMES
-from podium.teacher.model.megatron_compat import shims_not_needed
+from podium.teacher.megatron_compat import shims_not_needed
 
 pytestmark = [pytest.mark.megatron]
 

@@ -21,7 +21,7 @@ import pytest
 from fixtures.devices import cpu_only_env
 
 from podium.teacher.cpu.mamba_shims import MAMBA_SHIM_NAMES
-from podium.teacher.model.megatron_compat import MEGATRON_VERSION
+from podium.teacher.megatron_compat import MEGATRON_VERSION
 
 pytestmark = [pytest.mark.megatron]
 

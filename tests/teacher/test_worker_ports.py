@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from podium.net import find_free_port
-from podium.teacher.compute.worker import TeacherWorker, rendezvous_store
+from podium.teacher.compute.worker import TeacherWorker
+from podium.teacher.model.parallel import rendezvous_store
 
 
 def test_port_held_on_another_address_of_the_node_is_not_picked() -> None:

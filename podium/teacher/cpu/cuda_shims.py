@@ -26,7 +26,7 @@ new one, fails that test instead of hiding):
     The MoE router's forward tests ``te_general_gemm is not None``, a name ``moe_utils`` defines
     only when TransformerEngine imports: ``NameError`` without TE, *also on a GPU*. The shim defines
     it as ``None`` (the router then uses torch). Applied wherever TE is absent, before megatron-core
-    0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.model.megatron_compat`).
+    0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.megatron_compat`).
 ``moe_dtoh_stream``
     Building the ``alltoall`` token dispatcher creates a class-wide ``torch.cuda.Stream()`` for its
     device-to-host copies. The shim sets a placeholder, so none is created.
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from podium.teacher.cpu.shims import Shim, ShimSet, cuda_available, mark, module_missing
-from podium.teacher.model.megatron_compat import shims_not_needed
+from podium.teacher.megatron_compat import shims_not_needed
 
 NO_TE_SHIMS: tuple[str, ...] = ("te_general_gemm",)  # needed wherever TransformerEngine is absent
 

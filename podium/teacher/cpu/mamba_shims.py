@@ -204,7 +204,7 @@ def _shim_gated_rmsnorm() -> None:
 def _shim_hybrid_final_norm() -> None:
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from podium.teacher.model.megatron_compat import hybrid_block_module
+    from podium.teacher.megatron_compat import hybrid_block_module
 
     hybrid_block_module().TENorm = WrappedTorchNorm
 

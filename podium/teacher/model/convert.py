@@ -69,9 +69,9 @@ def _convert_rank(
     """One spawned rank: parallel state, model stage from HF slices, collective save."""
     import torch
 
-    from podium.teacher.compute.worker import destroy_parallel, init_parallel
     from podium.teacher.cpu.cuda_shims import apply_cuda_shims
     from podium.teacher.model.checkpoint_loader import build_and_load
+    from podium.teacher.model.parallel import destroy_parallel, init_parallel
     from podium.teacher.model.torch_dist import save_torch_dist
 
     apply_cuda_shims()

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from podium.config.architecture import MAMBA_KERNELS, MAMBA_KERNELS_INSTALL
 from podium.teacher.cpu.mamba_shims import apply_mamba_shims
+from podium.teacher.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
 from podium.teacher.model.hf import ModelDescription
-from podium.teacher.model.megatron_compat import hybrid_model_args, hybrid_model_class, hybrid_stack_classes
 from podium.teacher.model.megatron_model import _sdpa_core_attention_cls
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from podium.teacher.megatron_compat import mamba_conv1d_params
 from podium.teacher.model.hf.slices import SliceReader
-from podium.teacher.model.megatron_compat import mamba_conv1d_params
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
