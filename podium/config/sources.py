@@ -10,6 +10,9 @@
   ``logprob_batch_size`` and its own ``generation.temperature`` (NeMo RL's teacher ``Policy``
   reads its own block).
 
+A cross-tokenizer (X-Token) distillation recipe (a ``teachers:`` list) is refused: podium does not
+serve a teacher whose tokenizer differs from the student's yet.
+
 :func:`teacher_source` reads either into one :class:`TeacherSource`: the values and, for every
 value, the recipe key it came from (what errors name). The plan does the rest the same way.
 """
@@ -20,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from podium.config.errors import ConfigError
 from podium.config.recipe import resolve_section
@@ -34,6 +37,7 @@ POLICY_TEMPERATURE = "policy.generation.temperature"
 DISTILLATION = "distillation"
 TEACHER = "teacher"  # the classic distillation recipe's teacher block, and its teacher's alias
 DISTILLATION_ALIAS = "teacher"
+XTOKEN_TEACHERS = "teachers"  # NeMo RL's cross-tokenizer (X-Token) distillation: a list of teachers
 # teacher.<backend>.<key> -> podium's setting, per NeMo RL backend
 _MEGATRON_KEYS = {k: k for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")}
@@ -71,6 +75,11 @@ def teacher_source(cfg: DictConfig) -> TeacherSource:
         return _mopd(cfg)
     if resolve_section(cfg, f"{TEACHER}.model_name", required=False) is not None:
         return _distillation(cfg)
+    if isinstance(OmegaConf.select(cfg, XTOKEN_TEACHERS, throw_on_resolution_failure=False), ListConfig):
+        raise ConfigError(f"{XTOKEN_TEACHERS}: a cross-tokenizer (X-Token) distillation recipe: a cross-tokenizer "
+                          "teacher is not served yet: podium serves teachers that share the student's tokenizer "
+                          f"(an on_policy_distillation recipe's '{OPD}.teacher_model_by_agent_name', or a "
+                          f"distillation recipe's '{TEACHER}.model_name')")
     raise ConfigError(f"{MAPPING}: missing from the recipe (podium plans the teachers of a MOPD recipe, "
                       f"'{OPD}.teacher_model_by_agent_name', or of a distillation recipe, '{TEACHER}.model_name')")
 
