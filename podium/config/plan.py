@@ -453,12 +453,16 @@ def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None
         problems.append(problem)
     if not sizes_ok:
         return
-    layout = ParallelLayout(**{k: v for k, v in values.items() if k in (*NODE_SIZES, *PARALLEL_SIZES)})
+    layout_keys = (*NODE_SIZES, *PARALLEL_SIZES)
+    layout = ParallelLayout(**{k: v for k, v in values.items() if k in layout_keys})
+    own = any(where(k).startswith(f"{OVERRIDES}.{settings.alias}.") for k in layout_keys)
     try:
-        layout.check(f"teacher {settings.alias!r}")
+        # an alias with sizes of its own is named; the default sizes are one problem, said once
+        layout.check(f"teacher {settings.alias!r}" if own else "the default layout")
     except LayoutError as exc:
         keys = ", ".join(dict.fromkeys(origins[k] for k in exc.keys if k in origins))
         problems.append(f"{keys}: {exc}" if keys else str(exc))
         return
     values.update(layout.model_dump())
     settings.layout = layout
+

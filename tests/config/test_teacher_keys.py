@@ -79,6 +79,9 @@ def test_a_typo_in_a_teacher_block_is_refused_naming_its_key_and_the_closest(
         nemo_rl_configs: Path, tmp_path: Path, block: str, alias: str | None, expected: str) -> None:
     recipe = user_recipe(tmp_path, nemo_rl_configs / QWEN3, teacher_cfg(block, alias))
     assert refused_alike(tmp_path, recipe) == f"podium: error: {expected}\n"
+    if alias is None and block.startswith("precison"):  # doctor plans the recipe first, as up does
+        doctor = podium("doctor", recipe, "--run-dir", tmp_path / "run")
+        assert doctor.returncode == 2 and doctor.stderr == f"podium: error: {expected}\n", doctor.stderr
 
 
 @pytest.mark.parametrize(("override", "expected"), [
