@@ -25,13 +25,16 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from podium.config.errors import ConfigError
+from podium.config.errors import ConfigError, closest
 from podium.config.recipe import resolve_section
 
 OPD = "on_policy_distillation"
 MAPPING = f"{OPD}.teacher_model_by_agent_name"
-DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
-OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
+NON_COLOCATED = f"{OPD}.non_colocated_teachers"
+DEFAULT_CFG = f"{NON_COLOCATED}.default_teacher_cfg"
+OVERRIDES = f"{NON_COLOCATED}.teacher_overrides"
+# NeMo RL's NonColocatedTeachersConfig (nemo_rl/algorithms/opd.py)
+NON_COLOCATED_KEYS = ("enabled", "default_teacher_cfg", "teacher_overrides")
 POLICY_TEMPERATURE = "policy.generation.temperature"
 
 DISTILLATION = "distillation"
@@ -99,12 +102,25 @@ def _temperature(value: Any, where: str) -> float:
     return float(value)
 
 
+def _check_misspelt(cfg: DictConfig, section: str, known: tuple[str, ...]) -> None:
+    """Refuse a key of ``section`` that is a misspelling of one of its ``known`` keys (NeMo RL lets
+    unknown keys through there, and a misspelt ``default_teacher_cfg`` would leave every teacher at
+    the defaults); a key close to none may be NeMo RL's own and passes."""
+    node = OmegaConf.select(cfg, section, throw_on_resolution_failure=False)
+    if not isinstance(node, DictConfig):
+        return
+    for key in map(str, node):
+        if key not in known and (match := closest(key, known)) is not None:
+            raise ConfigError(f"{section}.{key}: unknown key (did you mean {match!r}?)")
+
+
 def _mopd(cfg: DictConfig) -> TeacherSource:
     mapping = resolve_section(cfg, MAPPING, required=False)
     if mapping is None:
         raise ConfigError(f"{MAPPING}: missing from the recipe")
     default_alias = resolve_section(cfg, f"{OPD}.default_teacher_alias", required=False)
     dedup = resolve_section(cfg, f"{OPD}.deduplicate_shared_teacher_checkpoints", required=False)
+    _check_misspelt(cfg, NON_COLOCATED, NON_COLOCATED_KEYS)
     defaults = _mapping(resolve_section(cfg, DEFAULT_CFG, required=False) or {}, DEFAULT_CFG)
     return TeacherSource(
         kind="mopd",

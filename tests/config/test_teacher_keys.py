@@ -94,6 +94,9 @@ def test_a_typo_in_a_teacher_block_is_refused_naming_its_key_and_the_closest(
      f"override '{BLOCK}.tensor_model_paralel_size=4': key '{BLOCK}.tensor_model_paralel_size' is not in the "
      f"recipe (did you mean '{BLOCK}.tensor_model_parallel_size'?); use +{BLOCK}.tensor_model_paralel_size=… to "
      "add it"),
+    # the block's own name misspelt: every teacher would silently keep the defaults
+    (f"++{OPD}.non_colocated_teachers.default_teacher_cgf.precision=fp32",
+     f"{OPD}.non_colocated_teachers.default_teacher_cgf: unknown key (did you mean 'default_teacher_cfg'?)"),
     # a key the recipe lacks but the block may hold: the suggestion comes from the rule, not the recipe
     (f"{BLOCK}.expert_model_paralel_size=4",
      f"override '{BLOCK}.expert_model_paralel_size=4': key '{BLOCK}.expert_model_paralel_size' is not in the "
