@@ -59,7 +59,10 @@ def installed_release() -> tuple[str, frozenset[str]]:
     import megatron.core
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    release = release_of(megatron.core.__version__)
+    try:
+        release = release_of(megatron.core.__version__)
+    except ValueError:  # a build without a release number: its own fields
+        release = str(megatron.core.__version__)
     shipped = fields_of(release)
     return release, shipped if shipped is not None else frozenset(f.name for f in dataclasses.fields(TransformerConfig))
 
