@@ -51,15 +51,19 @@ def plan(
     launcher: Path | None = LauncherOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
-    """Show the unique teachers a recipe needs, their layout and the nodes they reserve."""
+    """Show the unique teachers a recipe needs, their layout and the nodes they reserve; refuse (exit 2,
+    every problem listed) what `up` would refuse."""
     from podium.config.plan import load_plan
+    from podium.launcher.backends import SubmitError
+    from podium.launcher.login import up as up_logic
 
     if recipe is None:
         recipe = EXAMPLE_RECIPE
         typer.echo(f"no recipe given: planning the embedded example {recipe}", err=True)
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
-    except ConfigError as exc:
+        up_logic.validate(the_plan)  # what `up` checks before it writes anything: the same words, exit 2
+    except (ConfigError, SubmitError) as exc:
         _fail(str(exc))
         return
     if as_json:
@@ -139,7 +143,7 @@ def up(
         target = run_dir or default_run_dir(the_plan)
         if dry_run:
             submissions = up_logic.dry_run(the_plan, target)
-            _notices(up_logic.notices(the_plan))
+            _notices([*the_plan.notes, *up_logic.notices(the_plan)])
             for submission in submissions:
                 typer.echo(f"# ---- {submission.teacher} ({submission.backend}): what `podium up` submits", err=True)
                 typer.echo(submission.render(), nl=False)
@@ -151,7 +155,7 @@ def up(
     except SlurmQueryError as exc:  # the scheduler did not answer: never guess what runs
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(1) from None
-    _notices(result.notices)
+    _notices([*the_plan.notes, *result.notices])
     for name, action in result.actions.items():
         if name in result.replaced:
             typer.echo(f"{name}: replaced job {result.replaced[name]} with job {result.job_ids[name]}")

@@ -8,12 +8,20 @@ NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known
   parallel sizes given inside ``megatron_cfg_overrides`` are the ones placement uses; an alias's
   ``megatron_cfg_overrides`` merge by key over the default's, a setting an alias names beats the
   default map's entry for it, and one it sets to null keeps the default's (NeMo RL PR #3608);
+- every key is checked here, on the login node, not first on the allocation: a teacher block's by
+  :mod:`podium.config.teacher_keys`, ``megatron_cfg_overrides``' (folded keys included) by
+  :mod:`podium.config.megatron_keys`, the rule the nodes apply too; a key neither knows is refused
+  naming it as the user wrote it and the closest valid key;
 - aliases whose normalised checkpoint is the same become one teacher; if they ask for different
   effective settings that is an error naming both aliases and the keys (NeMo RL silently keeps one);
 - with ``deduplicate_shared_teacher_checkpoints: false`` each alias gets, and is routed to, its own
   teacher (NeMo RL routes them all to the last one);
 - an agent name routes to its alias, else to ``default_teacher_alias``, else it is an error
   (always an error under ``strict_agent_name_match``).
+
+A recipe with problems is refused once, every problem listed with its key path first (the problems
+of its local checkpoints among them); a plan whose only problems are its checkpoints' carries them
+in ``Plan.warnings``, which ``up`` (and the ``plan`` command, with the same words) refuses.
 
 Everything here is pure: a recipe in, a ``Plan`` out, nothing written and nothing imported that a
 login node would wait for.
@@ -32,22 +40,31 @@ from typing import Any
 from omegaconf import DictConfig
 
 from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint
-from podium.config.errors import ConfigError, did_you_mean
+from podium.config.errors import ConfigError, did_you_mean, refusal
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
+from podium.config.megatron_keys import FP32_LM_HEAD, split_keys
 from podium.config.names import name_problem
 from podium.config.needs import teacher_needs
 from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
 from podium.config.sources import DEFAULT_CFG, MAPPING, OPD, OVERRIDES, TeacherSource, teacher_source
 from podium.config.spec import TeacherSpec
+from podium.config.teacher_keys import (
+    BLOCK_KEYS,
+    CROSS_TOKENIZER,
+    SIZE_KEYS,
+    TEACHER_KEYS,
+    cross_tokenizer_problem,
+    fp32_lm_head_note,
+    fp32_lm_head_setting,
+    known_keys,
+)
 from podium.rendezvous.routing import route_agent
 
 log = logging.getLogger(__name__)
 
-SIZE_KEYS = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size", "max_tokens_per_microbatch")
 NOT_IDENTITY = frozenset({"replicas"})  # per-alias launcher overrides that do not change a teacher's key
-TEACHER_KEYS = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,9 @@ class Plan:
     strict: bool
     launcher: LauncherSettings
     nodes_without_dedup: int
+    # What `up` refuses about the local checkpoints (their key path first): `plan` refuses it too.
     warnings: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # keys accepted but skipped, or carried and not honoured yet
 
     def teacher(self, key_or_name: str) -> TeacherSpec:
         """The teacher of that key or name, or the replica of that display or folder name (``math#1``):
@@ -94,6 +113,7 @@ class Plan:
             "strict_agent_name_match": self.strict,
             "totals": self.totals,
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }
 
 
@@ -101,7 +121,7 @@ def load_plan(
     recipe: str | Path, overrides: Sequence[str] = (), launcher_file: str | Path | None = None
 ) -> Plan:
     """Load a recipe (with overrides and an optional launcher file) and plan its teachers."""
-    cfg = load_recipe(recipe, overrides)
+    cfg = load_recipe(recipe, overrides, known_keys)
     launcher_raw = resolve_section(cfg, SECTION, required=False) or {}
     if launcher_file is not None:
         extra = load_recipe(launcher_file)
@@ -113,98 +133,131 @@ def load_plan(
 
 
 def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -> Plan:
+    """The plan of ``cfg``; one ``ConfigError`` listing every problem (its key path first) when
+    the recipe has any, the problems of its local checkpoints among them."""
     base_dir = recipe_path.expanduser().resolve().parent
     source = teacher_source(cfg)
     mapping = source.mapping
     if not isinstance(mapping, dict) or not mapping:
         raise ConfigError(f"{source.mapping_key}: must be a non-empty mapping of agent alias -> checkpoint")
-    _check_names(mapping, source.mapping_key)
-    for alias, ckpt in mapping.items():
-        if not isinstance(ckpt, str) or not ckpt.strip():
-            raise ConfigError(f"{source.mapping_entry(alias)}: expected a checkpoint path or hub id, got {ckpt!r}")
-
-    default_alias = source.default_alias
-    if default_alias is not None and default_alias not in mapping:
-        raise ConfigError(
-            f"{OPD}.default_teacher_alias: {default_alias!r} is not an alias of {MAPPING}"
-            f"{did_you_mean(str(default_alias), mapping)}"
-        )
-    strict, dedup, overrides = source.strict, source.dedup, source.overrides
-    _check_names(overrides, OVERRIDES)
-    _check_names(launcher.teachers, f"{SECTION}.teachers")
-    for alias in overrides:
-        if alias not in mapping:
-            raise ConfigError(
-                f"{OVERRIDES}.{alias}: not an alias of {MAPPING}{did_you_mean(alias, mapping)}"
-            )
-    for alias in launcher.teachers:
-        if alias not in mapping:
-            raise ConfigError(
-                f"{SECTION}.teachers.{alias}: not an alias of {source.mapping_key}{did_you_mean(alias, mapping)}"
-            )
+    problems = _recipe_problems(source, launcher)
     cluster_gpus = resolve_section(cfg, "cluster.gpus_per_node", required=False)
 
     # Effective settings per alias, in recipe order.
     resolved: dict[str, _AliasSettings] = {}
     for alias, ckpt in mapping.items():
+        if not isinstance(ckpt, str) or not ckpt.strip():
+            continue  # a problem of its own (_recipe_problems)
         ref = normalise_checkpoint(ckpt, base_dir)
-        settings = _alias_settings(alias, source, overrides.get(alias), cluster_gpus)
+        settings = _alias_settings(alias, source, source.overrides.get(alias), cluster_gpus)
         settings.values["temperature"] = source.temperature  # NeMo RL's teachers inherit it
         launcher_over = launcher.teachers[alias].model_dump() if alias in launcher.teachers else {}
         settings.launcher_overrides = {k: v for k, v in launcher_over.items() if v}
         settings.model_name = ref.name
         settings.is_local = ref.is_local
+        problems.extend(settings.problems)
         resolved[alias] = settings
-
-    groups: dict[str, list[str]] = {}
-    for alias, settings in resolved.items():
-        group_id = settings.model_name if dedup else f"{settings.model_name}\0{alias}"
-        groups.setdefault(group_id, []).append(alias)
 
     teachers: list[TeacherSpec] = []
     routes: dict[str, str] = {}
-    for aliases in groups.values():
-        first = resolved[aliases[0]]
-        for other in aliases[1:]:
-            diff = first.differing_keys(resolved[other])
-            if diff:
-                raise ConfigError(
-                    f"aliases {aliases[0]!r} and {other!r} share checkpoint {first.model_name} but "
-                    f"ask for different settings: {', '.join(diff)} "
-                    f"(give them the same settings, or different checkpoints)"
-                )
-        first.launcher_overrides = _merge_launcher_overrides(aliases, resolved)
-        spec = first.to_spec(tuple(aliases), launcher, unique=None if dedup else aliases[0])
-        teachers.append(spec)
-        for alias in aliases:
-            routes[alias] = spec.key
+    if not problems:
+        problems.extend(_teachers(resolved, launcher, source.dedup, teachers, routes))
+    if problems:
+        raise refusal([*dict.fromkeys(problems), *_checkpoints_of(resolved, source)])
 
-    warnings = tuple(w for spec in teachers for w in checkpoint_problems(spec))
+    warnings = tuple(dict.fromkeys(w for spec in teachers for w in checkpoint_problems(spec, source)))
     return Plan(
         recipe_path=str(recipe_path),
         teachers=tuple(teachers),
         routes=routes,
-        default_alias=default_alias,
-        strict=strict,
+        default_alias=source.default_alias,
+        strict=source.strict,
         launcher=launcher,
         nodes_without_dedup=sum(s.values["num_nodes"] * s.launcher_overrides.get("replicas", launcher.replicas)
                                 for s in resolved.values()),
         warnings=warnings,
+        notes=tuple(dict.fromkeys(n for s in resolved.values() for n in s.notes)),
     )
 
 
-def checkpoint_problems(spec: TeacherSpec) -> list[str]:
-    """What is wrong with a teacher's local checkpoint (nothing is checked for a hub id)."""
+def _recipe_problems(source: TeacherSource, launcher: LauncherSettings) -> list[str]:
+    """What is wrong with the recipe's aliases, checkpoints and routing (before any setting)."""
+    mapping = source.mapping
+    problems = [*_name_problems(mapping, source.mapping_key), *_name_problems(source.overrides, OVERRIDES),
+                *_name_problems(launcher.teachers, f"{SECTION}.teachers")]
+    for alias, ckpt in mapping.items():
+        if not isinstance(ckpt, str) or not ckpt.strip():
+            problems.append(f"{source.mapping_entry(alias)}: expected a checkpoint path or hub id, got {ckpt!r}")
+    default_alias = source.default_alias
+    if default_alias is not None and default_alias not in mapping:
+        problems.append(f"{OPD}.default_teacher_alias: {default_alias!r} is not an alias of {MAPPING}"
+                        f"{did_you_mean(str(default_alias), mapping)}")
+    problems.extend(f"{OVERRIDES}.{alias}: not an alias of {MAPPING}{did_you_mean(alias, mapping)}"
+                    for alias in source.overrides if alias not in mapping)
+    problems.extend(f"{SECTION}.teachers.{alias}: not an alias of {source.mapping_key}{did_you_mean(alias, mapping)}"
+                    for alias in launcher.teachers if alias not in mapping)
+    return problems
+
+
+def _teachers(resolved: Mapping[str, _AliasSettings], launcher: LauncherSettings, dedup: bool,
+              teachers: list[TeacherSpec], routes: dict[str, str]) -> list[str]:
+    """Group the aliases into teachers (by checkpoint, unless ``dedup`` is off), appending each
+    teacher to ``teachers`` and each alias's route to ``routes``; the problems of aliases that share
+    a checkpoint but not their settings."""
+    groups: dict[str, list[str]] = {}
+    for alias, settings in resolved.items():
+        group_id = settings.model_name if dedup else f"{settings.model_name}\0{alias}"
+        groups.setdefault(group_id, []).append(alias)
+    problems: list[str] = []
+    for aliases in groups.values():
+        first = resolved[aliases[0]]
+        conflicts = [(other, diff) for other in aliases[1:] if (diff := first.differing_keys(resolved[other]))]
+        problems.extend(f"aliases {aliases[0]!r} and {other!r} share checkpoint {first.model_name} but ask for "
+                        f"different settings: {', '.join(diff)} (give them the same settings, or different checkpoints)"
+                        for other, diff in conflicts)
+        if conflicts:
+            continue
+        try:
+            first.launcher_overrides = _merge_launcher_overrides(aliases, resolved)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        spec = first.to_spec(tuple(aliases), launcher, unique=None if dedup else aliases[0])
+        teachers.append(spec)
+        for alias in aliases:
+            routes[alias] = spec.key
+    return problems
+
+
+def checkpoint_problems(spec: TeacherSpec, source: TeacherSource) -> list[str]:
+    """What is wrong with a teacher's local checkpoint, named by the recipe key of its first alias
+    (nothing is checked for a hub id)."""
     if not Path(spec.model_name).is_absolute():
         return []
     problem = checkpoint_problem(spec.model_name, spec)
-    return [f"teacher {spec.name!r}: {problem}"] if problem else []
+    return [f"{source.mapping_entry(spec.aliases[0])}: {problem}"] if problem else []
+
+
+def _checkpoints_of(resolved: Mapping[str, _AliasSettings], source: TeacherSource) -> list[str]:
+    """The problems of every local checkpoint, for a recipe refused for other problems too (all at
+    once): each checked at its first alias's layout where that alias's settings are sound."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for alias, settings in resolved.items():
+        if not settings.is_local or settings.model_name in seen:
+            continue
+        seen.add(settings.model_name)
+        problem = checkpoint_problem(settings.model_name, settings.layout)
+        if problem:
+            out.append(f"{source.mapping_entry(alias)}: {problem}")
+    return out
 
 
 def require_checkpoints(plan: Plan) -> None:
-    """Raise when any local checkpoint is missing or unrecognised (before anything is submitted)."""
+    """Raise, listing every one, when a local checkpoint is missing or cannot be served at its
+    layout (what ``up`` refuses before anything is submitted, and ``plan`` with it)."""
     if plan.warnings:
-        raise ConfigError("\n".join(plan.warnings))
+        raise refusal(plan.warnings)
 
 
 @dataclass
@@ -216,6 +269,9 @@ class _AliasSettings:
     model_name: str = ""
     is_local: bool = False
     launcher_overrides: dict[str, Any] = field(default_factory=dict)
+    layout: ParallelLayout | None = None  # set when the sizes are sound
+    problems: list[str] = field(default_factory=list)  # each with its key path first
+    notes: list[str] = field(default_factory=list)  # what the plan says of keys it accepts
 
     def comparable(self) -> dict[str, Any]:
         return {**self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
@@ -295,75 +351,118 @@ def _merge_launcher_overrides(
     return merged
 
 
-def _check_names(keys: Any, where: str) -> None:
-    """Every key of ``keys`` (aliases) passes :func:`name_problem`; else a ``ConfigError``
-    naming the key path."""
-    for alias in keys:
-        problem = name_problem(str(alias))
-        if problem:
-            raise ConfigError(f"{where}[{str(alias)!r}]: alias {problem}")
+def _name_problems(keys: Any, where: str) -> list[str]:
+    """Each key of ``keys`` (aliases) that fails :func:`name_problem`, named by its key path."""
+    return [f"{where}[{str(alias)!r}]: alias {problem}" for alias in keys if (problem := name_problem(str(alias)))]
 
 
-def _check_mapping(value: Any, where: str) -> None:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+def _mapping_problem(value: Any, where: str) -> str | None:
+    return None if isinstance(value, dict) else f"{where}: expected a mapping, got {value!r}"
 
 
-def _alias_settings(
-    alias: str, source: TeacherSource, override: Any, cluster_gpus: Any
-) -> _AliasSettings:
+def _alias_settings(alias: str, source: TeacherSource, override: Any, cluster_gpus: Any) -> _AliasSettings:
+    """One alias's effective settings (see the module doc), with every problem they have and the
+    notes the plan shows (keys skipped, a setting podium carries but does not honour yet)."""
     over_path = f"{OVERRIDES}.{alias}"
-    if override is not None:
-        _check_mapping(override, over_path)
+    settings = _AliasSettings(alias, {}, dict(source.origins), {})
+    if override is not None and (problem := _mapping_problem(override, over_path)):
+        settings.problems.append(problem)
+        override = None
     merged: dict[str, Any] = dict(source.defaults)
-    origins: dict[str, str] = dict(source.origins)
     override = {k: v for k, v in (override or {}).items() if v is not None}  # null: the default's (#3608)
     for key, value in override.items():
         merged[key] = value
-        origins[key] = f"{over_path}.{key}"
-
-    # Explicit megatron_cfg_overrides win over keys folded into them. An alias's map merges by key
-    # over the default's, whose entry for a setting the alias names itself gives way (NeMo RL #3608:
-    # default setting < default map < alias setting < alias map).
-    merged.pop("megatron_cfg_overrides", None)
-    default_path = source.origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
-    alias_path = f"{over_path}.megatron_cfg_overrides"
-    default_map = source.defaults.get("megatron_cfg_overrides") or {}
-    alias_map = override.get("megatron_cfg_overrides") or {}
-    _check_mapping(default_map, default_path)
-    _check_mapping(alias_map, alias_path)
-    explicit = {k: v for k, v in default_map.items() if k not in override}
-    explicit.update(alias_map)
-    folded = {k: v for k, v in merged.items() if k not in TEACHER_KEYS}
-    megatron = {**folded, **explicit}
-    for key in explicit:
-        origins[key] = f"{alias_path if key in alias_map else default_path}.{key}"
+        settings.origins[key] = f"{over_path}.{key}"
+    megatron, megatron_origins, folded = _megatron_map(source, override, merged, over_path, settings.problems)
 
     values: dict[str, Any] = {"precision": DEFAULT_PRECISION, "micro_batch_size": 1}
     if cluster_gpus is not None:
         values["gpus_per_node"] = cluster_gpus
-    origins.setdefault("gpus_per_node", "cluster.gpus_per_node")
+    settings.origins.setdefault("gpus_per_node", "cluster.gpus_per_node")
     values.update({k: v for k, v in merged.items() if k in TEACHER_KEYS})
     # Parallel sizes inside megatron_cfg_overrides are what Megatron will use: place by them too.
     for key in PARALLEL_SIZES:
         if key in megatron:
             values[key] = megatron.pop(key)
+            settings.origins[key] = megatron_origins[key]
+    settings.values = values
+    _check_settings(settings, merged)
+    split = split_keys(megatron, megatron_origins.__getitem__,
+                       also_valid=lambda key: BLOCK_KEYS if key in folded else ())
+    settings.problems.extend(split.problems)
+    settings.notes.extend([*(f"{path}: skipped: {why}" for path, why in split.skipped.items()), *split.notes])
+    settings.megatron_cfg_overrides = megatron
+    return settings
 
+
+def _megatron_map(source: TeacherSource, override: Mapping[str, Any], merged: dict[str, Any], over_path: str,
+                  problems: list[str]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
+    """(the alias's megatron_cfg_overrides, each key's recipe path, the keys folded into it from the
+    block). Explicit entries win over folded keys; an alias's map merges by key over the default's,
+    whose entry for a setting the alias names itself gives way (NeMo RL #3608: default setting <
+    default map < alias setting < alias map)."""
+    merged.pop("megatron_cfg_overrides", None)
+    default_path = source.origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
+    alias_path = f"{over_path}.megatron_cfg_overrides"
+    maps = []
+    for raw, path in ((source.defaults.get("megatron_cfg_overrides") or {}, default_path),
+                      (override.get("megatron_cfg_overrides") or {}, alias_path)):
+        problem = _mapping_problem(raw, path)
+        if problem:
+            problems.append(problem)
+        maps.append(raw if problem is None else {})
+    default_map, alias_map = maps
+    explicit = {k: v for k, v in default_map.items() if k not in override}
+    explicit.update(alias_map)
+    block = {k: v for k, v in merged.items() if k not in BLOCK_KEYS}
+    origins = {k: source.origins.get(k, f"{DEFAULT_CFG}.{k}") if k not in override else f"{over_path}.{k}"
+               for k in block}
+    for key in explicit:
+        origins[key] = f"{alias_path if key in alias_map else default_path}.{key}"
+    return {**block, **explicit}, origins, set(block) - set(explicit)
+
+
+def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None:
+    """The sizes, precision, layout and teacher-only keys of ``settings``: problems, normalised values."""
+    values, origins, problems = settings.values, settings.origins, settings.problems
+
+    def where(key: str) -> str:  # the recipe key a setting came from
+        return origins.get(key, f"{DEFAULT_CFG}.{key}")
+
+    sizes_ok = True
     for key in SIZE_KEYS:
         value = values.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            where = origins.get(key, f"{DEFAULT_CFG}.{key}")
-            raise ConfigError(f"{where}: must be a positive integer, got {value!r}")
+            problems.append(f"{where(key)}: must be a positive integer, got {value!r}")
+            sizes_ok = False
     try:
         values["precision"] = normalise_precision(values["precision"])
     except ValueError as exc:
-        raise ConfigError(f"{origins.get('precision', f'{DEFAULT_CFG}.precision')}: {exc}") from None
-
-    layout = ParallelLayout(**{k: v for k, v in values.items() if k in (*NODE_SIZES, *PARALLEL_SIZES)})
+        problems.append(f"{where('precision')}: {exc}")
+    if FP32_LM_HEAD in merged:
+        try:
+            fp32 = fp32_lm_head_setting(merged[FP32_LM_HEAD])
+        except ValueError as exc:
+            problems.append(f"{where(FP32_LM_HEAD)}: {exc}")
+        else:
+            if fp32 is not False:  # off is the default: a teacher without it keeps its key
+                values[FP32_LM_HEAD] = fp32
+                settings.notes.append(fp32_lm_head_note(where(FP32_LM_HEAD), fp32, str(values["precision"])))
+    if CROSS_TOKENIZER in merged and (problem := cross_tokenizer_problem(where(CROSS_TOKENIZER),
+                                                                          merged[CROSS_TOKENIZER])):
+        problems.append(problem)
+    if not sizes_ok:
+        return
+    layout_keys = (*NODE_SIZES, *PARALLEL_SIZES)
+    layout = ParallelLayout(**{k: v for k, v in values.items() if k in layout_keys})
+    own = any(where(k).startswith(f"{OVERRIDES}.{settings.alias}.") for k in layout_keys)
     try:
-        layout.check(f"teacher {alias!r}")
+        # an alias with sizes of its own is named; the default sizes are one problem, said once
+        layout.check(f"teacher {settings.alias!r}" if own else "the default layout")
     except LayoutError as exc:
-        where = ", ".join(dict.fromkeys(origins[k] for k in exc.keys if k in origins))
-        raise ConfigError(f"{exc} (from {where})" if where else str(exc)) from None
+        keys = ", ".join(dict.fromkeys(origins[k] for k in exc.keys if k in origins))
+        problems.append(f"{keys}: {exc}" if keys else str(exc))
+        return
     values.update(layout.model_dump())
-    return _AliasSettings(alias, values, origins, megatron)
+    settings.layout = layout
+

@@ -20,7 +20,7 @@ subtree and names the full key of anything that cannot resolve.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from podium.config.errors import ConfigError
+from podium.config.errors import ConfigError, closest
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +144,24 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """Apply Hydra-style command-line overrides in order."""
+KnownKeys = Callable[[str], Iterable[str]]  # a parent key path -> the keys it may hold beyond the recipe's
+
+
+def _no_keys(_parent: str) -> Iterable[str]:
+    return ()
+
+
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str], known_keys: KnownKeys = _no_keys) -> DictConfig:
+    """Apply Hydra-style command-line overrides in order. An override of a key the recipe lacks
+    names the closest key there is (or that ``known_keys`` of its parent says it may hold)."""
     for item in overrides:
         if item.startswith("~"):
             key = item[1:].split("=", 1)[0]
             parent_key, _, leaf = key.rpartition(".")
             parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
             if not isinstance(parent, DictConfig) or leaf not in parent:
-                raise ConfigError(f"override {item!r}: key {key!r} does not exist, nothing to delete")
+                raise ConfigError(f"override {item!r}: key {key!r} does not exist, nothing to delete"
+                                  f"{_closest(cfg, key, known_keys)}")
             del parent[leaf]
             continue
         if "=" not in item:
@@ -171,7 +180,8 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             raise ConfigError(f"override {item!r}: key {key!r} already exists; use {key}=… or ++{key}=…")
         if not add and not force and not exists:
             raise ConfigError(
-                f"override {item!r}: key {key!r} is not in the recipe; use +{key}=… to add it"
+                f"override {item!r}: key {key!r} is not in the recipe{_closest(cfg, key, known_keys)}; "
+                f"use +{key}=… to add it"
             )
         OmegaConf.update(cfg, key, _parse_value(value), merge=False, force_add=True)
     return cfg
@@ -180,11 +190,29 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
 _MISSING = object()
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+def _closest(cfg: DictConfig, key: str, known_keys: KnownKeys) -> str:
+    """`` (did you mean 'a.b.c'?)`` for the key path ``key`` that ``cfg`` lacks: the first part of it
+    that is missing, against the keys its parent holds (and may hold); '' when none is close."""
+    parts = key.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parts):
+        if isinstance(node, DictConfig) and part in node:
+            node = node._get_node(part)
+            continue
+        parent = ".".join(parts[:depth])
+        names = {str(k) for k in node} if isinstance(node, DictConfig) else set()
+        match = closest(part, {*names, *known_keys(parent)})
+        if match is None:
+            return ""
+        return f" (did you mean {'.'.join([*parts[:depth], match, *parts[depth + 1:]])!r}?)"
+    return ""
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), known_keys: KnownKeys = _no_keys) -> DictConfig:
     """The recipe at ``path`` with its defaults merged and ``overrides`` applied (unresolved)."""
     register_resolvers()
     cfg = load_with_defaults(Path(path))
-    return apply_overrides(cfg, overrides)
+    return apply_overrides(cfg, overrides, known_keys)
 
 
 def resolve_section(cfg: DictConfig, key: str, *, required: bool = True) -> Any:

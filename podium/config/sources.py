@@ -10,6 +10,9 @@
   ``logprob_batch_size`` and its own ``generation.temperature`` (NeMo RL's teacher ``Policy``
   reads its own block).
 
+A cross-tokenizer (X-Token) distillation recipe (a ``teachers:`` list) is refused: podium does not
+serve a teacher whose tokenizer differs from the student's yet.
+
 :func:`teacher_source` reads either into one :class:`TeacherSource`: the values and, for every
 value, the recipe key it came from (what errors name). The plan does the rest the same way.
 """
@@ -20,20 +23,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from podium.config.errors import ConfigError
+from podium.config.errors import ConfigError, closest
 from podium.config.recipe import resolve_section
 
 OPD = "on_policy_distillation"
 MAPPING = f"{OPD}.teacher_model_by_agent_name"
-DEFAULT_CFG = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
-OVERRIDES = f"{OPD}.non_colocated_teachers.teacher_overrides"
+NON_COLOCATED = f"{OPD}.non_colocated_teachers"
+DEFAULT_CFG = f"{NON_COLOCATED}.default_teacher_cfg"
+OVERRIDES = f"{NON_COLOCATED}.teacher_overrides"
+# NeMo RL's NonColocatedTeachersConfig (nemo_rl/algorithms/opd.py)
+NON_COLOCATED_KEYS = ("enabled", "default_teacher_cfg", "teacher_overrides")
 POLICY_TEMPERATURE = "policy.generation.temperature"
 
 DISTILLATION = "distillation"
 TEACHER = "teacher"  # the classic distillation recipe's teacher block, and its teacher's alias
 DISTILLATION_ALIAS = "teacher"
+XTOKEN_TEACHERS = "teachers"  # NeMo RL's cross-tokenizer (X-Token) distillation: a list of teachers
 # teacher.<backend>.<key> -> podium's setting, per NeMo RL backend
 _MEGATRON_KEYS = {k: k for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")}
@@ -71,6 +78,11 @@ def teacher_source(cfg: DictConfig) -> TeacherSource:
         return _mopd(cfg)
     if resolve_section(cfg, f"{TEACHER}.model_name", required=False) is not None:
         return _distillation(cfg)
+    if isinstance(OmegaConf.select(cfg, XTOKEN_TEACHERS, throw_on_resolution_failure=False), ListConfig):
+        raise ConfigError(f"{XTOKEN_TEACHERS}: a cross-tokenizer (X-Token) distillation recipe: a cross-tokenizer "
+                          "teacher is not served yet: podium serves teachers that share the student's tokenizer "
+                          f"(an on_policy_distillation recipe's '{OPD}.teacher_model_by_agent_name', or a "
+                          f"distillation recipe's '{TEACHER}.model_name')")
     raise ConfigError(f"{MAPPING}: missing from the recipe (podium plans the teachers of a MOPD recipe, "
                       f"'{OPD}.teacher_model_by_agent_name', or of a distillation recipe, '{TEACHER}.model_name')")
 
@@ -90,12 +102,25 @@ def _temperature(value: Any, where: str) -> float:
     return float(value)
 
 
+def _check_misspelt(cfg: DictConfig, section: str, known: tuple[str, ...]) -> None:
+    """Refuse a key of ``section`` that is a misspelling of one of its ``known`` keys (NeMo RL lets
+    unknown keys through there, and a misspelt ``default_teacher_cfg`` would leave every teacher at
+    the defaults); a key close to none may be NeMo RL's own and passes."""
+    node = OmegaConf.select(cfg, section, throw_on_resolution_failure=False)
+    if not isinstance(node, DictConfig):
+        return
+    for key in map(str, node):
+        if key not in known and (match := closest(key, known)) is not None:
+            raise ConfigError(f"{section}.{key}: unknown key (did you mean {match!r}?)")
+
+
 def _mopd(cfg: DictConfig) -> TeacherSource:
     mapping = resolve_section(cfg, MAPPING, required=False)
     if mapping is None:
         raise ConfigError(f"{MAPPING}: missing from the recipe")
     default_alias = resolve_section(cfg, f"{OPD}.default_teacher_alias", required=False)
     dedup = resolve_section(cfg, f"{OPD}.deduplicate_shared_teacher_checkpoints", required=False)
+    _check_misspelt(cfg, NON_COLOCATED, NON_COLOCATED_KEYS)
     defaults = _mapping(resolve_section(cfg, DEFAULT_CFG, required=False) or {}, DEFAULT_CFG)
     return TeacherSource(
         kind="mopd",

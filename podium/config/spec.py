@@ -25,6 +25,7 @@ from podium.config.launcher import TeacherLauncherSettings
 from podium.config.layout import ParallelLayout
 from podium.config.names import name_problem
 from podium.config.precision import DEFAULT_PRECISION, Precision, normalise_precision
+from podium.config.teacher_keys import Fp32LmHead, fp32_lm_head_setting
 from podium.rendezvous.atomic import parse_model, read_json
 from podium.rendezvous.layout import REPLICA_SUFFIX, teacher_dir_name
 
@@ -52,6 +53,9 @@ class TeacherSpec(ParallelLayout):
     # inherit it); a request may ask for another.
     temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
+    # NeMo RL's per-teacher fp32 LM head (false | true | "tf32"), carried as part of what the teacher
+    # is (its key changes with it); not yet honoured in the numerics.
+    fp32_lm_head: Fp32LmHead = False
     # The `podium:` section with this teacher's own overrides merged in.
     launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)
     # Which of the teacher's independent allocations this spec describes (launcher.replicas of them).
@@ -78,6 +82,11 @@ class TeacherSpec(ParallelLayout):
     @classmethod
     def _precision(cls, value: Any) -> str:
         return normalise_precision(value)
+
+    @field_validator("fp32_lm_head", mode="before")
+    @classmethod
+    def _fp32_lm_head(cls, value: Any) -> Fp32LmHead:
+        return fp32_lm_head_setting(value)
 
     @model_validator(mode="after")
     def _layout(self) -> TeacherSpec:

@@ -1,11 +1,10 @@
 """``podium plan`` of NeMo RL's Nemotron 3 Ultra MOPD recipe against an Ultra-sized ``config.json``.
 
-The checkpoint directory holds the config (Nemotron 3 Ultra's published shape: 108 layers, 48 Mamba-2 /
-48 latent-MoE / 12 attention, hidden 8192, 64 query heads in 2 KV groups, 256 Mamba heads × 64 in 8
-groups, 512 experts top-22 through a 2048 latent, vocab 131072) and an empty weight index: planning
-reads the config, never the weights. The recipe's TP8·CP2·EP16 on 4 × 4 GPUs plans one teacher and
-states what it needs; a TP that does not divide the Mamba groups is refused naming the key and the
-arithmetic, before anything is submitted.
+The checkpoint directory (fixture ``ultra_checkpoint``, tests/fixtures/recipes.py) holds the config
+(Nemotron 3 Ultra's published shape) and an empty weight index: planning reads the config, never the
+weights. The recipe's TP8·CP2·EP16 on 4 × 4 GPUs plans one teacher and states what it needs; a TP
+that does not divide the Mamba groups is refused naming the key and the arithmetic, before anything
+is submitted.
 """
 
 from __future__ import annotations
@@ -23,50 +22,11 @@ from podium.config.plan import load_plan, require_checkpoints
 
 ULTRA_RECIPE = Path("examples/nemo_gym/nemotron-3-ultra/mopd.yaml")
 TEACHER_CFG = "on_policy_distillation.non_colocated_teachers.default_teacher_cfg"
-PATTERN = "MEMEMEME*" * 12  # 108 layers: 48 M, 48 E, 12 *
-
-ULTRA_CONFIG = {
-    "architectures": ["NemotronHForCausalLM"],
-    "model_type": "nemotron_h",
-    "hybrid_override_pattern": PATTERN,
-    "num_hidden_layers": 108,
-    "hidden_size": 8192,
-    "vocab_size": 131072,
-    "tie_word_embeddings": False,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 2,
-    "head_dim": 128,
-    "mamba_num_heads": 256,
-    "mamba_head_dim": 64,
-    "n_groups": 8,
-    "ssm_state_size": 128,
-    "conv_kernel": 4,
-    "expand": 2,
-    "n_routed_experts": 512,
-    "num_experts_per_tok": 22,
-    "moe_latent_size": 2048,
-    "n_shared_experts": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "norm_topk_prob": True,
-    "mlp_hidden_act": "relu2",
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.fixture
 def ultra(nemo_rl_configs: Path) -> Path:
     return nemo_rl_configs / ULTRA_RECIPE
-
-
-@pytest.fixture
-def ultra_checkpoint(tmp_path: Path) -> Path:
-    path = tmp_path / "ultra"
-    path.mkdir()
-    assert PATTERN.count("M") == PATTERN.count("E") == 48 and PATTERN.count("*") == 12
-    (path / "config.json").write_text(json.dumps(ULTRA_CONFIG))
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
-    return path
 
 
 def test_ultra_recipe_plans_one_nemotron_teacher_on_4_nodes_and_states_its_needs(ultra: Path,

@@ -140,10 +140,16 @@ def test_missing_recipe_file_is_named(tmp_path: Path) -> None:
     assert f"{tmp_path / 'nope.yaml'}: recipe file not found" in result.output
 
 
-def test_missing_checkpoint_is_a_warning_in_plan(tmp_path: Path) -> None:
+def test_missing_checkpoint_is_refused_by_plan_as_by_up(tmp_path: Path) -> None:
+    """A missing checkpoint was a warning with exit 0 in `plan` while `up` refused it: now both refuse,
+    with the same words, every missing checkpoint at once, each by the recipe key naming it."""
     result = run_plan(tmp_path, BASE)
-    assert result.exit_code == 0, result.output
-    assert "checkpoint /ckpt/math does not exist" in result.output
+    assert result.exit_code == 2, result.output
+    assert (f"podium: error: 2 problems:\n  {OPD}.teacher_model_by_agent_name.math: checkpoint /ckpt/math does not "
+            f"exist\n  {OPD}.teacher_model_by_agent_name.chat: checkpoint /ckpt/chat does not exist") in result.output
+    recipe = tmp_path / "recipe.yaml"
+    up = CliRunner().invoke(app, ["up", str(recipe), "--dry-run", "--run-dir", str(tmp_path / "run")])
+    assert up.exit_code == 2 and up.output == result.output, up.output
 
 
 def test_missing_or_unrecognised_checkpoint_is_an_error_before_submit(tmp_path: Path) -> None:

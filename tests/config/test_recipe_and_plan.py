@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fixtures.recipes import ENV_VAR, find_nemo_rl_configs
+from fixtures.recipes import ENV_VAR, find_nemo_rl_configs, write_ultra_checkpoint
 from typer.testing import CliRunner
 
 from podium.cli import app
@@ -91,9 +91,11 @@ def test_ultra_recipe_dedups_26_aliases_to_one_teacher(ultra: Path) -> None:
     }
 
 
-def test_the_plan_states_what_the_ultra_teacher_needs(ultra: Path, qwen3: Path) -> None:
-    """`podium plan` says in words what TP8·CP2·EP16 on 4×4 GPUs takes; a plain teacher needs only GPUs."""
-    result = CliRunner().invoke(app, ["plan", str(ultra)], env={"COLUMNS": "200"})
+def test_the_plan_states_what_the_ultra_teacher_needs(ultra: Path, qwen3: Path, ultra_checkpoint: Path) -> None:
+    """`podium plan` says in words what TP8·CP2·EP16 on 4×4 GPUs takes; a plain teacher needs only GPUs.
+    (The recipe's own checkpoint is a placeholder `plan` refuses, as `up` does: a stand-in replaces it.)"""
+    result = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}"],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     needs = [line.strip() for line in result.output.splitlines() if line.strip().startswith("needs:")]
     text = "\n".join(needs)
@@ -117,8 +119,10 @@ def test_ultra_recipe_with_two_teacher_overrides_plans_three_teachers(ultra: Pat
     assert plan.route("some_new_agent").model_name == "/path/to/general_teacher"
 
 
-def test_cli_plan_json_matches_contract(ultra: Path) -> None:
-    result = CliRunner().invoke(app, ["plan", str(ultra), "_teachers.swe=/ckpt/s", "--json"])
+def test_cli_plan_json_matches_contract(ultra: Path, ultra_checkpoint: Path, tmp_path: Path) -> None:
+    swe = write_ultra_checkpoint(tmp_path / "swe")
+    result = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}",
+                                      f"_teachers.swe={swe}", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["totals"] == {"teachers": 2, "aliases": 26, "replicas": 2, "nodes": 8, "nodes_without_dedup": 104}
@@ -209,14 +213,16 @@ def test_routing_default_and_strict(tmp_path: Path) -> None:
         no_default.route("unknown")
 
 
-def test_unknown_keys_fold_into_megatron_overrides_and_parallel_sizes_apply(tmp_path: Path) -> None:
+def test_megatron_keys_fold_into_megatron_overrides_and_parallel_sizes_apply(tmp_path: Path) -> None:
+    """A block key that is no teacher setting folds into megatron_cfg_overrides, as in NeMo RL (a key
+    that is no Megatron key either is refused: test_teacher_keys.py)."""
     text = MINI.replace(
         "tensor_model_parallel_size: 2}",
-        "tensor_model_parallel_size: 2, sequence_parallel: true, moe_x: 1,"
-        " megatron_cfg_overrides: {moe_x: 2, pipeline_model_parallel_size: 2}}",
+        "tensor_model_parallel_size: 2, sequence_parallel: true, init_method_std: 1,"
+        " megatron_cfg_overrides: {init_method_std: 2, pipeline_model_parallel_size: 2}}",
     )
     spec = load_plan(write(tmp_path, "r.yaml", text)).teachers[0]
-    assert spec.megatron_cfg_overrides == {"sequence_parallel": True, "moe_x": 2}  # explicit wins
+    assert spec.megatron_cfg_overrides == {"sequence_parallel": True, "init_method_std": 2}  # explicit wins
     assert spec.pipeline_model_parallel_size == 2 and spec.data_parallel_size == 1
 
 
@@ -229,7 +235,7 @@ def test_key_is_stable_and_changes_with_what_makes_a_teacher(tmp_path: Path) -> 
         for o in (
             "on_policy_distillation.non_colocated_teachers.default_teacher_cfg.tensor_model_parallel_size=4",
             "+on_policy_distillation.non_colocated_teachers.default_teacher_cfg.precision=fp32",
-            "+on_policy_distillation.non_colocated_teachers.default_teacher_cfg.foo=1",
+            "+on_policy_distillation.non_colocated_teachers.default_teacher_cfg.init_method_std=0.01",
             "+podium.teachers.a.slurm.partition=big",
         )
     }

@@ -210,7 +210,29 @@ def _mamba_kernels(tmp: Path) -> str:
     return str(err.value)
 
 
+BLOCK = "on_policy_distillation.non_colocated_teachers.default_teacher_cfg"
+
+
+def _plan_refuses(checkpoint: str, teacher_cfg: dict, overrides: tuple[str, ...] = ()) -> Callable[[Path], str]:
+    """What `podium plan` prints for a small recipe of one alias ``math`` with ``teacher_cfg``."""
+    def trigger(tmp: Path) -> str:
+        from harness.recipes import write_recipe
+
+        from podium.config.errors import ConfigError
+        from podium.config.plan import load_plan
+
+        recipe = write_recipe(tmp / "recipe.yaml", {"math": (checkpoint, 1)}, teacher_cfg=teacher_cfg)
+        with pytest.raises(ConfigError) as err:
+            load_plan(recipe, overrides)
+        return f"podium: error: {err.value}"
+    return trigger
+
+
 TRIGGERS: dict[str, Callable[[Path], str]] = {
+    "teacher-key-typo": _plan_refuses("Qwen/Qwen3-1.7B", {"tensor_model_paralel_size": 4}),
+    "override-typo": _plan_refuses("Qwen/Qwen3-1.7B", {}, (f"{BLOCK}.tensor_model_paralel_size=4",)),
+    "several-problems": _plan_refuses("/ckpt/math", {"precison": "fp32"}),
+    "cross-tokenizer": _plan_refuses("Qwen/Qwen3-1.7B", {"cross_tokenizer": True}),
     "ray-start-died": _ray_start_died,
     "run-dir-not-shared": _run_dir_not_shared,
     "podium-not-on-node": _podium_not_on_node,

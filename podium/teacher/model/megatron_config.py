@@ -6,9 +6,10 @@ This module owns the translation from (HF architecture description, planned ``Te
 - the parallel layout (TP/PP/CP/EP/ETP) goes into the config as well as into ``parallel_state``
   (layers per pipeline stage come from the config; without it every stage builds all layers), and
   ``check_model_layout`` says, without importing megatron, whether that layout can split the model;
-- ``megatron_cfg_overrides`` are applied to the config; keys that are neither ``TransformerConfig``
-  fields nor known NeMo RL training-only keys are an error listing them (they are never ignored
-  silently); known training-only keys are logged and skipped;
+- ``megatron_cfg_overrides`` are applied to the config by the rule the plan already applied on the
+  login node (:mod:`podium.config.megatron_keys`, with this node's megatron-core release): fields
+  applied, keys an inference teacher does not use logged and skipped, anything else an error naming
+  its key and the closest valid one (never ignored silently);
 - for an MoE model, the checkpoint's experts and routing, the inference routing settings and the
   token dispatcher for this device (``moe_settings``);
 - the padded vocabulary size (a multiple of ``make_vocab_size_divisible_by × TP``).
@@ -25,7 +26,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from podium.config.architecture import attention_tp_problem
+from podium.config.errors import refusal
 from podium.config.layout import PARALLEL_SIZES
+from podium.config.megatron_fields import fields_of, release_of
+from podium.config.megatron_keys import split_keys
 from podium.config.precision import torch_dtype
 from podium.teacher.model.hf import ModelDescription
 
@@ -35,38 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 DEFAULT_VOCAB_DIVISOR = 128
-
-# Keys of a NeMo RL ``megatron_cfg`` that matter only for training (or are handled elsewhere):
-# skipped with a log line, not an error.
-TRAINING_ONLY_KEYS: frozenset[str] = frozenset(
-    {
-        "enabled",
-        "empty_unused_memory_level",
-        "activation_checkpointing",
-        "converter_type",
-        "optimizer",
-        "scheduler",
-        "distributed_data_parallel_config",
-        "train_iters",
-        "freeze_moe_router",
-        "moe_router_load_balancing_type",  # inference routing is forced (see moe_settings)
-        "moe_router_bias_update_rate",
-        "moe_permute_fusion",
-        "apply_rope_fusion",
-        "defer_fp32_logits",
-        "env_vars",
-        "sequence_parallel",
-        "num_layers_in_first_pipeline_stage",
-        "num_layers_in_last_pipeline_stage",
-        "pipeline_dtype",
-        "bias_activation_fusion",
-        "force_overwrite_initial_ckpt",
-        "fp8_cfg",
-    }
-)
-# Keys podium uses itself (not TransformerConfig fields).
-MODEL_KEYS: frozenset[str] = frozenset({"make_vocab_size_divisible_by"})
-
 
 def te_available() -> bool:
     """TransformerEngine is used only when it is importable and CUDA is present."""
@@ -80,31 +52,33 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = DEFAULT_VOCA
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
-def split_overrides(overrides: Mapping[str, Any],
-                    where: str = "megatron_cfg_overrides") -> tuple[dict[str, Any], dict[str, Any]]:
-    """(TransformerConfig overrides, podium model options); unknown keys raise ``ValueError``."""
+def installed_release() -> tuple[str, frozenset[str]]:
+    """The megatron-core release of this Python (``major.minor``) and its ``TransformerConfig``
+    fields: the list podium ships for it (:mod:`podium.config.megatron_fields`, checked against the
+    dataclass in CI), else, for a release podium ships none for, the dataclass's own."""
+    import megatron.core
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    config_overrides: dict[str, Any] = {}
-    model_options: dict[str, Any] = {}
-    unknown: list[str] = []
-    for key, value in dict(overrides or {}).items():
-        if key in MODEL_KEYS:
-            model_options[key] = value
-        elif key in TRAINING_ONLY_KEYS:
-            logger.info("%s: %r is training-only; not used by an inference teacher", where, key)
-        elif key in fields:
-            config_overrides[key] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        close = sorted(f for f in fields if any(u.split("_")[0] in f for u in unknown))[:12]
-        raise ValueError(
-            f"{where}: unknown key(s) {sorted(unknown)}: not TransformerConfig fields nor known "
-            f"training-only keys{'; similar fields: ' + ', '.join(close) if close else ''}"
-        )
-    return config_overrides, model_options
+    try:
+        release = release_of(megatron.core.__version__)
+    except ValueError:  # a build without a release number: its own fields
+        release = str(megatron.core.__version__)
+    shipped = fields_of(release)
+    return release, shipped if shipped is not None else frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+def split_overrides(overrides: Mapping[str, Any],
+                    where: str = "megatron_cfg_overrides") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TransformerConfig overrides, podium model options) by the rule the plan applies
+    (:mod:`podium.config.megatron_keys`), with this node's megatron-core release; skipped keys are
+    logged, refused and unknown ones raise ``ValueError`` naming ``where.<key>`` each."""
+    release, fields = installed_release()
+    split = split_keys(dict(overrides or {}), lambda key: f"{where}.{key}", release=release, fields=fields)
+    for path, why in split.skipped.items():
+        logger.info("%s: skipped: %s", path, why)
+    if split.problems:
+        raise refusal(split.problems)  # a ValueError, worded as the plan words it
+    return split.config, split.model
 
 
 def check_model_layout(desc: ModelDescription, parallel: Mapping[str, int], where: str = "") -> None:

@@ -1,0 +1,85 @@
+"""What a NeMo RL teacher block may hold and what podium does with each key.
+
+A teacher block is ``on_policy_distillation.non_colocated_teachers.default_teacher_cfg`` or
+``teacher_overrides.<alias>``: NeMo RL's ``TeacherResourceConfig`` (``nemo_rl/algorithms/opd.py``),
+whose unknown keys NeMo RL folds into ``megatron_cfg_overrides`` (``extra="allow"``), which its
+teacher worker then lays over the student's ``policy.megatron_cfg``.
+
+==============================================  ===================================================
+key                                             podium
+==============================================  ===================================================
+the parallel sizes, ``num_nodes``,              honoured: the teacher's layout
+``gpus_per_node``
+``precision``                                   honoured
+``micro_batch_size``,                           honoured: how the teacher batches
+``max_tokens_per_microbatch``
+``megatron_cfg_overrides``                      each key by :mod:`podium.config.megatron_keys`
+``fp32_lm_head`` (false | true | ``"tf32"``)    carried in the spec, part of the teacher's identity;
+                                                not yet honoured in the numerics (the plan says so)
+``cross_tokenizer``                             refused when set: a cross-tokenizer teacher is not
+                                                served yet
+any other key                                   folded into ``megatron_cfg_overrides`` (as NeMo RL
+                                                does) and checked there, named as the user wrote it
+==============================================  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from podium.config.layout import NODE_SIZES, PARALLEL_SIZES
+from podium.config.megatron_keys import FP32_LM_HEAD, valid_names
+from podium.config.sources import DEFAULT_CFG, OVERRIDES
+
+SIZE_KEYS: tuple[str, ...] = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size", "max_tokens_per_microbatch")
+TEACHER_KEYS: tuple[str, ...] = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
+CROSS_TOKENIZER = "cross_tokenizer"
+BLOCK_KEYS: tuple[str, ...] = (*TEACHER_KEYS, FP32_LM_HEAD, CROSS_TOKENIZER)
+
+# NeMo RL's Fp32LmHeadSetting: off, on, or on with TF32 tensor cores ("tf32", an alias of true there).
+Fp32LmHead = bool | Literal["tf32"]
+FP32_LM_HEAD_TF32: Literal["tf32"] = "tf32"
+
+
+def fp32_lm_head_setting(value: Any) -> Fp32LmHead:
+    """A teacher's ``fp32_lm_head`` (None: off); ``ValueError`` for anything but false, true, "tf32"."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if value == FP32_LM_HEAD_TF32:
+        return FP32_LM_HEAD_TF32
+    raise ValueError(f'must be false, true or "{FP32_LM_HEAD_TF32}", got {value!r}')
+
+
+def fp32_lm_head_note(path: str, value: Fp32LmHead, precision: str) -> str:
+    """What the plan says of a teacher asking for an fp32 LM head."""
+    return (f"{path}: {value!r} is carried in the teacher's spec (part of its identity); podium does not honour it "
+            f"in the numerics yet: the teacher's output-layer GEMM runs in {precision}, its log-softmax in fp32")
+
+
+def cross_tokenizer_problem(path: str, value: Any) -> str | None:
+    """Why a teacher block's ``cross_tokenizer`` is refused (None when it is unset or false)."""
+    if value in (None, False, "", {}, []):
+        return None
+    return (f"{path}: a cross-tokenizer teacher is not served yet: podium serves teachers that share the "
+            "student's tokenizer (it answers for the student's token ids); serve this teacher with NeMo RL's own "
+            f"cross-tokenizer distillation, or remove {CROSS_TOKENIZER}")
+
+
+_ALIAS_BLOCK = re.compile(rf"^{re.escape(OVERRIDES)}\.[^.]+$")
+
+
+def is_teacher_block(path: str) -> bool:
+    """Whether ``path`` is a teacher block (``default_teacher_cfg`` or ``teacher_overrides.<alias>``)."""
+    return path == DEFAULT_CFG or bool(_ALIAS_BLOCK.match(path))
+
+
+def known_keys(parent: str) -> frozenset[str]:
+    """The keys a recipe may give under ``parent`` by these rules (for "did you mean" on an override
+    of a key the recipe lacks): a teacher block's, its ``megatron_cfg_overrides``'; else none."""
+    if is_teacher_block(parent):
+        return frozenset({*BLOCK_KEYS, *valid_names()})
+    head, _, leaf = parent.rpartition(".")
+    if leaf == "megatron_cfg_overrides" and is_teacher_block(head):
+        return valid_names()
+    return frozenset()
