@@ -30,9 +30,6 @@ With ``cluster: local``: ``teacher <name>`` (the local backend's own rules: one 
 
 Nothing here changes the run dir beyond a ``.doctor/`` folder it removes again.
 
-Modules: ``base`` (the row, a command's answer, the scratch folder), ``partitions`` (sinfo parsed
-and partitions judged, pure), ``checks`` (the checks run here and :func:`run_doctor`),
-``probe_job`` (the test job's command and the rows of its report), ``probe`` (the program the test
-job runs on the node, standalone), ``node`` (the ports and address checks, on the node or here),
-``report`` (the table and ``--json``).
+Every module opens with what it owns; ``probe`` is the program the test job runs on the node,
+standalone (a node's Python may be older than podium's).
 """
