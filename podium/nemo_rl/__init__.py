@@ -4,9 +4,9 @@
   what NeMo RL's MOPD setup returns, for ``async_grpo_train``.
 - :func:`distillation_teacher` ``(rendezvous_path, alias=None)``: what NeMo RL's distillation loop
   holds as ``teacher_policy``; :func:`distillation_policy` makes NeMo RL's ``setup`` build it.
-- The facades: :class:`RemoteTeacherWorkerGroup` (``worker_group``), :class:`RemoteDistillationTeacher`
-  (``distillation``), on one lazy, picklable connection each (``remote``), or on a client the
-  trainer holds: ``RemoteTeacherWorkerGroup.from_client(client, alias, top_k=None)``.
+- The facades: :class:`RemoteTeacherWorkerGroup`, :class:`RemoteDistillationTeacher`, on one lazy,
+  picklable connection each, or on a client the trainer holds:
+  ``RemoteTeacherWorkerGroup.from_client(client, alias, top_k=None)``.
 
 Importing this package imports neither NeMo RL nor torch (it works on podium's light install);
 the facades' calls need torch: results are ``BatchedDataDict`` where NeMo RL is importable, else

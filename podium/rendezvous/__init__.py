@@ -1,11 +1,10 @@
 """podium.rendezvous: the run-directory contract between the launcher, teachers and trainers.
 
-- ``layout``: the name of every file of a run dir (table in its docstring).
-- ``atomic``: write-temp + fsync + rename, tolerant JSON reads (:class:`FileReadError`).
-- ``token``: the run's bearer token (0600 file, constant-time compare).
-- ``records``: the endpoint record, generations, fenced writer, heartbeat, staleness.
-- ``manifest``: ``rendezvous.json``; ``routing``: an agent name to its teacher (the plan's rule too).
-- ``schema``: schema versions of the files processes share (a newer one is refused, named).
+The name of every file of a run dir, how each is written (write-temp + fsync + rename: no reader
+sees a partial file) and read (tolerant: a corrupt file is reported, not crashed on), the run's
+bearer token, the endpoint records with their generations, fenced writer and heartbeats,
+``rendezvous.json`` and the routing of an agent name to its teacher, and the schema versions of the
+files processes share (a newer one is refused, named).
 
 Everything here is light (stdlib + pydantic): login-node commands may import it.
 """
