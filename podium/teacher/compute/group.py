@@ -234,8 +234,10 @@ class TeacherWorkerGroup:
             if self._broken:
                 raise RuntimeError(f"teacher {self.spec.name!r}: group is broken by an earlier failure: {self._broken}")
             started = time.perf_counter()
-            plan = plan_microbatches(batch.input_lengths.tolist(), self.facts.max_tokens_per_microbatch or 1,
-                                     max_rows=query.micro_batch_size, seq_multiple=self.facts.sequence_length_multiple)
+            budget = self.facts.max_tokens_per_microbatch
+            assert budget is not None, "a TeacherWorkerGroup states its micro-batch budget (facts)"
+            plan = plan_microbatches(batch.input_lengths.tolist(), budget, max_rows=query.micro_batch_size,
+                                     seq_multiple=self.facts.sequence_length_multiple)
             replicas = assign_replicas(plan, self.facts.data_parallel_size, lockstep=self._lockstep,
                                        seq_multiple=self.facts.sequence_length_multiple)
             # each replica's rows in its plan's order (a filler row, -1, is one token 0 of length 1)
