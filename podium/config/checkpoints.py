@@ -162,6 +162,8 @@ def hub_snapshot(repo_id: str, revision: str | None = None, env: Mapping[str, st
     """The snapshot of ``repo_id`` in the local HF cache: commit ``revision`` (pinned by the plan),
     or without one the commit ``refs/main`` names now. :class:`CheckpointError` naming the id, the
     revision, the cache searched and the command that fetches it, when it is not there."""
+    if revision is not None and not COMMIT.match(revision):  # a path component below: a commit only
+        raise CheckpointError(f"checkpoint {repo_id}: revision {revision!r} is not a commit hash (40 hex characters)")
     cache = hub_cache_dir(env)
     folder = _repo_folder(repo_id)
     repo = cache / folder
@@ -178,6 +180,15 @@ def hub_snapshot(repo_id: str, revision: str | None = None, env: Mapping[str, st
         missing = f"no {folder}/snapshots/{commit}" + ("" if revision else f", which {folder}/refs/{MAIN} names")
         raise CheckpointError(_not_cached(repo_id, revision, cache, missing, env))
     return HubSnapshot(repo_id, commit, snapshot)
+
+
+def pin_hub_id(repo_id: str) -> tuple[str | None, str | None]:
+    """What the planner pins for a hub id: (the commit ``refs/main`` names in the local HF cache,
+    None), or (None, why it is not there: :func:`hub_snapshot`'s words)."""
+    try:
+        return hub_snapshot(repo_id).revision, None
+    except CheckpointError as exc:
+        return None, str(exc)
 
 
 def _repo_folder(repo_id: str) -> str:

@@ -44,7 +44,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from podium.config.checkpoints import CheckpointError, checkpoint_problem, hub_snapshot, normalise_checkpoint
+from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint, pin_hub_id
 from podium.config.errors import ConfigError, did_you_mean, refusal
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
@@ -163,7 +163,7 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
         settings.is_local = ref.is_local
         if not ref.is_local:
             if ref.name not in pins:
-                pins[ref.name] = _pin(ref.name)
+                pins[ref.name] = pin_hub_id(ref.name)
             settings.revision, settings.unresolved = pins[ref.name]
         problems.extend(settings.problems)
         resolved[alias] = settings
@@ -238,15 +238,6 @@ def _teachers(resolved: Mapping[str, _AliasSettings], launcher: LauncherSettings
         for alias in aliases:
             routes[alias] = spec.key
     return problems
-
-
-def _pin(hub_id: str) -> tuple[str | None, str | None]:
-    """(the commit a hub id's ``refs/main`` names in the local HF cache, None) or (None, why it is
-    not there)."""
-    try:
-        return hub_snapshot(hub_id).revision, None
-    except CheckpointError as exc:
-        return None, str(exc)
 
 
 def _checkpoint_problem(settings: _AliasSettings, layout: ParallelLayout | None) -> str | None:
