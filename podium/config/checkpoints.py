@@ -254,14 +254,7 @@ def find_checkpoint(path: str | Path) -> LocalCheckpoint:
     dist = torch_dist_dir(root)
     if dist is not None:
         return LocalCheckpoint("torch_dist", dist)
-    if (root / HF_CONFIG).is_file() and (root / SAFE_SINGLE).is_file():
-        return LocalCheckpoint("hf", root)
-    if (root / HF_CONFIG).is_file() and (root / SAFE_INDEX).is_file():
-        absent = _absent_shards(root)
-        if absent:
-            raise CheckpointError(f"checkpoint {root}: {SAFE_INDEX} names {len(absent)} weight file(s) that are not "
-                                  f"there: {', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''} (a download "
-                                  "or copy that did not finish?)")
+    if (root / HF_CONFIG).is_file() and ((root / SAFE_SINGLE).is_file() or (root / SAFE_INDEX).is_file()):
         return LocalCheckpoint("hf", root)
     raise CheckpointError(
         f"checkpoint {root} is neither an HF directory ({HF_CONFIG} + {SAFE_SINGLE} or {SAFE_INDEX}) "
@@ -282,15 +275,20 @@ def _missing(root: Path) -> str:
     return f"it has no {HF_CONFIG}" + (" (its safetensors weights need one beside them)" if weights else "")
 
 
-def _absent_shards(root: Path) -> list[str]:
-    """The weight files ``model.safetensors.index.json`` names that are not in ``root`` (an
-    unreadable index is the loader's to report)."""
+def _absent_shards(root: Path) -> str | None:
+    """Which weight files the ``model.safetensors.index.json`` of the HF directory ``root`` names
+    but ``root`` lacks, in words; None when all are there (an unreadable index is the loader's to
+    report). The plan checks it; a node reading the directory names the one shard it misses."""
     try:
         weight_map = json.loads((root / SAFE_INDEX).read_text()).get("weight_map") or {}
         files = sorted(set(map(str, weight_map.values())))
     except (OSError, ValueError, AttributeError):
-        return []
-    return [name for name in files if not (root / name).is_file()]
+        return None
+    absent = [name for name in files if not (root / name).is_file()]
+    if not absent:
+        return None
+    return (f"checkpoint {root}: {SAFE_INDEX} names {len(absent)} weight file(s) that are not there: "
+            f"{', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''} (a download or copy that did not finish?)")
 
 
 def detect_format(path: str | Path) -> CheckpointFormat | None:
@@ -313,6 +311,8 @@ def checkpoint_problem(path: str | Path, layout: ParallelLayout | None = None,
         return str(exc)
     if found.kind != "hf":
         return None
+    if (absent := _absent_shards(found.path)) is not None:
+        return absent
     try:
         config = json.loads((found.path / HF_CONFIG).read_text())
     except (OSError, ValueError) as exc:
