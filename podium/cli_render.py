@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from podium.config.checkpoints import hub_snapshot_path
 from podium.config.needs import teacher_needs
 from podium.config.plan import Plan
 
@@ -33,8 +34,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     for spec in plan.teachers:
         if Path(spec.model_name).is_absolute():
             found = "found" if Path(spec.model_name).exists() else "[red]missing[/red]"
-        else:
-            found = "hub id"
+        else:  # a hub id: the snapshot the plan pinned (the full commit is printed below the table)
+            found = f"HF cache @ {spec.revision[:12]}" if spec.revision else "hub id, [red]not in the HF cache[/red]"
         table.add_row(
             spec.name,
             spec.key,
@@ -50,6 +51,9 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(table)
     for spec in plan.teachers:
         console.print(f"[bold]{spec.name}[/bold] serves: {', '.join(spec.aliases)}", highlight=False)
+        if spec.revision:
+            console.print(f"  checkpoint: {spec.model_name} pinned at snapshot {spec.revision} "
+                          f"({hub_snapshot_path(spec.model_name, spec.revision)})", highlight=False, markup=False)
         for line in teacher_needs(spec):
             console.print(f"  needs: {line}", highlight=False)
     totals = plan.totals

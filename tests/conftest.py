@@ -1,6 +1,6 @@
 """Shared test fixtures: one Slurm test cluster, one Ray test cluster, tiny checkpoints, NeMo RL recipes,
 a machine without CUDA (on a GPU node too), the real teacher groups and tokenizers the client,
-NeMo RL and endpoint tests share.
+NeMo RL and endpoint tests share, an HF hub cache holding the hub ids the recipes name.
 
 Each lives in its own module under tests/fixtures/ and is registered here as a pytest plugin.
 Under CI (``CI=true``) a skip is a failure, at collection too (``fixtures.ci_rules``): a missing
@@ -18,4 +18,5 @@ pytest_plugins = [
     "fixtures.devices",
     "fixtures.groups",
     "fixtures.tokenizers",
+    "fixtures.hub_cache",
 ]

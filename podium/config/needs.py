@@ -3,10 +3,11 @@
 The plan's table says the layout; these lines say what it takes to run it, where a recipe asks for
 more than GPUs: a tensor-parallel group wider than a node, experts sharded over nodes, context
 parallelism (TransformerEngine on CUDA), DeepEP. From the ``TeacherSpec``, and, where the
-checkpoint's ``config.json`` is readable here (a login node need not see it), what its architecture
-asks for at that layout (:func:`podium.config.architecture.architecture_needs`: the Mamba kernels of a
-Nemotron-H, fewer KV groups than TP, experts per rank); what the checkpoint itself allows is checked
-by ``podium.config.checkpoints``.
+checkpoint's ``config.json`` is readable here (a local directory: a login node need not see it; a
+hub id: its pinned snapshot in the local HF cache), what its architecture asks for at that layout
+(:func:`podium.config.architecture.architecture_needs`: the Mamba kernels of a Nemotron-H, fewer KV
+groups than TP, experts per rank); what the checkpoint itself allows is checked by
+``podium.config.checkpoints``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,6 @@ def teacher_needs(spec: TeacherSpec) -> list[str]:
     elif dispatcher and ep * etp > 1:
         lines.append(f"moe_token_dispatcher_type={dispatcher} on GPU (on CPU podium uses alltoall, or "
                      "allgather where expert-TP > TP)")
-    if Path(s.model_name).is_absolute():
-        lines.extend(checkpoint_needs(s.model_name, s))
+    if Path(s.model_name).is_absolute() or s.revision:  # a hub id without one is not in the cache
+        lines.extend(checkpoint_needs(s.model_name, s, s.revision))
     return lines

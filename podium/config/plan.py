@@ -17,11 +17,16 @@ NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known
 - with ``deduplicate_shared_teacher_checkpoints: false`` each alias gets, and is routed to, its own
   teacher (NeMo RL routes them all to the last one);
 - an agent name routes to its alias, else to ``default_teacher_alias``, else it is an error
-  (always an error under ``strict_agent_name_match``).
+  (always an error under ``strict_agent_name_match``);
+- a hub id is looked up here, in the local HF cache the nodes read
+  (:func:`podium.config.checkpoints.hub_snapshot`), and the snapshot ``refs/main`` names now is
+  pinned in the teacher's spec (``revision``, part of its key); one not in the cache is refused
+  naming the command that fetches it (NeMo RL's teachers download it on the allocation).
 
 A recipe with problems is refused once, every problem listed with its key path first (the problems
-of its local checkpoints among them); a plan whose only problems are its checkpoints' carries them
-in ``Plan.warnings``, which ``up`` (and the ``plan`` command, with the same words) refuses.
+of its checkpoints among them: local directories and hub ids alike); a plan whose only problems are
+its checkpoints' carries them in ``Plan.warnings``, which ``up`` (and the ``plan`` command, with the
+same words) refuses.
 
 Everything here is pure: a recipe in, a ``Plan`` out, nothing written and nothing imported that a
 login node would wait for.
@@ -39,7 +44,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint
+from podium.config.checkpoints import checkpoint_problem, normalise_checkpoint, pin_hub_id
 from podium.config.errors import ConfigError, did_you_mean, refusal
 from podium.config.launcher import SECTION, LauncherSettings, parse_launcher
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES, LayoutError, ParallelLayout
@@ -145,6 +150,7 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
 
     # Effective settings per alias, in recipe order.
     resolved: dict[str, _AliasSettings] = {}
+    pins: dict[str, tuple[str | None, str | None]] = {}  # hub id -> (revision, why none): one look each
     for alias, ckpt in mapping.items():
         if not isinstance(ckpt, str) or not ckpt.strip():
             continue  # a problem of its own (_recipe_problems)
@@ -155,6 +161,10 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
         settings.launcher_overrides = {k: v for k, v in launcher_over.items() if v}
         settings.model_name = ref.name
         settings.is_local = ref.is_local
+        if not ref.is_local:
+            if ref.name not in pins:
+                pins[ref.name] = pin_hub_id(ref.name)
+            settings.revision, settings.unresolved = pins[ref.name]
         problems.extend(settings.problems)
         resolved[alias] = settings
 
@@ -165,7 +175,8 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
     if problems:
         raise refusal([*dict.fromkeys(problems), *_checkpoints_of(resolved, source)])
 
-    warnings = tuple(dict.fromkeys(w for spec in teachers for w in checkpoint_problems(spec, source)))
+    warnings = tuple(dict.fromkeys(w for spec in teachers
+                                   for w in _checkpoint_problems(resolved[spec.aliases[0]], spec, source)))
     return Plan(
         recipe_path=str(recipe_path),
         teachers=tuple(teachers),
@@ -229,25 +240,31 @@ def _teachers(resolved: Mapping[str, _AliasSettings], launcher: LauncherSettings
     return problems
 
 
-def checkpoint_problems(spec: TeacherSpec, source: TeacherSource) -> list[str]:
-    """What is wrong with a teacher's local checkpoint, named by the recipe key of its first alias
-    (nothing is checked for a hub id)."""
-    if not Path(spec.model_name).is_absolute():
-        return []
-    problem = checkpoint_problem(spec.model_name, spec)
+def _checkpoint_problem(settings: _AliasSettings, layout: ParallelLayout | None) -> str | None:
+    """Why the checkpoint of ``settings`` cannot be served at ``layout`` (a hub id: its pinned
+    snapshot), or None."""
+    if settings.unresolved:
+        return settings.unresolved
+    return checkpoint_problem(settings.model_name, layout, settings.revision)
+
+
+def _checkpoint_problems(settings: _AliasSettings, spec: TeacherSpec, source: TeacherSource) -> list[str]:
+    """What is wrong with a teacher's checkpoint (``settings``: its first alias's), named by that
+    alias's recipe key."""
+    problem = _checkpoint_problem(settings, spec)
     return [f"{source.mapping_entry(spec.aliases[0])}: {problem}"] if problem else []
 
 
 def _checkpoints_of(resolved: Mapping[str, _AliasSettings], source: TeacherSource) -> list[str]:
-    """The problems of every local checkpoint, for a recipe refused for other problems too (all at
+    """The problems of every checkpoint, for a recipe refused for other problems too (all at
     once): each checked at its first alias's layout where that alias's settings are sound."""
     seen: set[str] = set()
     out: list[str] = []
     for alias, settings in resolved.items():
-        if not settings.is_local or settings.model_name in seen:
+        if settings.model_name in seen:
             continue
         seen.add(settings.model_name)
-        problem = checkpoint_problem(settings.model_name, settings.layout)
+        problem = _checkpoint_problem(settings, settings.layout)
         if problem:
             out.append(f"{source.mapping_entry(alias)}: {problem}")
     return out
@@ -268,6 +285,8 @@ class _AliasSettings:
     megatron_cfg_overrides: dict[str, Any]
     model_name: str = ""
     is_local: bool = False
+    revision: str | None = None  # a hub id's snapshot commit, pinned here
+    unresolved: str | None = None  # why a hub id has no snapshot in the local HF cache
     launcher_overrides: dict[str, Any] = field(default_factory=dict)
     layout: ParallelLayout | None = None  # set when the sizes are sound
     problems: list[str] = field(default_factory=list)  # each with its key path first
@@ -303,6 +322,10 @@ class _AliasSettings:
             # `replicas` keeps the key, so `up` and `scale` add or stop replicas of the same teacher
             "launcher_overrides": {k: v for k, v in self.launcher_overrides.items() if k not in NOT_IDENTITY},
             "alias": unique,  # set only without dedup, so each alias's teacher is distinct
+            # other weights are another teacher: a hub id's pinned snapshot is part of its key, so a
+            # moved ref makes a new teacher (`up` never rewrites a live job's spec to other files);
+            # absent for a local path, whose key stays what it was
+            **({"revision": self.revision} if self.revision else {}),
         }
         blob = json.dumps(identity, sort_keys=True, default=str).encode()
         key = hashlib.sha256(blob).hexdigest()[:12]
@@ -311,6 +334,7 @@ class _AliasSettings:
             name=aliases[0],
             aliases=aliases,
             model_name=self.model_name,
+            revision=self.revision,
             megatron_cfg_overrides=dict(self.megatron_cfg_overrides),
             launcher=effective,
             **self.values,

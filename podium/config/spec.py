@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
+from podium.config.checkpoints import COMMIT
 from podium.config.launcher import TeacherLauncherSettings
 from podium.config.layout import ParallelLayout
 from podium.config.names import name_problem
@@ -44,6 +45,10 @@ class TeacherSpec(ParallelLayout):
     name: str = Field(min_length=1)  # readable name: the teacher's first alias
     aliases: tuple[str, ...]  # every agent alias served by this teacher, in recipe order
     model_name: str  # normalised local checkpoint path, or an HF hub id left as written
+    # A hub id's snapshot commit in the local HF cache, pinned by the plan (what refs/main named
+    # then): every node and every generation loads exactly it. None for a local path. Part of the
+    # teacher's key: other weights are another teacher.
+    revision: str | None = None
     precision: Precision = DEFAULT_PRECISION
     micro_batch_size: PositiveInt = 1
     # The teacher config's token budget of a micro-batch (classic recipes: the teacher block's
@@ -76,6 +81,13 @@ class TeacherSpec(ParallelLayout):
             problem = name_problem(alias)
             if problem:
                 raise ValueError(f"alias {alias!r} {problem}")
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _commit(cls, value: str | None) -> str | None:
+        if value is not None and not COMMIT.match(value):
+            raise ValueError(f"revision {value!r} is not a commit hash (40 hex characters)")
         return value
 
     @field_validator("precision", mode="before")

@@ -284,7 +284,8 @@ def test_login_node_commands_import_nothing_heavy(ultra: Path) -> None:
         assert out.stderr.rsplit("HEAVY=", 1)[1].strip() == ""
 
 
-def test_embedded_example_plans_without_a_recipe_argument() -> None:
+def test_embedded_example_plans_without_a_recipe_argument(hub_cache: Path) -> None:
+    """(Its teachers are hub ids: the cache holds them, as a site's would.)"""
     result = CliRunner().invoke(app, ["plan", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])

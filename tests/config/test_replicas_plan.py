@@ -124,14 +124,19 @@ def test_scale_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         scale(layout.run_dir, "maths", 2)
 
 
-def test_dry_run_prints_every_replicas_job_and_render_names_one(tmp_path: Path) -> None:
+def test_dry_run_prints_every_replicas_job_and_render_names_one(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from fixtures.hub_cache import write_snapshot
     from typer.testing import CliRunner
 
     from podium.cli import app
 
     path = tmp_path / "recipe.yaml"
     text = RECIPE.format(podium="  teachers: {chat: {replicas: 2}}").replace("cluster: local", "cluster: slurm")
-    path.write_text(text.replace("/ckpt/", "org/"))  # hub ids: a dry run checks local checkpoints exist
+    path.write_text(text.replace("/ckpt/", "org/"))  # hub ids, in an HF cache (stand-ins: no weights are read)
+    for repo_id in ("org/math", "org/chat"):
+        write_snapshot(tmp_path / "hf", repo_id)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     run_dir = tmp_path / "run"
     dry = CliRunner().invoke(app, ["up", str(path), "--run-dir", str(run_dir), "--dry-run"])
     assert dry.exit_code == 0, dry.output

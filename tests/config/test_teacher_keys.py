@@ -25,13 +25,15 @@ import pytest
 OPD = "on_policy_distillation"
 BLOCK = f"{OPD}.non_colocated_teachers.default_teacher_cfg"
 ALIAS_BLOCK = f"{OPD}.non_colocated_teachers.teacher_overrides.default_teacher"
-# gpus_per_node: 8, bf16, TP2; its teacher is a hub id (Qwen/Qwen3-1.7B), which plan does not look up
+# gpus_per_node: 8, bf16, TP2; its teacher is a hub id (Qwen/Qwen3-1.7B), which plan looks up in the
+# local HF cache: the fixture hub_cache holds it, for every test here
 QWEN3 = Path("examples/configs/recipes/llm/mopd-qwen3-1.7b-3n8g-megatron-pack.yaml")
 DISTILLATION = Path("examples/configs/distillation_math.yaml")
 WITHOUT = ("torch", "megatron", "megatron.core", "transformers", "ray")
 UNKNOWN = ("unknown key: not a TransformerConfig field of megatron-core 0.16/0.19, nor a NeMo RL megatron_cfg key "
            "podium knows")
 UNKNOWN_IN_BLOCK = UNKNOWN.replace("unknown key: not ", "unknown key: not a teacher setting, nor ")
+pytestmark = pytest.mark.usefixtures("hub_cache")
 
 
 def podium(*args: str | Path) -> subprocess.CompletedProcess:

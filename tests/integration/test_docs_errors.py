@@ -228,6 +228,61 @@ def _plan_refuses(checkpoint: str, teacher_cfg: dict, overrides: tuple[str, ...]
     return trigger
 
 
+SHARED_HF_HOME = "/shared/me/hf"  # the page's HF_HOME (nothing is made there)
+PINNED = "4f1b2c3d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+
+
+def _hub_id_not_cached(tmp: Path) -> str:
+    from harness.recipes import write_recipe
+
+    from podium.config.errors import ConfigError
+    from podium.config.plan import load_plan, require_checkpoints
+
+    recipe = write_recipe(tmp / "recipe.yaml", {"math": ("Qwen/Qwen3-1.7B", 1)})
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("HF_HUB_CACHE", raising=False)
+        env.setenv("HF_HOME", SHARED_HF_HOME)
+        with pytest.raises(ConfigError) as err:
+            require_checkpoints(load_plan(recipe))
+    return f"podium: error: {err.value}"
+
+
+def _hub_snapshot_gone(tmp: Path) -> str:
+    from podium.teacher.model.checkpoint_loader import resolve_checkpoint
+
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("HF_HUB_CACHE", raising=False)
+        env.setenv("HF_HOME", SHARED_HF_HOME)
+        with pytest.raises(ValueError, match="pinned when the teacher was planned") as err:
+            resolve_checkpoint("Qwen/Qwen3-1.7B", revision=PINNED)
+    return str(err.value)
+
+
+def _weights(shards: int = 0) -> Callable[[Path], str]:
+    """What `plan` (and `up`) say of a checkpoint folder holding config.json and, with ``shards``,
+    an index of two weight files of which only the first ``shards`` - 1 are there."""
+    def trigger(tmp: Path) -> str:
+        from harness.recipes import write_recipe
+
+        from podium.config.errors import ConfigError
+        from podium.config.plan import load_plan, require_checkpoints
+
+        folder = tmp / "math"
+        folder.mkdir()
+        (folder / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+        if shards:
+            names = [f"model-0000{i}-of-0000{shards}.safetensors" for i in range(1, shards + 1)]
+            index = {"weight_map": {f"layer{i}.weight": name for i, name in enumerate(names)}}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+            for name in names[:-1]:
+                (folder / name).write_bytes(b"")
+        recipe = write_recipe(tmp / "recipe.yaml", {"math": (folder, 1)})
+        with pytest.raises(ConfigError) as err:
+            require_checkpoints(load_plan(recipe))
+        return f"podium: error: {err.value}"
+    return trigger
+
+
 TRIGGERS: dict[str, Callable[[Path], str]] = {
     "teacher-key-typo": _plan_refuses("Qwen/Qwen3-1.7B", {"tensor_model_paralel_size": 4}),
     "override-typo": _plan_refuses("Qwen/Qwen3-1.7B", {}, (f"{BLOCK}.tensor_model_paralel_size=4",)),
@@ -248,6 +303,10 @@ TRIGGERS: dict[str, Callable[[Path], str]] = {
     "client-unavailable": _client_unavailable,
     "client-failed": _client_failed,
     "mamba-kernels": _mamba_kernels,
+    "hub-id-not-cached": _hub_id_not_cached,
+    "hub-snapshot-gone": _hub_snapshot_gone,
+    "no-weights": _weights(),
+    "partial-weights": _weights(shards=2),
 }
 NEEDS_SLURM = {"sacct-disabled"}
 
@@ -258,6 +317,7 @@ def test_every_quoted_error_has_a_trigger_and_every_trigger_a_quote() -> None:
 
 
 @pytest.mark.parametrize("error_id", sorted(TRIGGERS))
+@pytest.mark.usefixtures("hub_cache")  # the recipes' hub ids are in the HF cache, unless a trigger says otherwise
 def test_the_quoted_error_is_what_the_code_prints(error_id: str, tmp_path: Path) -> None:
     (text,) = [t for i, t in blocks() if i == error_id]
     actual = TRIGGERS[error_id](tmp_path)

@@ -19,6 +19,9 @@ from podium.launcher.common.jobs import JobRecord
 from podium.launcher.login import submission
 from podium.launcher.login.up import recorded_changes, up
 
+# its recipes name hub ids (Qwen/...): `plan` and `up` find them in the HF cache this fixture makes
+pytestmark = pytest.mark.usefixtures("hub_cache")
+
 RECIPE = """\
 on_policy_distillation:
   teacher_model_by_agent_name: {math: Qwen/Qwen2-0.5B}

@@ -16,6 +16,9 @@ from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.stop_request import request_stop
 from podium.launcher.login.run_dir import RUNS_DIR_ENV, default_run_dir, prepare_run_dir
 
+# its recipes name hub ids (Qwen/...): `plan` and `up` find them in the HF cache this fixture makes
+pytestmark = pytest.mark.usefixtures("hub_cache")
+
 RECIPE = """\
 on_policy_distillation:
   teacher_model_by_agent_name: {math: Qwen/Qwen2-0.5B}

@@ -15,6 +15,9 @@ from podium.launcher.login.scale import scale
 from podium.launcher.login.up import up
 from podium.rendezvous.manifest import read_rendezvous
 
+# its recipes name hub ids (Qwen/...): `plan` and `up` find them in the HF cache this fixture makes
+pytestmark = pytest.mark.usefixtures("hub_cache")
+
 
 @pytest.fixture
 def fake_slurm(monkeypatch):

@@ -14,6 +14,9 @@ from podium.config.plan import load_plan
 from podium.launcher.login import status
 from podium.launcher.login.up import up
 
+# its recipes name hub ids (Qwen/...): `plan` and `up` find them in the HF cache this fixture makes
+pytestmark = pytest.mark.usefixtures("hub_cache")
+
 
 @pytest.fixture
 def fake_slurm(monkeypatch):

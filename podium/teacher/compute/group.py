@@ -102,7 +102,8 @@ class TeacherWorkerGroup:
             sequence_length_multiple=rank0.sequence_length_multiple,
             data_parallel_size=rank0.dp_size,
             max_tokens_per_microbatch=spec.token_budget(rank0.max_position_embeddings),
-            checkpoint_path=str(spec.model_name),
+            # a hub id: the pinned snapshot the ranks loaded (its tokenizer too, not whatever main is now)
+            checkpoint_path=rank0.checkpoint_path if spec.revision else str(spec.model_name),
             temperature=spec.temperature,
             parallel_sizes=spec.parallel_sizes(),
         )
@@ -126,7 +127,7 @@ class TeacherWorkerGroup:
         from podium.teacher.model.megatron_config import check_model_layout, split_overrides
 
         s = self.spec
-        desc = describe_model(s.model_name, self.options.hf_config)
+        desc = describe_model(s.model_name, self.options.hf_config, revision=s.revision)
         check_model_layout(desc, s.parallel_sizes(), where=f"teacher {s.name!r}: ")
         split_overrides(s.megatron_cfg_overrides, f"teacher {s.name!r} megatron_cfg_overrides")
 
@@ -189,6 +190,7 @@ class TeacherWorkerGroup:
                 seed=o.seed,
                 teacher_name=s.name,
                 dist_timeout_s=o.dist_timeout_s,
+                revision=s.revision,
             )
             for actor in self._actors
         ]

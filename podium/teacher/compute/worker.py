@@ -115,8 +115,10 @@ class TeacherWorker:
         seed: int = DEFAULT_SEED,
         teacher_name: str = "teacher",
         dist_timeout_s: float = 600.0,
+        revision: str | None = None,
     ) -> RankInfo:
-        """Initialise parallel state, build and load the model stage; return this rank's :class:`RankInfo`."""
+        """Initialise parallel state, build and load the model stage (a hub id: its snapshot
+        ``revision``, the plan's pin); return this rank's :class:`RankInfo`."""
         import torch
 
         from podium.teacher.cpu.cuda_shims import apply_cuda_shims
@@ -132,7 +134,7 @@ class TeacherWorker:
         )
         loaded = build_and_load(
             checkpoint, parallel, precision, overrides, hf_config=hf_config,
-            where=f"teacher {teacher_name!r} megatron_cfg_overrides",
+            where=f"teacher {teacher_name!r} megatron_cfg_overrides", revision=revision,
         )
         self._place(loaded)
         self._ready = True

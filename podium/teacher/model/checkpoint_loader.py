@@ -6,8 +6,9 @@ rank, used by the Ray worker and by ``convert``. ``parallel_state`` must already
 
 Checkpoint forms accepted by :func:`resolve_checkpoint`: a local directory in a format of
 :mod:`podium.config.checkpoints` (HF, or ``torch_dist`` whose architecture comes from a
-``config.json`` stored with it), or an HF hub id (``org/name``) already in the local HF cache
-(nothing is downloaded).
+``config.json`` stored with it), or an HF hub id (``org/name``) already in the local HF cache: the
+snapshot the plan pinned (``TeacherSpec.revision``), found by the planner's own rule
+(:func:`podium.config.checkpoints.checkpoint_dir`); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podium.config.checkpoints import HF_CONFIG, CheckpointError, find_checkpoint
+from podium.config.checkpoints import HF_CONFIG, CheckpointError, checkpoint_dir, find_checkpoint
 from podium.teacher.model.hf import ModelDescription, describe_hf_config
 
 logger = logging.getLogger(__name__)
@@ -36,40 +37,25 @@ class ResolvedCheckpoint:
     config_path: Path
 
 
-def _hub_cache_lookup(name: str) -> Path | None:
-    if name.count("/") != 1 or name.startswith(("/", ".")):
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        return None
-    try:
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # not in the cache (or no hub library): not an error here
-        return None
-
-
-def resolve_checkpoint(name: str | os.PathLike[str],
-                       hf_config: str | os.PathLike[str] | None = None) -> ResolvedCheckpoint:
-    """The checkpoint a teacher names: a local directory (decided by
-    :func:`podium.config.checkpoints.find_checkpoint`, the rule the planner uses) or a hub id
-    already in the local HF cache."""
+def resolve_checkpoint(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
+                       revision: str | None = None) -> ResolvedCheckpoint:
+    """The checkpoint a teacher names: a local directory, or a hub id's snapshot in the local HF
+    cache (commit ``revision``, the one the plan pinned), found and judged by the planner's rules
+    (:func:`podium.config.checkpoints.checkpoint_dir`, :func:`~podium.config.checkpoints.find_checkpoint`).
+    A ``ValueError`` naming it and why otherwise (a pinned snapshot gone from the cache: the id,
+    the revision, the cache and the command that fetches it)."""
     from podium.teacher.model.torch_dist import find_hf_config
 
     text = str(name)
-    path = Path(os.path.expanduser(text))
-    if not path.exists():
-        cached = _hub_cache_lookup(text)
-        if cached is None:
-            raise ValueError(
-                f"checkpoint {text}: no such directory (and not an HF hub id in the local cache; "
-                "podium does not download weights)"
-            )
-        path = cached
     try:
+        path = checkpoint_dir(text, revision)
+        if not path.exists():
+            raise ValueError(f"checkpoint {text}: no such directory")
         found = find_checkpoint(path)
     except CheckpointError as exc:
         raise ValueError(str(exc)) from None
+    if path != Path(os.path.expanduser(text)):
+        logger.info("checkpoint %s: snapshot %s", text, path)
     if found.kind == "torch_dist":
         return ResolvedCheckpoint(text, "torch_dist", found.path, find_hf_config(found.path, hf_config))
     return ResolvedCheckpoint(text, "hf", found.path, Path(hf_config) if hf_config else found.path / HF_CONFIG)
@@ -85,9 +71,10 @@ def describe_checkpoint(resolved: ResolvedCheckpoint) -> ModelDescription:
     return describe_hf_config(config, resolved.name)
 
 
-def describe_model(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None) -> ModelDescription:
-    """The architecture of the checkpoint ``name`` (no torch, no megatron)."""
-    return describe_checkpoint(resolve_checkpoint(name, hf_config))
+def describe_model(name: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
+                   revision: str | None = None) -> ModelDescription:
+    """The architecture of the checkpoint ``name`` (a hub id: its snapshot ``revision``; no torch, no megatron)."""
+    return describe_checkpoint(resolve_checkpoint(name, hf_config, revision))
 
 
 @dataclass
@@ -111,15 +98,17 @@ def build_and_load(
     *,
     hf_config: str | os.PathLike[str] | None = None,
     where: str = "megatron_cfg_overrides",
+    revision: str | None = None,
 ) -> LoadedModel:
-    """Build this rank's GPTModel stage and fill it from ``checkpoint`` (HF slices or torch_dist)."""
+    """Build this rank's GPTModel stage and fill it from ``checkpoint`` (HF slices or torch_dist; a
+    hub id: its snapshot ``revision``)."""
     from megatron.core import parallel_state
 
     from podium.teacher.model import megatron_config, megatron_model
     from podium.teacher.model.hf import RankLayout, load_hf_weights
 
     started = time.perf_counter()
-    resolved = resolve_checkpoint(checkpoint, hf_config)
+    resolved = resolve_checkpoint(checkpoint, hf_config, revision)
     desc = describe_checkpoint(resolved)
     _, options = megatron_config.split_overrides(overrides or {}, where)
     tp = int(parallel.get("tensor_model_parallel_size", 1))

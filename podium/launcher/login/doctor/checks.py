@@ -79,10 +79,11 @@ def check_checkpoints(plan: Plan | None) -> Check:
     if plan.warnings:
         return Check("checkpoints", FAIL, " | ".join(plan.warnings),
                      "point the recipe's checkpoint paths at HF or Megatron torch_dist checkpoint directories "
-                     "that exist (`podium plan RECIPE` shows each one)")
+                     "that exist, and fetch its hub ids into the HF cache the nodes read (the message names the "
+                     "command; `podium plan RECIPE` shows each one)")
     local = [s for s in plan.teachers if Path(s.model_name).is_absolute()]
     return Check("checkpoints", PASS, f"{len(local)} local checkpoint(s) found, "
-                 f"{len(plan.teachers) - len(local)} hub id(s) not checked")
+                 f"{len(plan.teachers) - len(local)} hub id(s) in the local HF cache (their snapshot pinned)")
 
 
 # ---------------------------------------------------------------------------------------------- local
