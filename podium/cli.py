@@ -101,11 +101,23 @@ def convert(
     typer.echo(f"wrote {out}")
 
 
-RunDirArg = typer.Argument(..., help=f"The run directory (or its {RENDEZVOUS_FILE}).")
+RunDirArg = typer.Argument(
+    ..., help=f"The run directory (or its {RENDEZVOUS_FILE}, or the recipe `up` was given without --run-dir).")
 
 
 def _run_dir(path: Path) -> Path:
-    return RunLayout.from_rendezvous_path(path).run_dir
+    """The run dir ``path`` names (a run dir, its rendezvous.json, a recipe); exit 2 naming ``path``
+    when it names none."""
+    from podium.launcher.login.run_dir import NotARunDirError, locate_run_dir
+
+    try:
+        run_dir, how = locate_run_dir(path)
+    except (NotARunDirError, ConfigError) as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    if how:
+        _notices([how])
+    return run_dir
 
 
 @app.command()
@@ -178,15 +190,17 @@ def _notices(lines: list[str]) -> None:
 
 def _wait(run_dir: Path, timeout: float) -> None:
     from podium.cli_render import WaitView
+    from podium.launcher.common.slurm_state import SlurmQueryError
     from podium.launcher.login.status import WaitFailed, wait
+    from podium.rendezvous.atomic import FileReadError
 
     view = WaitView()
     try:
         with view:
             wait(run_dir, timeout, on_update=view.update)
-    except WaitFailed as exc:
+    except (WaitFailed, FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1) from None
     typer.echo("all teachers ready")
 
 
@@ -212,15 +226,15 @@ def status(
     from podium.launcher.login import status as teacher_status
     from podium.rendezvous.atomic import FileReadError
 
+    target = _run_dir(run_dir)
     try:
-        rows = teacher_status.status(_run_dir(run_dir))
+        rows = teacher_status.status(target)
     except (FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1) from None
     if watch is not None and not as_json:
         from podium.cli_render import watch_status
 
-        target = _run_dir(run_dir)
         watch_status(lambda: teacher_status.status(target), watch, errors=(FileReadError, SlurmQueryError))
         return
     if as_json:
