@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 
 EXIT_USER_ERROR = 2
+WATCH_DEFAULT_S = 2.0  # `status --watch` without seconds
 
 RecipeArg = typer.Argument(..., help="NeMo RL recipe (YAML) with an on_policy_distillation section.")
 EXAMPLE_RECIPE = Path(__file__).parent / "examples" / "mopd_example.yaml"
@@ -217,8 +218,9 @@ def wait(
 def status(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    watch: float | None = typer.Option(None, "--watch", min=0.5,
-                                          help="Refresh the table every SECONDS until Ctrl-C."),
+    watch: float | None = typer.Option(
+        None, "--watch", min=0.5, metavar="[SECONDS]",
+        help=f"Refresh the table every SECONDS until Ctrl-C (`--watch` alone: every {WATCH_DEFAULT_S:g} s)."),
 ) -> None:
     """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s and answer
     bytes/s over the last minute, queue depth, padding share); exit 0 only when all are ready."""
@@ -250,7 +252,8 @@ def status(
 @app.command()
 def logs(
     run_dir: Path = RunDirArg,
-    teacher: str = typer.Argument(..., help="Teacher name, key, folder name, or NAME#i for its replica i."),
+    teacher: str = typer.Argument(
+        ..., help="Teacher name, key or any of its aliases, folder name, or NAME#i for its replica i."),
     node: int | None = typer.Option(None, "--node", help="Node rank (default: all)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing as the log grows."),
 ) -> None:
@@ -280,7 +283,8 @@ def logs(
 def down(
     run_dir: Path = RunDirArg,
     teachers: list[str] | None = typer.Argument(
-        None, help="Teachers to stop, each by name, key, folder name, or NAME#i for its replica i (default: all)."),
+        None, help="Teachers to stop, each by name, key or any of its aliases, folder name, or NAME#i for its "
+             "replica i (default: all)."),
 ) -> None:
     """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
     from podium.launcher.common.slurm_state import SlurmQueryError
@@ -302,7 +306,8 @@ def down(
 def scale(
     run_dir: Path = RunDirArg,
     teacher: str = typer.Argument(
-        ..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
+        ..., help="Teacher name (its first alias), key or any of its aliases, or the folder name or NAME#i of "
+             "any of its replicas."),
     replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
 ) -> None:
     """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond
@@ -333,7 +338,8 @@ def render(
     recipe: Path = RecipeArg,
     overrides: list[str] | None = OverridesArg,
     launcher: Path | None = LauncherOpt,
-    teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key; NAME#i for its replica i."),
+    teacher: str = typer.Option(
+        ..., "--teacher", help="Teacher name (its first alias), key or any of its aliases; NAME#i for its replica i."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(
         False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."
@@ -413,9 +419,39 @@ def demo(
     raise typer.Exit(run_demo(keep, timeout))
 
 
+@app.callback()
+def _options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print podium's INFO log lines (on stderr)."),
+) -> None:
+    # The CLI's own words are its output; log lines are for when something goes wrong (warnings),
+    # or for a closer look (--verbose).
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def with_watch_default(argv: list[str]) -> list[str]:
+    """``argv`` with :data:`WATCH_DEFAULT_S` after a ``--watch`` that has no number after it: the
+    README's ``status --watch`` is a flag, ``--watch 5`` still sets 5 (a typer option takes no
+    optional value, so the default is filled in here)."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        out.append(word)
+        if word == "--watch" and (i + 1 == len(argv) or not _is_number(argv[i + 1])):
+            out.append(f"{WATCH_DEFAULT_S:g}")
+    return out
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app(args=with_watch_default(sys.argv[1:]))
 
 
 if __name__ == "__main__":  # dist_checkpointing re-imports __main__ in spawned helpers
