@@ -375,8 +375,8 @@ def doctor(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
-    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and
-    podium on a node, ports); exit 0 when all pass."""
+    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python, podium
+    and the teacher's packages on a node, ports); exit 0 when all pass."""
     from podium.config.launcher import TeacherLauncherSettings
     from podium.config.plan import load_plan
     from podium.launcher.login.doctor.checks import run_doctor

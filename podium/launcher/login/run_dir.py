@@ -53,6 +53,7 @@ def default_run_dir(plan: Plan) -> Path:
 
 
 def _run_dir_for(recipe: Path, run_dir_setting: str | None) -> Path:
+    """:func:`default_run_dir`'s rule, from the recipe's path and its ``podium.run_dir``."""
     if run_dir_setting:
         return Path(run_dir_setting).expanduser()
     recipe = recipe.expanduser().resolve()
