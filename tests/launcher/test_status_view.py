@@ -95,3 +95,15 @@ def test_a_wide_console_shows_one_table_and_the_aliases_below_it() -> None:
     (header,) = [line for line in lines if "teacher" in line]
     assert "endpoint" in header and "tok/s 1m" in header and "aliases" not in header
     assert "math serves: math, code" in lines
+
+
+def test_watch_is_a_flag_with_a_default_interval_and_still_takes_seconds() -> None:
+    """The README's ``status RUN --watch`` (a flag) refreshes every 2 s; ``--watch 5`` every 5 s."""
+    from podium.cli import WATCH_DEFAULT_S, with_watch_default
+
+    assert WATCH_DEFAULT_S == 2
+    assert with_watch_default(["status", "run", "--watch"]) == ["status", "run", "--watch", "2"]
+    assert with_watch_default(["status", "--watch", "run"]) == ["status", "--watch", "2", "run"]
+    assert with_watch_default(["status", "run", "--watch", "--json"]) == ["status", "run", "--watch", "2", "--json"]
+    for kept in (["status", "run", "--watch", "5"], ["status", "run", "--watch=0.5"], ["status", "run"]):
+        assert with_watch_default(kept) == kept
