@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 
 EXIT_USER_ERROR = 2
+WATCH_DEFAULT_S = 2.0  # `status --watch` without seconds
 
 RecipeArg = typer.Argument(..., help="NeMo RL recipe (YAML) with an on_policy_distillation section.")
 EXAMPLE_RECIPE = Path(__file__).parent / "examples" / "mopd_example.yaml"
@@ -101,11 +102,23 @@ def convert(
     typer.echo(f"wrote {out}")
 
 
-RunDirArg = typer.Argument(..., help=f"The run directory (or its {RENDEZVOUS_FILE}).")
+RunDirArg = typer.Argument(
+    ..., help=f"The run directory (or its {RENDEZVOUS_FILE}, or the recipe `up` was given without --run-dir).")
 
 
 def _run_dir(path: Path) -> Path:
-    return RunLayout.from_rendezvous_path(path).run_dir
+    """The run dir ``path`` names (a run dir, its rendezvous.json, a recipe); exit 2 naming ``path``
+    when it names none."""
+    from podium.launcher.login.run_dir import NotARunDirError, locate_run_dir
+
+    try:
+        run_dir, how = locate_run_dir(path)
+    except (NotARunDirError, ConfigError) as exc:
+        typer.echo(f"podium: error: {exc}", err=True)
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    if how:
+        _notices([how])
+    return run_dir
 
 
 @app.command()
@@ -178,15 +191,17 @@ def _notices(lines: list[str]) -> None:
 
 def _wait(run_dir: Path, timeout: float) -> None:
     from podium.cli_render import WaitView
+    from podium.launcher.common.slurm_state import SlurmQueryError
     from podium.launcher.login.status import WaitFailed, wait
+    from podium.rendezvous.atomic import FileReadError
 
     view = WaitView()
     try:
         with view:
             wait(run_dir, timeout, on_update=view.update)
-    except WaitFailed as exc:
+    except (WaitFailed, FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1) from None
     typer.echo("all teachers ready")
 
 
@@ -203,8 +218,9 @@ def wait(
 def status(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    watch: float | None = typer.Option(None, "--watch", min=0.5,
-                                          help="Refresh the table every SECONDS until Ctrl-C."),
+    watch: float | None = typer.Option(
+        None, "--watch", min=0.5, metavar="[SECONDS]",
+        help=f"Refresh the table every SECONDS until Ctrl-C (`--watch` alone: every {WATCH_DEFAULT_S:g} s)."),
 ) -> None:
     """Per teacher: job, Slurm state, generation, endpoint, health, load (tokens/s and answer
     bytes/s over the last minute, queue depth, padding share); exit 0 only when all are ready."""
@@ -212,15 +228,15 @@ def status(
     from podium.launcher.login import status as teacher_status
     from podium.rendezvous.atomic import FileReadError
 
+    target = _run_dir(run_dir)
     try:
-        rows = teacher_status.status(_run_dir(run_dir))
+        rows = teacher_status.status(target)
     except (FileReadError, SlurmQueryError) as exc:
         typer.echo(f"podium: error: {exc}", err=True)
         raise typer.Exit(EXIT_USER_ERROR if isinstance(exc, FileReadError) else 1) from None
     if watch is not None and not as_json:
         from podium.cli_render import watch_status
 
-        target = _run_dir(run_dir)
         watch_status(lambda: teacher_status.status(target), watch, errors=(FileReadError, SlurmQueryError))
         return
     if as_json:
@@ -236,7 +252,8 @@ def status(
 @app.command()
 def logs(
     run_dir: Path = RunDirArg,
-    teacher: str = typer.Argument(..., help="Teacher name, key, folder name, or NAME#i for its replica i."),
+    teacher: str = typer.Argument(
+        ..., help="Teacher name, key or any of its aliases, folder name, or NAME#i for its replica i."),
     node: int | None = typer.Option(None, "--node", help="Node rank (default: all)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing as the log grows."),
 ) -> None:
@@ -266,7 +283,8 @@ def logs(
 def down(
     run_dir: Path = RunDirArg,
     teachers: list[str] | None = typer.Argument(
-        None, help="Teachers to stop, each by name, key, folder name, or NAME#i for its replica i (default: all)."),
+        None, help="Teachers to stop, each by name, key or any of its aliases, folder name, or NAME#i for its "
+             "replica i (default: all)."),
 ) -> None:
     """Cancel the teachers' jobs and mark their records stopped (safe to repeat)."""
     from podium.launcher.common.slurm_state import SlurmQueryError
@@ -288,7 +306,8 @@ def down(
 def scale(
     run_dir: Path = RunDirArg,
     teacher: str = typer.Argument(
-        ..., help="Teacher name (first alias), key, or the folder name or NAME#i of any of its replicas."),
+        ..., help="Teacher name (its first alias), key or any of its aliases, or the folder name or NAME#i of "
+             "any of its replicas."),
     replicas: int = typer.Argument(..., help="How many replicas (independent allocations) serve it from now on."),
 ) -> None:
     """Change how many replicas serve a running teacher: submit the missing ones, stop those beyond
@@ -319,7 +338,8 @@ def render(
     recipe: Path = RecipeArg,
     overrides: list[str] | None = OverridesArg,
     launcher: Path | None = LauncherOpt,
-    teacher: str = typer.Option(..., "--teacher", help="Teacher name (first alias) or key; NAME#i for its replica i."),
+    teacher: str = typer.Option(
+        ..., "--teacher", help="Teacher name (its first alias), key or any of its aliases; NAME#i for its replica i."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory the script uses (default: as `up`)."),
     write: bool = typer.Option(
         False, "--write", help="Also write the run dir (spec, rendezvous, token) so the script can run."
@@ -355,8 +375,8 @@ def doctor(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
-    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python and
-    podium on a node, ports); exit 0 when all pass."""
+    """Check what a first run needs (Slurm, sacct, partitions, GPUs, shared run dir, Python, podium
+    and the teacher's packages on a node, ports); exit 0 when all pass."""
     from podium.config.launcher import TeacherLauncherSettings
     from podium.config.plan import load_plan
     from podium.launcher.login.doctor.checks import run_doctor
@@ -399,9 +419,39 @@ def demo(
     raise typer.Exit(run_demo(keep, timeout))
 
 
+@app.callback()
+def _options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print podium's INFO log lines (on stderr)."),
+) -> None:
+    # The CLI's own words are its output; log lines are for when something goes wrong (warnings),
+    # or for a closer look (--verbose).
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def with_watch_default(argv: list[str]) -> list[str]:
+    """``argv`` with :data:`WATCH_DEFAULT_S` after a ``--watch`` that has no number after it: the
+    README's ``status --watch`` is a flag, ``--watch 5`` still sets 5 (a typer option takes no
+    optional value, so the default is filled in here)."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        out.append(word)
+        if word == "--watch" and (i + 1 == len(argv) or not _is_number(argv[i + 1])):
+            out.append(f"{WATCH_DEFAULT_S:g}")
+    return out
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app(args=with_watch_default(sys.argv[1:]))
 
 
 if __name__ == "__main__":  # dist_checkpointing re-imports __main__ in spawned helpers

@@ -6,8 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from podium.config.checkpoints import hub_snapshot_path
 from podium.config.needs import teacher_needs
@@ -17,10 +20,15 @@ if TYPE_CHECKING:
     from rich.live import Live
 
 
+def compact_table(title: str | None) -> Table:
+    """The CLI's tables: a rule under the header, no box (100 columns hold a plan or a status)."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+
+
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=f"podium plan: {plan.recipe_path}", title_justify="left")
-    table.add_column("teacher", overflow="fold", ratio=3)
+    table = compact_table(f"podium plan: {plan.recipe_path}")
+    table.add_column("teacher", no_wrap=True)  # a name read in pieces is misread
     table.add_column("key", no_wrap=True)
     table.add_column("aliases", justify="right", no_wrap=True)
     table.add_column("checkpoint", overflow="fold", ratio=3)
@@ -88,29 +96,81 @@ def bytes_per_s(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def status_table(rows: list, title: str = "podium status") -> Table:
-    table = Table(title=title, title_justify="left")
-    # a replica of a teacher is a row of its own, named `name#i` (i >= 1)
-    for col in ("teacher", "aliases", "T", "job", "slurm", "restarts", "generation", "status", "endpoint", "health",
-                "heartbeat", *LOAD_COLUMNS):
-        table.add_column(col, overflow="fold", justify="right" if col in LOAD_COLUMNS else "left")
+STATE_COLUMNS = ("job", "slurm", "restarts", "generation", "status", "health", "heartbeat")
+SERVING_COLUMNS = ("endpoint", "T", *LOAD_COLUMNS)
+# Never broken over lines (a URL, a name, a job id read in pieces is misread); the status wraps.
+WHOLE = frozenset({"teacher", "job", "slurm", "generation", "endpoint", "T", *LOAD_COLUMNS})
+UNLIMITED = 100_000  # a width no table reaches: a table measured against it is at its natural width
+
+
+def _status_word(r: Any) -> str:
+    """The status cell: the record's status and what comes of it (the reason goes below the table)."""
+    status = r.status
+    if r.superseded:
+        status += " [dim](earlier run; requeued)[/dim]"
+    elif r.status == "failed" and r.restart:
+        n, limit = r.restart.get("consecutive_failures"), r.restart.get("max_consecutive_failures")
+        if not r.final:
+            status += f" [yellow]retrying: {n}/{limit} failures[/yellow]"
+        else:
+            gave_up = n and limit and n >= limit  # else final for another reason (the record's reason says)
+            status += f" [red]final after {n}/{limit} failures[/red]" if gave_up else " [red]final[/red]"
+    if not r.in_plan:
+        status += " [dim](not in the rendezvous)[/dim]"
+    return status
+
+
+def _cells(r: Any) -> dict[str, str]:
+    """Every column's cell of one row."""
+    load = r.load or {}
+    out = load.get("bytes_out_per_s_1m")
+    figures = (f"{load['tokens_per_s_1m']:.0f}", "-" if out is None else bytes_per_s(out),
+               f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") if load else ("-",) * len(LOAD_COLUMNS)
+    return {"teacher": r.display, "T": f"{r.temperature:g}", "job": r.job_id or "-", "slurm": r.slurm_state,
+            "restarts": "-" if r.restarts is None else str(r.restarts), "generation": r.generation or "-",
+            "status": _status_word(r), "endpoint": r.url or "-",
+            "health": {True: "[green]ok[/green]", False: "[red]down[/red]", None: "-"}[r.health],
+            "heartbeat": _age(r.heartbeat_age_s), **dict(zip(LOAD_COLUMNS, figures, strict=True))}
+
+
+def _table(rows: list, title: str | None, columns: tuple[str, ...]) -> Table:
+    table = compact_table(title)
+    for col in ("teacher", *columns):
+        table.add_column(col, no_wrap=col in WHOLE, overflow="fold",
+                         justify="right" if col in LOAD_COLUMNS else "left")
     for r in rows:
-        health = {True: "[green]ok[/green]", False: "[red]down[/red]", None: "-"}[r.health]
-        status = r.status + (f" ({r.reason})" if r.reason and r.status in ("failed", "stopped", "draining") else "")
-        if r.superseded:
-            status += " [dim](earlier run; requeued)[/dim]"
-        elif r.status == "failed" and r.restart:
-            failures = f"{r.restart.get('consecutive_failures')}/{r.restart.get('max_consecutive_failures')} failures"
-            status += f" [red]final after {failures}[/red]" if r.final else f" [yellow]retrying: {failures}[/yellow]"
-        name = r.display if r.in_plan else f"{r.display} [dim](not in the rendezvous)[/dim]"
-        restarts = "-" if r.restarts is None else str(r.restarts)
-        load = r.load or {}
-        out = load.get("bytes_out_per_s_1m")
-        figures = (f"{load['tokens_per_s_1m']:.0f}", "-" if out is None else bytes_per_s(out),
-                   f"{load['queue_depth']:.0f}", f"{load['padding_share']:.1%}") if load else ("-",) * len(LOAD_COLUMNS)
-        table.add_row(name, ", ".join(r.aliases), f"{r.temperature:g}", r.job_id or "-", r.slurm_state, restarts,
-                      r.generation or "-", status, r.url or "-", health, _age(r.heartbeat_age_s), *figures)
+        cells = _cells(r)
+        table.add_row(*(cells[col] for col in ("teacher", *columns)))
     return table
+
+
+class StatusView:
+    """``podium status``'s screen: one table where the console is wide enough for each row on one
+    line; else two (the jobs' state, then where each replica serves and its load), each narrow
+    enough for 100 columns with a URL, a name and a job id unbroken. Below them, each teacher's aliases
+    and each replica's reason (a failure's cause, why it stopped), as lines that wrap at words."""
+
+    def __init__(self, rows: list, title: str = "podium status") -> None:
+        self.rows, self.title = rows, title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = _table(self.rows, self.title, (*STATE_COLUMNS[:-2], "endpoint", *STATE_COLUMNS[-2:], "T",
+                                              *LOAD_COLUMNS))
+        if Measurement.get(console, options.update_width(UNLIMITED), wide).maximum <= options.max_width:
+            yield wide
+        else:
+            yield _table(self.rows, self.title, STATE_COLUMNS)
+            yield _table(self.rows, None, SERVING_COLUMNS)
+        for name, aliases in {r.name: r.aliases for r in self.rows}.items():
+            yield Text.assemble((name, "bold"), f" serves: {', '.join(aliases)}")
+        for r in self.rows:
+            if r.reason and r.status in ("failed", "stopped", "draining"):
+                yield Text(f"{r.display}: {r.status}: {r.reason}")
+
+
+def status_table(rows: list, title: str = "podium status") -> StatusView:
+    """What ``podium status`` prints for ``rows`` (:class:`StatusView`)."""
+    return StatusView(rows, title)
 
 
 def print_status(rows: list, console: Console | None = None) -> None:

@@ -55,6 +55,7 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     import torch
     from rich.console import Console
     from rich.table import Table
+    from transformers.utils import logging as hf_logging
 
     from podium.apps.tiny_models import hf_oracle_logprobs
     from podium.cli_render import WaitView
@@ -66,6 +67,7 @@ def run_demo(keep: Path | None = None, timeout_s: float = 240.0) -> int:
     from podium.rendezvous.layout import RunLayout
 
     console = Console()
+    hf_logging.disable_progress_bar()  # the oracle's "Loading weights" bars are not the demo's output
     t0 = time.monotonic()
     root = Path(keep).absolute() if keep else Path(tempfile.mkdtemp(prefix="podium-demo-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -135,9 +135,10 @@ class TeacherSpec(ParallelLayout):
 
     @property
     def names(self) -> frozenset[str]:
-        """Every word a user may type to select this replica (``podium down/logs/scale``): the
-        teacher's name or key (which select all its replicas), its folder name and its display name."""
-        return frozenset((self.name, self.key, self.label, self.display))
+        """Every word a user may type to select this replica (``podium down/logs/scale``, ``render
+        --teacher``): the teacher's name, key or any of its aliases (which select all its replicas;
+        a recipe maps each alias to one teacher), its folder name and its display name."""
+        return frozenset((self.name, self.key, *self.aliases, self.label, self.display))
 
     def replica_spec(self, replica: int) -> TeacherSpec:
         """This teacher's spec for replica ``replica``."""

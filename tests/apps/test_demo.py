@@ -18,5 +18,8 @@ def test_demo_the_readme_first_command(tmp_path: Path) -> None:
     assert "all aliases match" in demo.stdout and "brought everything down" in demo.stdout
     for alias in ("math", "code", "chat"):
         assert f"│ {alias}" in demo.stdout  # one row per alias in the table
+    # the demo's output is its own: no progress bars of the libraries it loads, no INFO log lines
+    assert "Loading weights" not in demo.stderr and "%|" not in demo.stderr, demo.stderr[-3000:]
+    assert not [line for line in demo.stderr.splitlines() if line.startswith("INFO ")], demo.stderr[-3000:]
     for _, files in known_teachers(keep / "run"):
         assert run_processes(files) == {}

@@ -143,3 +143,20 @@ def test_expert_tp_and_the_shared_expert_split_are_checked_at_plan_time() -> Non
             "MLP (moe_intermediate_size=32) into 16 per rank; the latent projections are whole on every rank") in needs
     assert ("PP2: 3 consecutive layers per pipeline stage (stage 0: 2 Mamba-2, 1 MoE; stage 1: 1 attention, 1 MoE, "
             "1 MLP)") in needs
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_the_plan_keeps_the_teacher_name_and_every_alias_whole_at_100_and_120_columns(
+        ultra: Path, ultra_checkpoint: Path, width: int) -> None:
+    """Ultra's general teacher is named after its first alias, ``math_with_judge_simple_agent``: at a
+    terminal's usual width the table shows it on one line, and each of its 26 aliases is whole."""
+    result = CliRunner().invoke(app, ["plan", str(ultra), f"_teachers.general={ultra_checkpoint}"],
+                                env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    (row,) = [line for line in lines if line.startswith("math_with_judge_simple_agent ") and "serves" not in line]
+    assert re.search(r" [0-9a-f]{12} ", row), row  # its key on the same line
+    (teacher,) = load_plan(ultra, [f"_teachers.general={ultra_checkpoint}"]).teachers
+    for alias in teacher.aliases:
+        assert any(re.search(rf"(^|[ ,]){alias}(,|$)", line.rstrip()) for line in lines), alias

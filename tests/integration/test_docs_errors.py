@@ -163,6 +163,43 @@ def _local_too_few(tmp: Path) -> str:
     return str(err.value)
 
 
+# A Python without the packages of podium's extras (a trainer's light install): each raises
+# ModuleNotFoundError on import, as when not installed; prints the error the code raises.
+_WITHOUT_EXTRAS = """
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"torch", "megatron", "ray", "transformers", "safetensors", "aiohttp",
+                                      "prometheus_client", "psutil", "submitit", "einops"}:
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+try:
+    %s
+except Exception as exc:
+    print(exc)
+"""
+
+
+def _without_extras(statement: str) -> Callable[[Path], str]:
+    def trigger(tmp: Path) -> str:
+        proc = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRAS % statement], capture_output=True, text=True,
+                              cwd=REPO, timeout=120, check=True)
+        return proc.stdout.strip()
+
+    return trigger
+
+
+def _not_a_run_dir(tmp: Path) -> str:
+    from podium.launcher.login.run_dir import NotARunDirError, locate_run_dir
+
+    with pytest.raises(NotARunDirError) as err:
+        locate_run_dir(tmp / "mopd-rnu")
+    return str(err.value)
+
+
 def _spec(tmp: Path, slurm: dict, gpus_per_node: int):
     from harness.recipes import write_recipe
 
@@ -291,6 +328,11 @@ TRIGGERS: dict[str, Callable[[Path], str]] = {
     "ray-start-died": _ray_start_died,
     "run-dir-not-shared": _run_dir_not_shared,
     "podium-not-on-node": _podium_not_on_node,
+    "node-without-teacher-packages": _without_extras(
+        "from podium.launcher.job.node_run import check_teacher_packages; check_teacher_packages('n1')"),
+    "up-without-submitit": _without_extras(
+        "from podium.launcher.login.submission import require_launcher_packages; require_launcher_packages()"),
+    "not-a-run-dir": _not_a_run_dir,
     "ray-ports": _ray_ports,
     "ray-range-small": _ray_range_small,
     "server-ports": _server_ports,

@@ -2,7 +2,8 @@
 cluster: a good recipe passes every row; a recipe whose partition does not exist fails that row
 with the fix, and still runs the other checks; a local recipe on a machine without CUDA passes
 (the teacher runs on CPU, and the row says so), one the local backend refuses fails with its words.
-The test job's program, run where podium does not import, still reports its interpreter and file.
+The test job's program, run where podium does not import, still reports its interpreter and file,
+and, where the teacher's packages are missing, which ones.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import pytest
 from harness.cli import podium
 from harness.recipes import write_recipe
 
+from podium.launcher.common.packages import TEACHER_PACKAGES
 from podium.launcher.login.doctor import probe
 from podium.launcher.login.doctor.probe_job import PODIUM_FIX, _judge_probe
 from podium.launcher.login.sbatch_errors import REFUSALS
 
 SLURM_ROWS = ["slurm", "sacct", "partition low", "checkpoints", "test job", "run dir", "python", "podium",
-              "ports", "address"]
+              "packages", "ports", "address"]
 
 
 def _checks(proc) -> dict[str, dict[str, str]]:
@@ -67,7 +69,7 @@ def test_doctor_local_without_cuda_runs_on_cpu_and_refuses_two_nodes(tiny_llama_
     ok = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json", env=cpu, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     checks = _checks(ok)
-    assert list(checks) == ["teacher math", "checkpoints", "run dir", "ports", "address"]
+    assert list(checks) == ["teacher math", "checkpoints", "run dir", "packages", "ports", "address"]
     assert "runs on CPU" in checks["teacher math"]["detail"]
 
     two = podium("doctor", str(recipe), "--run-dir", str(tmp_path / "run"), "--json",
@@ -105,3 +107,22 @@ def test_probe_reports_python_and_run_dir_where_podium_does_not_import(tmp_path:
     assert [rows[n].state for n in ("test job", "run dir", "python", "podium", "ports", "address")] == [
         "pass", "pass", "pass", "fail", "skip", "skip"], rows
     assert "No module named 'podium'" in rows["podium"].detail and rows["podium"].fix == PODIUM_FIX
+
+
+def test_probe_on_a_node_without_the_teachers_packages_fails_the_packages_row(tmp_path: Path) -> None:
+    """A node Python without torch, megatron-core or Ray (here: no site-packages) fails the doctor's
+    packages row, naming each missing module and the command that installs them, though podium's own
+    rows say nothing of it."""
+    out = tmp_path / ".doctor" / "5b7e2c9d1a3f.json"
+    out.parent.mkdir()
+    args = {"token": "5b7e2c9d1a3f", "out": str(out), "settings": {}, "packages": dict(TEACHER_PACKAGES)}
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", Path(probe.__file__).read_text(), json.dumps(args)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r.name: r for r in _judge_probe(proc.returncode, proc.stdout, proc.stderr, out, "here",
+                                            ("run dir", "python", "podium", "packages", "ports", "address"))}
+    row = rows["packages"]
+    assert row.state == "fail", row
+    assert (f"node {rows['test job'].detail.rsplit(' ', 1)[-1]}: {sys.executable} cannot import torch, megatron.core, "
+            "ray, transformers") in row.detail, row.detail
+    assert "`pip install 'podium[teacher]'`" in row.detail and "podium.slurm.python" in row.fix, row

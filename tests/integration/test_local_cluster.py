@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
+from harness.cli import podium as cli
 from harness.cli import podium_cli
 from harness.nemo_rl_callers import TrajectoryCollector, pad_to_multiple
 from harness.recipes import RAY_PORTS
@@ -246,3 +248,58 @@ podium:
     assert down.returncode == 0, down.stderr
     for _, files in known_teachers(run_dir):
         assert run_processes(files) == {}
+
+
+def test_a_recipe_names_its_run_and_every_alias_its_teacher(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """What a user types after ``up``, on a real local teacher: the recipe stands for its run dir
+    (``status``, ``logs``, ``down`` of the recipe; the default run dir, no ``--run-dir``), a second
+    alias names the teacher, ``status`` at 100 columns keeps the URL and the aliases whole, the
+    CLI's output is its own (no INFO log lines), ``status --watch`` works as a flag, and ``down`` of
+    a path that holds no run is an error, not "stopped: nothing"."""
+    recipe = tmp_path / "mopd.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{math_with_judge_simple_agent: {tiny_llama_checkpoint}, code: {tiny_llama_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+podium:
+  cluster: local
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
+  server: {{heartbeat_s: 2, stale_after_s: 10}}
+""")
+    env = {"PODIUM_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "100"}
+    try:
+        up = cli("up", str(recipe), "--wait", "--timeout", "300", env=env, check=False)
+        assert up.returncode == 0, up.stdout + up.stderr[-3000:]
+        assert not [line for line in up.stderr.splitlines() if line.startswith("INFO ")], up.stderr
+        (run_dir,) = (tmp_path / "runs").iterdir()
+
+        status = cli("status", str(recipe), env=env)
+        print(status.stdout)  # what a user reads at 100 columns (shown with -rP)
+        assert f"its run dir is {run_dir}" in status.stderr
+        (row,) = json.loads(cli("status", str(recipe), "--json", env=env).stdout)
+        lines = status.stdout.splitlines()
+        assert any(row["url"] in line for line in lines), status.stdout
+        assert "math_with_judge_simple_agent serves: math_with_judge_simple_agent, code" in lines, status.stdout
+
+        logs = cli("logs", str(recipe), "code", env=env)  # the teacher's second alias
+        assert "teacher 'math_with_judge_simple_agent' ready at" in logs.stdout
+
+        watch = subprocess.Popen([sys.executable, "-m", "podium.cli", "status", str(run_dir), "--watch"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, **env})
+        time.sleep(5)
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 0 and out.count("podium status (") >= 2, out + err  # a table every 2 s
+
+        nothing = cli("down", str(tmp_path / "no" / "such" / "dir"), check=False)
+        assert nothing.returncode == 2 and "is not a podium run dir" in nothing.stderr, nothing.stdout
+    finally:
+        down = cli("down", str(recipe), env=env, check=False)
+    assert down.returncode == 0 and down.stdout == "stopped: math_with_judge_simple_agent\n", down.stdout + down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}  # every process the job started has ended
+    (row,) = json.loads(cli("status", str(run_dir), "--json", check=False).stdout)
+    assert row["status"] == "stopped" and row["slurm_state"] == "COMPLETED", row

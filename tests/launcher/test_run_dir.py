@@ -4,11 +4,13 @@ and the files the launcher writes in it are the user's own."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
 
 import pytest
+from harness.cli import podium
 from harness.recipes import two_teachers_on_slurm
 
 from podium.config.plan import load_plan
@@ -92,3 +94,43 @@ def test_the_run_dir_is_private(tmp_path: Path) -> None:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     request_stop(files, "7")
     assert stat.S_IMODE(files.stop_request.stat().st_mode) == 0o600
+
+
+def test_run_dir_commands_refuse_a_path_that_holds_no_run(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """``down``, ``status``, ``wait``, ``logs`` and ``scale`` as a user types them (subprocesses): a
+    path that holds no run is an error naming it (exit 2), never "stopped: nothing" with exit 0; a
+    recipe names the run dir ``up`` gives it, and is refused, naming that run dir and why, while no
+    run is there; once one is, ``down RECIPE`` stops it."""
+    env = {RUNS_DIR_ENV: str(tmp_path / "runs")}
+    missing = tmp_path / "no" / "such" / "dir"
+    for args in (["down"], ["status"], ["wait", "--timeout", "1"], ["logs", "math"], ["scale", "math", "2"]):
+        proc = podium(args[0], str(missing), *args[1:], env=env, check=False)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert f"podium: error: {missing} is not a podium run dir: {missing}/rendezvous.json: missing" in proc.stderr
+        assert "Traceback" not in proc.stderr and "stopped" not in proc.stdout
+    text = podium("down", "/etc/hostname", check=False)
+    assert text.returncode == 2 and "/etc/hostname is a file, neither a run dir's rendezvous.json nor a recipe" \
+        in text.stderr, text.stderr
+
+    recipe = tmp_path / "r" / "mopd.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(RECIPE.replace("Qwen/Qwen2-0.5B", str(tiny_llama_checkpoint)) + "podium: {cluster: local}\n")
+    with pytest.MonkeyPatch.context() as env_now:
+        env_now.setenv(RUNS_DIR_ENV, env[RUNS_DIR_ENV])
+        plan = load_plan(recipe)
+        expected = default_run_dir(plan)
+    nothing = podium("down", str(recipe), env=env, check=False)
+    assert nothing.returncode == 2, nothing.stdout + nothing.stderr
+    assert (f"{recipe} is a recipe; the run dir it names, {expected} (no podium.run_dir: the default, "
+            "<$PODIUM_RUNS_DIR or ~/podium-runs>/<recipe stem>-<8 hex of its path>), holds no run") in nothing.stderr
+    explicit = tmp_path / "r" / "explicit.yaml"
+    explicit.write_text(recipe.read_text().replace("{cluster: local}", f"{{cluster: local, run_dir: {tmp_path}/x}}"))
+    assert f"the run dir it names, {tmp_path}/x (its podium.run_dir)" in podium("status", str(explicit),
+                                                                                 check=False).stderr
+
+    prepare_run_dir(plan, expected)  # what `up` writes before it submits
+    down = podium("down", str(recipe), env=env)
+    assert down.stdout == "stopped: math\n"
+    assert f"podium: note: {recipe} is a recipe: its run dir is {expected} (no podium.run_dir" in down.stderr
+    status = podium("status", str(recipe), "--json", env=env, check=False)
+    assert status.returncode == 1 and json.loads(status.stdout)[0]["name"] == "math", status.stdout  # never submitted

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness.cli import podium
 
 from podium.config.plan import load_plan
 from podium.config.spec import display_name
@@ -60,3 +61,16 @@ def test_a_word_that_names_nothing_is_an_error_listing_the_teachers(run_dir: Pat
         log_paths(run_dir, "nope")
     with pytest.raises(FileNotFoundError, match="no job submitted yet"):
         log_paths(run_dir, "chat#1")
+
+
+def test_every_alias_names_its_teacher(run_dir: Path, tmp_path: Path) -> None:
+    """A teacher is named after its first alias; its other aliases name it too, in every command
+    that takes a teacher (``down``, ``logs``, ``scale``, ``render --teacher``)."""
+    assert displays(resolve(run_dir, ["code"])) == ["math"]  # `code` shares math's checkpoint
+    assert displays(resolve(run_dir, ["code", "chat#1"])) == ["chat#1", "math"]
+    with pytest.raises(FileNotFoundError, match=r"teacher 'code': no job submitted yet \(.*/teachers/math-\w+/"):
+        log_paths(run_dir, "code")  # math's logs (none yet: never submitted here)
+    plan = load_plan(tmp_path / "recipe.yaml")
+    assert plan.teacher("code") == plan.teacher("math")
+    render = podium("render", str(tmp_path / "recipe.yaml"), "--teacher", "code", "--run-dir", str(run_dir))
+    assert "# podium teacher math (" in render.stdout and "serving: math, code" in render.stdout, render.stdout

@@ -3,6 +3,7 @@ themselves are what ``podium.teacher.endpoint.metrics.summary`` reads from a rea
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from podium.cli_render import status_table
@@ -50,3 +51,59 @@ def test_status_of_a_run_dir_that_does_not_exist_names_its_rendezvous_file(tmp_p
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, result.output
         assert f"{missing}/rendezvous.json: missing" in result.output and "Traceback" not in result.output
+
+
+ULTRA_ALIASES = ("math_with_judge_simple_agent", "equivalence_llm_judge_simple_agent", "mcqa_simple_agent",
+                 "swe_pivot_single_step_tool_use_with_argument_comparison_agent")
+URL = "http://10.120.33.141:20345"
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_at_100_and_120_columns_no_url_name_or_alias_is_broken(width: int) -> None:
+    """NeMo RL's Ultra names its general teacher ``math_with_judge_simple_agent``; at a terminal's
+    usual width the status shows the endpoint URL, the teacher's name and each alias on one line
+    each, and a failure's cause in full under the tables."""
+    ready = TeacherStatus(name=ULTRA_ALIASES[0], key="d6c9ae644f19", aliases=ULTRA_ALIASES, job_id="4216489",
+                          slurm_state="RUNNING", job_kind="running", restarts=0, generation="4216489:0",
+                          status="ready", url=URL, health=True, heartbeat_age_s=2.0,
+                          load={"tokens_per_s_1m": 1234.4, "bytes_out_per_s_1m": 310540.0, "queue_depth": 2.0,
+                                "padding_share": 0.0612, "requests": 9.0, "errors": 0.0})
+    cause = ("MissingPackagesError: node n1: /shared/me/venv/bin/python cannot import torch, megatron.core: install "
+             "them into that Python (`pip install 'podium[teacher]'`)")
+    failed = TeacherStatus(name="code", key="c" * 12, aliases=("code",), job_id="4216490", slurm_state="FAILED",
+                           job_kind="done", status="failed", reason=cause, final=True, generation="4216490:0",
+                           restart={"consecutive_failures": 1, "max_consecutive_failures": 3})
+    console = Console(width=width, record=True)
+    console.print(status_table([ready, failed]))
+    text = console.export_text()
+    print(text)  # what a user reads (shown with -rP)
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    assert any(URL in line for line in lines), text
+    for word in (*ULTRA_ALIASES, "4216489:0", "RUNNING", "310.5 kB"):
+        assert any(word in line for line in lines), (word, text)
+    assert sum(ULTRA_ALIASES[0] in line for line in lines) >= 3  # its rows (state, serving) and its aliases line
+    assert "final" in text and "final after" not in text  # final at once: not a count of failures
+    assert " ".join(text.split()).count(cause) == 1, text  # the cause in full, once, below the tables
+
+
+def test_a_wide_console_shows_one_table_and_the_aliases_below_it() -> None:
+    row = TeacherStatus(name="math", key="k" * 12, aliases=("math", "code"), status="ready", url=URL, health=True)
+    console = Console(width=250, record=True)
+    console.print(status_table([row]))
+    lines = console.export_text().splitlines()
+    (header,) = [line for line in lines if "teacher" in line]
+    assert "endpoint" in header and "tok/s 1m" in header and "aliases" not in header
+    assert "math serves: math, code" in lines
+
+
+def test_watch_is_a_flag_with_a_default_interval_and_still_takes_seconds() -> None:
+    """The README's ``status RUN --watch`` (a flag) refreshes every 2 s; ``--watch 5`` every 5 s."""
+    from podium.cli import WATCH_DEFAULT_S, with_watch_default
+
+    assert WATCH_DEFAULT_S == 2
+    assert with_watch_default(["status", "run", "--watch"]) == ["status", "run", "--watch", "2"]
+    assert with_watch_default(["status", "--watch", "run"]) == ["status", "--watch", "2", "run"]
+    assert with_watch_default(["status", "run", "--watch", "--json"]) == ["status", "run", "--watch", "2", "--json"]
+    for kept in (["status", "run", "--watch", "5"], ["status", "run", "--watch=0.5"], ["status", "run"]):
+        assert with_watch_default(kept) == kept

@@ -28,7 +28,7 @@ from podium.launcher.common.node_files import HeadFile, NodeStatus, try_read_nod
 from podium.launcher.common.ray_ports import RayStartError, node_ip
 from podium.launcher.common.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
 from podium.launcher.job.lifecycle import TeacherLifecycle
-from podium.launcher.job.node_run import NodeRun, NodeStartError, RayLaunch
+from podium.launcher.job.node_run import MissingPackagesError, NodeRun, NodeStartError, RayLaunch
 from podium.launcher.job.ray_bootstrap import RayNodeProcess, ray_env, wait_port, write_auth_token
 from podium.launcher.job.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
@@ -88,7 +88,10 @@ def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: BaseExcept
     ledger = RestartLedger.read(node.files).ended(str(node.ctx.generation), outcome, reason, host)
     if outcome == "failed":
         ledger = excluded_after(ledger, host, settings)
-    decision = decide(ledger, outcome, settings, can_requeue=node.job_env.requeues)
+    if isinstance(error, MissingPackagesError) and outcome == "failed":
+        decision = Decision(False, True, 0.0, "final: no requeue installs a package")
+    else:
+        decision = decide(ledger, outcome, settings, can_requeue=node.job_env.requeues)
     try:
         ledger.write(node.files)
     except OSError as exc:

@@ -23,6 +23,7 @@ from podium.launcher.common import procs
 from podium.launcher.common.cleanup import sweep_temp_dirs
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
+from podium.launcher.common.packages import TEACHER_INSTALL, TEACHER_PACKAGES, missing_message, missing_modules
 from podium.launcher.common.ray_ports import RayPorts, choose_ports
 from podium.launcher.job.ray_bootstrap import RayNodeProcess, private_temp_root, start_command, temp_dir
 from podium.launcher.job.signals import Signals
@@ -42,6 +43,19 @@ class NodeStartError(RuntimeError):
     def __init__(self, message: str, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node  # the host at fault, when it is another node
+
+
+class MissingPackagesError(NodeStartError):
+    """This node's Python lacks a package the teacher imports: no requeue brings it, so the teacher
+    fails for good at once (:func:`podium.launcher.job.head_run.end_generation`)."""
+
+
+def check_teacher_packages(host: str) -> None:
+    """:class:`MissingPackagesError` naming the node, this Python and what it cannot import of
+    what a teacher's node task imports, with the command that installs it."""
+    missing = missing_modules(TEACHER_PACKAGES)
+    if missing:
+        raise MissingPackagesError(f"node {host}: " + missing_message(missing, TEACHER_PACKAGES, TEACHER_INSTALL))
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,7 @@ class NodeRun:
             logger.info("swept %s (an ended generation's Ray temp dir)", path)
         if self.faults.fail_node_rank == ctx.rank:
             raise NodeStartError(f"fault injected by {self.faults.injected('fail_node_rank')}")
+        check_teacher_packages(ctx.host)  # before Ray or the model would fail on it, later and less clearly
         ray_cfg = spec.launcher.ray
         gpus = self.job_env.node_gpus(spec)
         if spec.launcher.slurm.gpus and gpus < spec.gpus_per_node:

@@ -18,12 +18,15 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from podium.config.errors import ConfigError
+from podium.config.launcher import SECTION
 from podium.config.plan import Plan
+from podium.config.recipe import load_recipe, resolve_section
 from podium.config.spec import TeacherSpec
 from podium.launcher.common.files import FILE_MODE, PLAN_FILE, RECIPE_FILE, RENDEZVOUS_CLAIM_PREFIX, TeacherFiles
 from podium.launcher.login.claims import Claim, ClaimSet, holding
 from podium.rendezvous.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
-from podium.rendezvous.layout import RunLayout, teacher_dir_name
+from podium.rendezvous.layout import RENDEZVOUS_FILE, RunLayout, teacher_dir_name
 from podium.rendezvous.manifest import build_rendezvous, write_rendezvous
 from podium.rendezvous.token import create_token
 
@@ -46,12 +49,70 @@ def default_run_dir(plan: Plan) -> Path:
     between login and compute nodes on typical clusters, so the jobs see the run dir too; where it
     is not, set ``PODIUM_RUNS_DIR`` (or ``podium.run_dir``) to a shared filesystem.
     """
-    if plan.launcher.run_dir:
-        return Path(plan.launcher.run_dir).expanduser()
-    recipe = Path(plan.recipe_path).expanduser().resolve()
+    return _run_dir_for(Path(plan.recipe_path), plan.launcher.run_dir)
+
+
+def _run_dir_for(recipe: Path, run_dir_setting: str | None) -> Path:
+    """:func:`default_run_dir`'s rule, from the recipe's path and its ``podium.run_dir``."""
+    if run_dir_setting:
+        return Path(run_dir_setting).expanduser()
+    recipe = recipe.expanduser().resolve()
     root = Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_ROOT).expanduser()
     digest = hashlib.sha256(str(recipe).encode()).hexdigest()[:8]
     return root / f"{recipe.stem}-{digest}"
+
+
+class NotARunDirError(ValueError):
+    """A path given as a run dir names none (nor its ``rendezvous.json``, nor a recipe whose run dir exists)."""
+
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+RUN_DIR_HINT = ("give the run dir `podium up` printed (the folder of its `rendezvous:` line), its rendezvous.json, "
+                "or the recipe `up` was given")
+
+
+def is_run_dir(path: Path) -> bool:
+    """``path`` holds a run: its ``rendezvous.json``, or the teacher folders an ``up`` writes first."""
+    layout = RunLayout(path)
+    return layout.rendezvous_path.is_file() or layout.teachers_dir.is_dir()
+
+
+def locate_run_dir(path: Path) -> tuple[Path, str | None]:
+    """The run dir that ``path``, as typed after a run-dir command (``down``, ``status``, ``wait``,
+    ``logs``, ``scale``), names, and how it was found when that is not plain (a recipe: which run
+    dir it names, and why). A run dir, or its ``rendezvous.json``, names itself; a recipe names the
+    run dir ``up`` gives it without ``--run-dir`` (:func:`default_run_dir`: ``podium.run_dir``, else
+    the default), refused when that does not exist. Anything else is a :class:`NotARunDirError`
+    naming the path, so a typo never passes as a run with nothing to do; a bad recipe is its
+    :class:`~podium.config.errors.ConfigError`."""
+    absolute = path.expanduser().absolute()
+    if path.is_file() and path.name != RENDEZVOUS_FILE:
+        if path.suffix not in RECIPE_SUFFIXES:
+            raise NotARunDirError(f"{path} is a file, neither a run dir's {RENDEZVOUS_FILE} nor a recipe "
+                                  f"({'/'.join(RECIPE_SUFFIXES)}): {RUN_DIR_HINT}")
+        return _recipe_run_dir(path)
+    run_dir = RunLayout.from_rendezvous_path(absolute).run_dir
+    if not is_run_dir(run_dir):
+        what = "no such folder" if not run_dir.exists() else "no rendezvous.json and no teachers/ folder"
+        raise NotARunDirError(f"{path} is not a podium run dir: {RunLayout(run_dir).rendezvous_path}: missing "
+                              f"({what}); {RUN_DIR_HINT}")
+    return run_dir, None
+
+
+def _recipe_run_dir(recipe: Path) -> tuple[Path, str]:
+    """The run dir recipe ``recipe`` names (``podium.run_dir``, else the default); an error when no
+    run is there."""
+    setting = resolve_section(load_recipe(recipe), f"{SECTION}.run_dir", required=False)
+    if setting is not None and not isinstance(setting, str):
+        raise ConfigError(f"{SECTION}.run_dir: must be a path, got {setting!r}")
+    run_dir = _run_dir_for(recipe, setting).absolute()
+    how = (f"its {SECTION}.run_dir" if setting else f"no {SECTION}.run_dir: the default, "
+           f"<${RUNS_DIR_ENV} or {DEFAULT_RUNS_ROOT}>/<recipe stem>-<8 hex of its path>")
+    if not is_run_dir(run_dir):
+        raise NotARunDirError(f"{recipe} is a recipe; the run dir it names, {run_dir} ({how}), holds no run: "
+                              f"nothing was brought up there from it. If `podium up` was given --run-dir (or "
+                              f"--launcher, or overrides that set {SECTION}.run_dir), name that run dir")
+    return run_dir, f"{recipe} is a recipe: its run dir is {run_dir} ({how})"
 
 
 def prepare_run_dir(plan: Plan, run_dir: Path, recipe_text: str | None = None,

@@ -17,7 +17,7 @@ from podium.launcher.common.files import TeacherFiles
 from podium.launcher.login.run_dir import editing_rendezvous, known_teachers, write_spec
 from podium.launcher.login.selection import select
 from podium.launcher.login.stop import stop_replicas, with_jobs
-from podium.launcher.login.submission import ensure_submitted
+from podium.launcher.login.submission import ensure_submitted, require_launcher_packages
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous, write_rendezvous
 
@@ -50,6 +50,7 @@ def scale(run_dir: Path, teacher: str, count: int, wait_s: float = 60.0) -> Scal
     if count < 1:
         raise ValueError(f"podium scale: {count} replicas: a teacher needs at least 1 "
                          f"(`podium down {run_dir} {teacher}` stops it)")
+    require_launcher_packages()
     layout = RunLayout(run_dir)
     rdv = read_rendezvous(run_dir)
     known = known_teachers(run_dir)

@@ -2,9 +2,9 @@
 ``logs`` and ``scale``.
 
 A word names a replica when it is one of :attr:`podium.config.spec.TeacherSpec.names`: the
-teacher's name or key (every replica of it), its folder name (``math-1a2b3c4d-r1``) or its display
-name (``math#1``). A word that names nothing is an error listing the run's teachers, so a typo never
-passes silently as "nothing to do".
+teacher's name, key or any of its aliases (every replica of it), its folder name
+(``math-1a2b3c4d-r1``) or its display name (``math#1``). A word that names nothing is an error
+listing the run's teachers, so a typo never passes silently as "nothing to do".
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def _probe(record: EndpointRecord, token: str | None,
     read the run dir but not its token), the probe is as any stranger's: no secret to lose."""
     from podium.client.errors import TransportError
     from podium.client.transport import HTTPTransport, ServerIdentity
-    from podium.teacher.endpoint.metrics import summary  # prometheus_client only: no torch
+    from podium.protocol.metrics_text import summary  # no prometheus_client: a trainer's light install reads it
 
     assert record.url is not None
     identity = ServerIdentity(str(record.generation), record.teacher_key) if token else None

@@ -27,6 +27,7 @@ from podium.faults import faults
 from podium.launcher.backends import SubmitError, job_states, scheduler_for
 from podium.launcher.common.files import FILE_MODE, TeacherFiles
 from podium.launcher.common.jobs import JobRecord
+from podium.launcher.common.packages import LAUNCHER_INSTALL, LAUNCHER_PACKAGES, missing_message, missing_modules
 from podium.launcher.common.restarts import RestartLedger
 from podium.launcher.login.claims import try_claim
 from podium.rendezvous.atomic import atomic_write_json, try_read_json
@@ -79,6 +80,17 @@ def _check_fault_env() -> None:
         faults()
     except ValueError as exc:
         raise SubmitError(str(exc)) from None
+
+
+def require_launcher_packages() -> None:
+    """:class:`SubmitError` naming what this Python lacks to submit (a trainer's light install has
+    no submitit), before anything is written."""
+    missing = missing_modules(LAUNCHER_PACKAGES)
+    if missing:
+        raise SubmitError("submitting teachers needs the launcher's packages: " + missing_message(
+            missing, LAUNCHER_PACKAGES, LAUNCHER_INSTALL,
+            advice="or run `podium up` from the teachers' environment (a trainer's base install plans, waits and "
+                   "reads status; it does not submit)"))
 
 
 def _fault(name: str, detail: str) -> None:

@@ -24,7 +24,7 @@ from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.jobs import JobRecord
 from podium.launcher.login.run_dir import editing_rendezvous, known_teachers, make_run_dir, prepare_run_dir, write_spec
 from podium.launcher.login.stop import down, stop_replicas
-from podium.launcher.login.submission import ensure_submitted
+from podium.launcher.login.submission import ensure_submitted, require_launcher_packages
 
 
 @dataclass
@@ -60,6 +60,7 @@ def up(plan: Plan, run_dir: Path, *, replace: bool = False) -> UpResult:
     teachers of the run dir that the plan no longer has are stopped too.
     """
     validate(plan)
+    require_launcher_packages()
     run_dir = make_run_dir(run_dir.absolute())
     # The replicas `scale` started are read and listed under the claim: a `scale` that submits one
     # meanwhile lists it after this write (its job.json exists before its own write).

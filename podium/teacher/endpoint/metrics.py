@@ -4,8 +4,9 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` histogra
 ``podium_`` prefix; every series carries the teacher's ``teacher`` label, and
 ``podium_generation_info`` says which job and restart answers. What ``podium status`` shows per
 replica (tokens/s and answer bytes/s over the last minute, queue depth, padding share) is read from
-here by :func:`summary`: bytes/s near the machine's network limit while tokens/s stays below what
-the GPUs compute says the wire, not the model, limits the teacher.
+here by :func:`~podium.protocol.metrics_text.summary` (which needs no prometheus_client): bytes/s
+near the machine's network limit while tokens/s stays below what the GPUs compute says the wire,
+not the model, limits the teacher.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+
+from podium.protocol.metrics_text import summary, totals  # how readers parse this text (no prometheus_client)
 
 disable_created_metrics()  # no *_created series: a scrape shows what was served, not when counters began
 
@@ -43,6 +45,9 @@ class _Window:
             while self._recent and self._recent[0][0] < now - WINDOW_S:
                 self._recent.popleft()
             return sum(n for _, n in self._recent) / WINDOW_S
+
+
+__all__ = ["CONTENT_TYPE", "WINDOW_S", "EndpointMetrics", "summary", "totals"]
 
 
 class EndpointMetrics:
@@ -131,29 +136,3 @@ class EndpointMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def totals(text: str) -> dict[str, float]:
-    """Each sample name of a ``/metrics`` text with its value summed over its labels."""
-    values: dict[str, float] = collections.defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] += sample.value
-    return dict(values)
-
-
-def summary(text: str) -> dict[str, float]:
-    """The key figures of one endpoint's ``/metrics`` text: tokens/s and answer bytes/s over the
-    last minute, queue depth, padding share (padded share of the computed token positions),
-    requests and errors."""
-    values = totals(text)
-    computed = values.get("podium_computed_tokens_total", 0.0)
-    tokens = values.get("podium_call_tokens_sum", 0.0)  # real tokens of every batch
-    return {
-        "tokens_per_s_1m": values.get("podium_tokens_per_second_1m", 0.0),
-        "bytes_out_per_s_1m": values.get("podium_response_bytes_per_second_1m", 0.0),
-        "queue_depth": values.get("podium_queue_depth", 0.0),
-        "padding_share": (1.0 - tokens / computed) if computed else 0.0,
-        "requests": values.get("podium_requests_total", 0.0),
-        "errors": values.get("podium_errors_total", 0.0),
-    }

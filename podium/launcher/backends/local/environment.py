@@ -66,12 +66,14 @@ class LocalEnvironment(JobEnvironment):
         return gpu_use(spec)[0]
 
     def node_context(self) -> NodeContext:
-        from submitit.local.local import LocalJobEnvironment
-
-        env = LocalJobEnvironment()
-        job_id = local_job_id(int(os.environ.get(SEQUENCE_ENV) or 0), int(env.job_id))
-        return NodeContext(job_id=job_id, rank=env.node, num_nodes=env.num_nodes, restart=0, host=host_name(),
-                           log_job_id=env.job_id)
+        # The controller's variables for its task (those submitit's LocalJobEnvironment reads; the
+        # controller runs in the login side's Python, the task needs no submitit): its PID is the job's.
+        env = os.environ
+        pid = env["SUBMITIT_LOCAL_JOB_ID"]
+        return NodeContext(job_id=local_job_id(int(env.get(SEQUENCE_ENV) or 0), int(pid)),
+                           rank=int(env.get("SUBMITIT_LOCAL_NODEID") or 0),
+                           num_nodes=int(env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or 1), restart=0, host=host_name(),
+                           log_job_id=pid)
 
     def node_address(self, interface: str | None) -> str:
         # One machine: Ray and the endpoint on loopback unless an interface is named.

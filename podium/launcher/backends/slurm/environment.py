@@ -1,7 +1,8 @@
 """Slurm inside the job: where a node task runs, how its job is requeued, what a stop signal means.
 
-Every answer comes from Slurm itself: submitit's ``SlurmJobEnvironment`` (rank, node count, job
-id), ``SLURM_RESTART_COUNT`` (the generation), ``SLURM_CPUS_PER_TASK`` (the task's CPUs),
+Every answer comes from Slurm itself: the task's variables (``SLURM_JOB_ID``, ``SLURM_NODEID``,
+``SLURM_JOB_NUM_NODES``, those submitit's ``SlurmJobEnvironment`` reads: the node task needs no
+submitit), ``SLURM_RESTART_COUNT`` (the generation), ``SLURM_CPUS_PER_TASK`` (the task's CPUs),
 ``scontrol requeue``/``update`` (the next generation) and ``scontrol show job`` (what a stop is:
 :meth:`SlurmEnvironment.stop_intent`).
 """
@@ -32,11 +33,10 @@ class SlurmEnvironment(JobEnvironment):
     exit_fast_after_signal = True
 
     def node_context(self) -> NodeContext:
-        from submitit.slurm.slurm import SlurmJobEnvironment
-
-        env = SlurmJobEnvironment()
-        return NodeContext(job_id=env.job_id, rank=env.node, num_nodes=env.num_nodes,
-                           restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0), host=host_name())
+        env = os.environ
+        return NodeContext(job_id=env["SLURM_JOB_ID"], rank=int(env.get("SLURM_NODEID") or 0),
+                           num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or 1),
+                           restart=int(env.get("SLURM_RESTART_COUNT") or 0), host=host_name())
 
     def node_cpus(self, spec: TeacherSpec) -> int:
         """The CPUs Slurm gave the task (``SLURM_CPUS_PER_TASK``), else the recipe's count."""

@@ -19,6 +19,9 @@ check              ``cluster: slurm``
 ``run dir``        the job wrote a file in the run dir that this machine then reads back
 ``python``         the node's interpreter and its version, against this one's
 ``podium``         ``import podium`` on the node: its version and path, against this one's
+``packages``       what a teacher's node task imports (torch, megatron-core, Ray, transformers,
+                   ...), found by the node's interpreter, with their versions; and submitit here,
+                   which ``up`` submits with
 ``ports``          ``ray.port_range`` has a free block and ``server.port_range`` a free port
                    on the node (the same functions the teacher uses, so the same errors)
 ``address``        the address Ray and the endpoint use there (``ray.interface``,
@@ -26,7 +29,8 @@ check              ``cluster: slurm``
 =================  =========================================================================
 
 With ``cluster: local``: ``teacher <name>`` (the local backend's own rules: one node, CUDA devices against
-``gpus_per_node``), ``checkpoints``, ``run dir`` (writable here), ``ports`` and ``address`` here.
+``gpus_per_node``), ``checkpoints``, ``run dir`` (writable here), ``packages`` (of the interpreter the
+job runs: ``slurm.python``, else this one), ``ports`` and ``address`` here.
 
 Nothing here changes the run dir beyond a ``.doctor/`` folder it removes again.
 

@@ -5,6 +5,8 @@ and adds the test job's rows (:mod:`podium.launcher.login.doctor.probe_job`)."""
 from __future__ import annotations
 
 import getpass
+import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +34,7 @@ from podium.launcher.login.doctor.partitions import (
     parse_sinfo_nodes,
     partition_needs,
 )
-from podium.launcher.login.doctor.probe_job import check_test_job
+from podium.launcher.login.doctor.probe_job import check_test_job, local_packages
 from podium.launcher.login.sbatch_errors import one_line
 
 SLURM_FIX = ("run podium where Slurm's client commands reach the controller (a login node of the cluster; "
@@ -132,7 +134,9 @@ def run_doctor(plan: Plan | None, settings: TeacherLauncherSettings, run_dir: Pa
     """Every check for ``settings.cluster`` (``plan``: the recipe's, None without a recipe)."""
     run_dir = run_dir.absolute()
     if settings.cluster == "local":
-        return [*check_local_gpus(plan), check_checkpoints(plan), check_run_dir_here(run_dir),
+        with tempfile.TemporaryDirectory(prefix="podium-doctor-") as scratch:
+            here = local_packages(settings.slurm.python or sys.executable, Path(scratch))
+        return [*check_local_gpus(plan), check_checkpoints(plan), check_run_dir_here(run_dir), here,
                 *(Check(**row) for row in node_checks(settings.model_dump(mode="json"), local=True))]
     slurm = check_slurm()
     if not slurm.ok:

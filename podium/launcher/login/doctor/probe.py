@@ -8,7 +8,8 @@ It is written for old interpreters too (no f-strings, quoted annotations), so a 
 reports its version rather than failing to compile or define a function.
 
 Argument: one JSON object (``token``; ``out``, the file to write in the run dir; ``settings``, a
-``TeacherLauncherSettings`` dump). Output: the report, written atomically to ``out`` and printed
+``TeacherLauncherSettings`` dump; ``packages``, the modules a teacher's node task imports, each
+with the distribution that installs it). Output: the report, written atomically to ``out`` and printed
 as one stdout line after :data:`PROBE_MARK` (the job's stdout is how it answers, hence ``print``).
 """
 
@@ -21,11 +22,34 @@ from typing import Any
 PROBE_MARK = "PODIUM-DOCTOR "
 
 
+def packages(wanted: "dict[str, str]") -> "dict[str, Any]":
+    """Each module of ``wanted`` (module -> distribution) with its distribution's version ("?" when
+    unknown), None where this Python cannot find it; found by ``find_spec``, nothing imported."""
+    import importlib.util
+
+    found = {}  # type: dict[str, Any]
+    for module, dist in wanted.items():
+        try:
+            spec = importlib.util.find_spec(module)
+        except Exception:  # noqa: BLE001 (a missing or broken parent package: not importable here)
+            spec = None
+        if spec is None:
+            found[module] = None
+            continue
+        try:
+            from importlib.metadata import version
+
+            found[module] = version(dist)
+        except Exception:  # noqa: BLE001 (no metadata, or a Python before 3.8: found, version unknown)
+            found[module] = "?"
+    return found
+
+
 def probe(args: "dict[str, Any]") -> "dict[str, Any]":
-    """What this node says: host, interpreter and version, then podium and the node checks (or why
-    podium does not import)."""
+    """What this node says: host, interpreter and version, the teacher's packages, then podium and
+    the node checks (or why podium does not import)."""
     report = {"token": args["token"], "host": socket.gethostname(), "python": sys.executable,
-              "version": list(sys.version_info[:3])}
+              "version": list(sys.version_info[:3]), "packages": packages(args.get("packages") or {})}
     try:
         import podium
 

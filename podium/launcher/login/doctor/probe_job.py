@@ -15,6 +15,13 @@ from typing import Any
 
 import podium
 from podium.config.launcher import TeacherLauncherSettings
+from podium.launcher.common.packages import (
+    LAUNCHER_INSTALL,
+    LAUNCHER_PACKAGES,
+    TEACHER_INSTALL,
+    TEACHER_PACKAGES,
+    missing_message,
+)
 from podium.launcher.login.doctor import probe
 from podium.launcher.login.doctor.base import (
     DOCTOR_DIR,
@@ -38,6 +45,44 @@ PYTHON_FIX = ("set podium.slurm.python to an interpreter on the compute nodes th
 PODIUM_FIX = ("install podium where the compute nodes' Python finds it (a virtual environment on the shared "
               "filesystem), or set podium.slurm.python / podium.slurm.setup; the job inherits this shell's "
               "environment (PYTHONPATH included)")
+PACKAGES_FIX = (f"install the teacher's packages into the nodes' Python (`{TEACHER_INSTALL}`; on a machine "
+                "without CUDA the CPU build of torch first, as the README says), or set podium.slurm.python / "
+                "podium.slurm.setup to a Python that has them; `podium up` needs submitit where it runs "
+                f"(`{LAUNCHER_INSTALL}`)")
+
+
+def check_packages(found: Mapping[str, str | None], python: str, where: str) -> Check:
+    """The ``packages`` row: the teacher's packages as the node's Python ``python`` found them
+    (:func:`podium.launcher.login.doctor.probe.packages`; ``where`` names the node), and submitit
+    here, which ``podium up`` submits with (and, for cluster: local, runs the job with)."""
+    missing = [module for module, version in found.items() if version is None]
+    problems = [f"{where}: " + missing_message(missing, TEACHER_PACKAGES, TEACHER_INSTALL, python=python,
+                                               advice="")] if missing else []
+    here = probe.packages(dict(LAUNCHER_PACKAGES))
+    if None in here.values():
+        problems.append("here (`podium up`): " + missing_message(
+            [m for m, v in here.items() if v is None], LAUNCHER_PACKAGES, LAUNCHER_INSTALL, advice=""))
+    if problems:
+        return Check("packages", FAIL, "; ".join(problems), PACKAGES_FIX)
+    return Check("packages", PASS, f"{where}: {python} imports {_versions(found)}; here (`podium up`): "
+                 f"{_versions(here)}")
+
+
+def _versions(found: Mapping[str, str | None]) -> str:
+    return ", ".join(f"{TEACHER_PACKAGES.get(m) or LAUNCHER_PACKAGES.get(m) or m} {v}" for m, v in found.items())
+
+
+def local_packages(python: str, folder: Path) -> Check:
+    """The ``packages`` row of cluster: local, whose job runs ``python`` (podium.slurm.python, else
+    this one) on this machine: the probe's program run by that Python, as on a node."""
+    args = {"token": "local", "out": str(folder / "packages.json"), "settings": {}, "packages": dict(TEACHER_PACKAGES)}
+    rc, out, err = run_query([python, "-c", Path(probe.__file__).read_text(encoding="utf-8"), json.dumps(args)])
+    lines = [line for line in out.splitlines() if line.startswith(PROBE_MARK)]
+    if not lines:
+        return Check("packages", FAIL, f"{python} did not run the probe (exit {rc}): {one_line(err + out)}",
+                     PYTHON_FIX)
+    report = json.loads(lines[-1][len(PROBE_MARK):])
+    return check_packages(report.get("packages") or {}, python, "this machine (cluster: local)")
 
 
 def probe_command(spec_settings: TeacherLauncherSettings, args: Mapping[str, Any], job_name: str,
@@ -70,7 +115,7 @@ def _cancel_by_name(job_name: str) -> None:
 def check_test_job(settings: TeacherLauncherSettings, run_dir: Path, partition: str | None,
                    timeout_s: float, where: str) -> list[Check]:
     """Run the one test job and turn what it reports into rows (see the package's table)."""
-    names = ("run dir", "python", "podium", "ports", "address")
+    names = ("run dir", "python", "podium", "packages", "ports", "address")
     token = uuid.uuid4().hex[:12]
     job_name = f"podium-doctor-{token}"
     probe_dir = run_dir / DOCTOR_DIR
@@ -81,8 +126,9 @@ def check_test_job(settings: TeacherLauncherSettings, run_dir: Path, partition: 
         return [Check("run dir", FAIL, f"cannot create {probe_dir}: {exc}", RUN_DIR_FIX),
                 *(Check(n, SKIP, "not checked: no run dir") for n in names[1:])]
     out = probe_dir / f"{token}.json"
-    cmd = probe_command(settings, {"token": token, "out": str(out), "settings": settings.model_dump(mode="json")},
-                        job_name, partition)
+    args = {"token": token, "out": str(out), "settings": settings.model_dump(mode="json"),
+            "packages": dict(TEACHER_PACKAGES)}
+    cmd = probe_command(settings, args, job_name, partition)
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -142,9 +188,11 @@ def _judge_probe(rc: int, stdout: str, stderr: str, out: Path, where: str, names
     else:
         rows.append(Check("python", PASS,
                           f"node {host}: {report['python']} (Python {version}; here: {sys.executable})"))
+    packages = check_packages(report.get("packages") or {}, report["python"], f"node {host}")
     if "import_error" in report or "podium" not in report:
         rows.append(Check("podium", FAIL, f"node {host}: import podium failed: {report.get('import_error')}",
                           PODIUM_FIX))
+        rows.append(packages)
         rows += [Check(n, SKIP, "not checked: podium does not import on the node") for n in ("ports", "address")]
         return rows
     theirs = report["podium"]
@@ -154,5 +202,6 @@ def _judge_probe(rc: int, stdout: str, stderr: str, out: Path, where: str, names
     else:
         same = "same path" if theirs["file"] == podium.__file__ else f"here: {podium.__file__}"
         rows.append(Check("podium", PASS, f"node {host}: podium {theirs['version']} at {theirs['file']} ({same})"))
+    rows.append(packages)
     rows += [Check(**{**row, "detail": f"node {host}: {row['detail']}"}) for row in report.get("checks", [])]
     return rows
