@@ -290,3 +290,19 @@ def test_embedded_example_plans_without_a_recipe_argument(hub_cache: Path) -> No
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
     assert data["totals"] == {"teachers": 3, "aliases": 6, "replicas": 3, "nodes": 4, "nodes_without_dedup": 9}
+
+
+def test_the_example_shows_its_layout_where_its_hub_ids_are_not_cached(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first `podium plan` on a fresh machine (an empty HF cache): the example's layout, exit 0,
+    one line saying its checkpoints were not looked for; the same file as a recipe is refused."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    result = CliRunner().invoke(app, ["plan"])
+    assert result.exit_code == 0, result.output
+    assert "3 unique teacher(s) for 6 alias(es)" in result.output
+    assert "the example's checkpoints were not checked (3 not found here" in result.output
+    assert "hf download" not in result.output  # no refusal text for a file the user did not write
+    from podium.cli import EXAMPLE_RECIPE
+
+    as_recipe = CliRunner().invoke(app, ["plan", str(EXAMPLE_RECIPE)])
+    assert as_recipe.exit_code == 2 and "hf download Qwen/Qwen3-8B" in as_recipe.output
