@@ -18,4 +18,5 @@ pytest_plugins = [
     "fixtures.devices",
     "fixtures.groups",
     "fixtures.tokenizers",
+    "fixtures.load_groups",
 ]
