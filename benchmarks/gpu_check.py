@@ -199,6 +199,21 @@ def measure(name: str, args: argparse.Namespace, work: Path, info: dict[str, Any
             "podium_all_s": [round(t, 4) for t in timings]}
 
 
+def use_own_ray_token(work: Path) -> None:
+    """This run's own Ray token (a 0600 file in ``work``), named to the local cluster ``ray.init``
+    starts and to this driver, as podium's launcher does (``ray_bootstrap.write_auth_token``,
+    ``auth_env``). Left to Ray 2.60, ``ray.init()`` turns token auth on with ``~/.ray/auth_token`` and
+    writes one there if there is none: that file then changes how every later ``ray start`` of this
+    account behaves (a head turns auth on by itself; clients given an address do not). Call it
+    before ``import ray``; ``RAY_AUTH_TOKEN`` (which wins over the file) is dropped."""
+    from podium.launcher.ray_bootstrap import auth_env, write_auth_token
+
+    if "ray" in sys.modules:
+        raise RuntimeError("use_own_ray_token must run before Ray is imported (it reads RAY_AUTH_* then)")
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(auth_env(write_auth_token(work / "ray_auth_token")))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report: dict[str, Any] = {"benchmark": "gpu_check", "quick": args.quick, "dry_run": args.dry_run,
@@ -206,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         report["models"][name] = describe(name, args.seq)
     if not args.dry_run:
-        import ray
         import torch
 
         if not torch.cuda.is_available():
@@ -216,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         report["torch"] = torch.__version__
         from podium.teacher.model.hybrid_model import MambaKernelsMissing
 
-        ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
         work = Path(tempfile.mkdtemp(prefix="podium-gpu-check-"))
+        use_own_ray_token(work)
+        import ray  # after use_own_ray_token: Ray reads RAY_AUTH_* when it is imported
+
+        ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
         try:
             for name in args.models:
                 try:

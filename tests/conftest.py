@@ -19,4 +19,5 @@ pytest_plugins = [
     "fixtures.groups",
     "fixtures.tokenizers",
     "fixtures.hub_cache",
+    "fixtures.load_groups",
 ]

@@ -68,7 +68,8 @@ def test_passes():
 """
 
 
-def run_pytest(tmp_path: Path, files: dict[str, str], *, ci: bool) -> subprocess.CompletedProcess:
+def run_pytest(tmp_path: Path, files: dict[str, str], *, ci: bool,
+               args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -ra -p no:cacheprovider\n")
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["fixtures.ci_rules"]\n')
     for name, text in files.items():
@@ -78,7 +79,7 @@ def run_pytest(tmp_path: Path, files: dict[str, str], *, ci: bool) -> subprocess
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", str(tmp_path)], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "pytest", *args, str(tmp_path)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -133,3 +134,26 @@ def test_a_skip_while_a_test_runs_is_a_plain_skip_outside_ci(tmp_path: Path) -> 
     last = proc.stdout.splitlines()[-1]
     assert "1 passed" in last and "3 skipped" in last and "1 xfailed" in last, text
     assert "failed" not in last.replace("xfailed", ""), text
+
+
+# CI runs the suite on pytest-xdist workers (.ci/run, fixtures.load_groups): there the skips happen in
+# a worker and the controller reports them; they must fail the run just the same.
+XDIST = ("-p", "xdist", "-n", "2")
+
+
+def test_under_xdist_a_skip_while_a_test_runs_still_fails_under_ci(tmp_path: Path) -> None:
+    proc = run_pytest(tmp_path, {"test_run.py": SKIPS_WHILE_RUNNING}, ci=True, args=XDIST)
+    text = output(proc)
+    assert proc.returncode == 1, text
+    last = proc.stdout.splitlines()[-1]
+    assert "1 failed" in last and "2 errors" in last and "1 passed" in last and "1 xfailed" in last, text
+    assert "skipped" not in last and "counts as a failure" in proc.stdout, text
+
+
+def test_under_xdist_a_skip_at_collection_still_fails_under_ci(tmp_path: Path) -> None:
+    proc = run_pytest(tmp_path, {"test_mod.py": MODULE_SKIP, "test_other.py": "def test_ok():\n    pass\n"}, ci=True,
+                      args=XDIST)
+    text = output(proc)
+    assert proc.returncode not in (0, 5), text
+    assert "test_mod.py: skipped at collection under CI=true, which counts as a failure" in proc.stdout, text
+    assert " skipped" not in proc.stdout.splitlines()[-1], text

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,27 @@ def test_bad_arguments_exit_2_naming_them(args, message):
 def test_without_a_gpu_the_measurement_says_so(no_cuda, capsys):
     assert _module().main(["--models", "moe"]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_its_ray_uses_a_token_of_its_own(tmp_path):
+    """The measurement's ``ray.init()`` starts a local Ray: with its own token in the run's work dir,
+    named before Ray is imported, it neither reads nor writes ``~/.ray/auth_token`` (Ray 2.60 would
+    write one there, and that file changes every later ``ray start`` of the account)."""
+    child = ("import json, os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import gpu_check; "
+             "gpu_check.use_own_ray_token(Path(sys.argv[2])); "
+             "print(json.dumps({k: os.environ.get(k) for k in "
+             "('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN')}))")
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_TOKEN": "0" * 64}
+    proc = subprocess.run([sys.executable, "-c", child, str(ROOT / "benchmarks"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    token = tmp_path / "ray_auth_token"
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                                                        "RAY_AUTH_TOKEN": None}
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    assert not (tmp_path / ".ray").exists()
+    # after Ray is imported it is too late (Ray has read RAY_AUTH_*): it says so instead of a refused driver
+    import ray  # noqa: F401
+
+    with pytest.raises(RuntimeError, match="before Ray is imported"):
+        _module().use_own_ray_token(tmp_path)
