@@ -35,3 +35,17 @@ def test_a_parent_someone_else_made_is_not_used(tmp_path: Path) -> None:
         other.rename(taken)
         parent = ray_bootstrap.private_temp_root(str(tmp_path))
         assert parent != taken and parent.stat().st_uid == os.getuid()
+
+
+def test_the_jobs_ray_processes_use_the_jobs_token_never_an_inherited_one(tmp_path: Path) -> None:
+    """A user's RAY_AUTH_TOKEN (for a Ray of their own) would win over the job's token file: the
+    job's nodes and driver never inherit it."""
+    token = tmp_path / "ray_token"
+    base = {"RAY_AUTH_TOKEN": "0" * 64, "PATH": "/usr/bin"}
+    env = ray_bootstrap.ray_env(base, token_path=token)
+    assert "RAY_AUTH_TOKEN" not in env and env["RAY_AUTH_TOKEN_PATH"] == str(token)
+    assert env["RAY_AUTH_MODE"] == "token" and env["PATH"] == "/usr/bin" and base["RAY_AUTH_TOKEN"] == "0" * 64
+    environ = dict(base)
+    ray_bootstrap.use_ray_env(environ, token_path=token)  # the head's driver: its own environment, in place
+    assert environ == env
+    assert ray_bootstrap.ray_env(base)["RAY_AUTH_TOKEN"] == "0" * 64  # no job token: nothing to protect

@@ -29,7 +29,7 @@ from podium.launcher.common.ray_ports import RayStartError, node_ip
 from podium.launcher.common.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
 from podium.launcher.job.lifecycle import TeacherLifecycle
 from podium.launcher.job.node_run import MissingPackagesError, NodeRun, NodeStartError, RayLaunch
-from podium.launcher.job.ray_bootstrap import RayNodeProcess, ray_env, wait_port, write_auth_token
+from podium.launcher.job.ray_bootstrap import RayNodeProcess, use_ray_env, wait_port, write_auth_token
 from podium.launcher.job.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
@@ -173,7 +173,7 @@ class HeadRun:
         if self.signals.stop.is_set():
             return
         ray_proc.wait_started(self.nodes_timeout_s)  # workers join meanwhile: head.json is out
-        os.environ.update(ray_env({}, token_path=self.token_path))
+        use_ray_env(os.environ, token_path=self.token_path)  # before `import ray`: Ray reads it once
         import ray
 
         # ray.init installs its own SIGTERM handler (exit 1): keep stop signals pending until ours

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from podium.launcher.common.procs import ProcRef, kill_session, stop_signals_blocked
@@ -140,11 +140,25 @@ def start_command(*, head: bool, ip: str, ports: RayPorts, temp: Path, num_cpus:
     return cmd
 
 
-def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env.update(RAY_ENV)
+# A token in the environment wins over RAY_AUTH_TOKEN_PATH: a user's own (for their Ray elsewhere)
+# would become the job's, so the job's processes never inherit one.
+INHERITED_TOKEN_VARS = ("RAY_AUTH_TOKEN",)
+
+
+def use_ray_env(environ: MutableMapping[str, str], token_path: Path | None = None) -> None:
+    """``environ`` made the environment of one of this job's Ray processes (node or driver): podium's
+    Ray settings and, with ``token_path``, the job's token instead of any token it inherited."""
+    environ.update(RAY_ENV)
     if token_path is not None:
-        env.update(auth_env(token_path))
+        for name in INHERITED_TOKEN_VARS:
+            environ.pop(name, None)
+        environ.update(auth_env(token_path))
+
+
+def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = None) -> dict[str, str]:
+    """A copy of ``base`` (default: this process's environment) as :func:`use_ray_env` makes it."""
+    env = dict(os.environ if base is None else base)
+    use_ray_env(env, token_path)
     return env
 
 
