@@ -206,7 +206,7 @@ def use_own_ray_token(work: Path) -> None:
     writes one there if there is none: that file then changes how every later ``ray start`` of this
     account behaves (a head turns auth on by itself; clients given an address do not). Call it
     before ``import ray``; ``RAY_AUTH_TOKEN`` (which wins over the file) is dropped."""
-    from podium.launcher.ray_bootstrap import auth_env, write_auth_token
+    from podium.launcher.job.ray_bootstrap import auth_env, write_auth_token
 
     if "ray" in sys.modules:
         raise RuntimeError("use_own_ray_token must run before Ray is imported (it reads RAY_AUTH_* then)")
