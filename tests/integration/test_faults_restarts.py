@@ -104,7 +104,8 @@ def test_a_time_limit_ends_the_teacher(slurm_cluster, tiny_llama_checkpoint: Pat
             ledger = RestartLedger.read(files)
             return ledger if job in states and not states[job].alive and ledger.outcomes else None
 
-        ledger = poll_until(ended, timeout_s=150, interval_s=1, what=f"job {job} to end at its time limit")
+        # a 1-minute job: the wait is the job's start (the nodes of the test before are freed first) and its minute
+        ledger = poll_until(ended, timeout_s=300, interval_s=1, what=f"job {job} to end at its time limit")
         assert [o.outcome for o in ledger.outcomes] == ["time_limit"]
         assert "near its time limit" in ledger.outcomes[0].reason
         record = read_record(files.endpoint)
