@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -67,7 +68,9 @@ def test_status_shows_both(two_teachers) -> None:
     assert rows["math"]["aliases"] == ["math", "code"]
     for row in rows.values():
         assert row["ready"] and row["slurm_state"] == "RUNNING" and row["health"] is True
-        assert row["generation"] == f"{row['job_id']}:0"
+        # job:restart -- a restart count, not 0: a loaded node's first start can miss Ray's fixed
+        # 30 s raylet wait, and the job is then requeued by its restart policy and serves
+        assert re.fullmatch(rf"{row['job_id']}:\d+", row["generation"]), row
     assert len({r["url"] for r in rows.values()}) == 2
 
 
