@@ -86,6 +86,14 @@ PROOF = "/v2/podium/proof"
 PROOF_NONCE = "nonce"  # its query parameter: the client's challenge, hex
 
 
+# The scoring fronts other trainers already call (vLLM's OpenAI-compatible server, SGLang's native
+# API): an OpenAI client's ``base_url`` is a teacher's URL + OPENAI_BASE.
+OPENAI_BASE = "/v1"
+OPENAI_COMPLETIONS = OPENAI_BASE + "/completions"
+OPENAI_MODELS = OPENAI_BASE + "/models"
+SGLANG_GENERATE = "/generate"
+
+
 def model_path(name: str) -> str:
     return f"/v2/models/{name}"
 
