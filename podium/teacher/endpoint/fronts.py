@@ -15,12 +15,13 @@ checkpoint's tokenizer, loaded once on first use; without one, a text is a 400 s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -35,19 +36,36 @@ from podium.protocol.sglang_scoring import GenerateForm, generate_response, pars
 from podium.protocol.tokenizer import load_tokenizer
 from podium.teacher.endpoint.batching import RowBlocks
 from podium.teacher.endpoint.body import RawRequest
+from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.middleware import REQUEST_ID
-
-if TYPE_CHECKING:  # pragma: no cover
-    from podium.teacher.endpoint.server import EndpointServer
+from podium.teacher.seam import GroupFacts
 
 logger = logging.getLogger(__name__)
+
+
+Handler = Callable[[web.Request, RawRequest], Awaitable[web.StreamResponse]]  # a route's work once admitted
+
+
+class ScoringServer(Protocol):
+    """What the fronts use of their :class:`~podium.teacher.endpoint.server.EndpointServer`."""
+
+    config: EndpointConfig
+    facts: GroupFacts
+    vocab_size: int
+
+    @property
+    def codec(self) -> concurrent.futures.Executor: ...
+
+    async def admit(self, request: web.Request, handle: Handler) -> web.StreamResponse: ...
+
+    async def score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, RowBlocks]: ...
 
 class ScoringFronts:
     """The fronts' routes on one endpoint (see the module doc)."""
 
-    def __init__(self, server: EndpointServer) -> None:
+    def __init__(self, server: ScoringServer) -> None:
         self.server = server
         self._names: TokenNames | None = None
         self._lock = threading.Lock()
