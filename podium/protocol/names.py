@@ -18,6 +18,9 @@ name                       meaning
 ``candidate_ids``          input, INT32/INT64 ``[B, S, C]``: token ids whose logprobs the caller wants
                            at each position (next-token alignment, e.g. the student's own top-k)
 ``candidate_logprobs``     FP32/BF16 ``[B, S, C]``: ``log_softmax(z / T)`` of those ids
+``target_rank``            INT64/INT32 ``[B, S]``: the 1-based rank of token ``i`` in the distribution it
+                           was drawn from (1 + the ids of larger logprob; ``logprobs``' alignment, 0 at 0
+                           and past the row's length), vLLM's prompt-logprob ``rank``
 =========================  =========================================================================
 
 Request parameters: ``top_k`` (``1..min(vocab, server.max_top_k)``), ``micro_batch_size``,
@@ -40,11 +43,13 @@ TOPK_LOGITS = "topk_logits"
 TOPK_LOGIT_INDICES = "topk_logit_indices"
 CANDIDATE_IDS = "candidate_ids"
 CANDIDATE_LOGPROBS = "candidate_logprobs"
+TARGET_RANK = "target_rank"
 INPUTS = (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS)
-OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS)
+OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS,
+           TARGET_RANK)
 TOPK_OUTPUTS = (TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES)  # need top_k
 VALUE_OUTPUTS = (TOPK_LOGITS, CANDIDATE_LOGPROBS)  # may travel as BF16
-INDEX_OUTPUTS = (TOPK_INDICES, TOPK_LOGIT_INDICES)  # may travel as INT32
+INDEX_OUTPUTS = (TOPK_INDICES, TOPK_LOGIT_INDICES, TARGET_RANK)  # integers: may travel as INT32
 ID_DATATYPES = ("INT32", "INT64")  # accepted for input ids
 VALUE_DATATYPES = ("FP32", "BF16")  # offered for top-k logits / candidate logprobs (default first)
 INDEX_DATATYPES = ("INT64", "INT32")  # offered for top-k indices (default first)

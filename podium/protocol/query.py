@@ -42,6 +42,7 @@ from podium.protocol.names import (
     LOGPROBS,
     MICRO_BATCH_SIZE,
     OUTPUTS,
+    TARGET_RANK,
     TEMPERATURE,
     TOP_K,
     TOPK_INDICES,
@@ -115,7 +116,8 @@ class Query:
         the candidate ids), each output binary unless ``binary`` says otherwise."""
         total = 0
         for name in self.outputs:
-            per = 1 if name == LOGPROBS else (candidates or 1) if name == CANDIDATE_LOGPROBS else (self.top_k or 1)
+            per = (1 if name in (LOGPROBS, TARGET_RANK) else (candidates or 1) if name == CANDIDATE_LOGPROBS
+                   else (self.top_k or 1))
             size = WIRE_BYTES[self.wire_datatype(name)]
             if binary is not None and not binary.get(name, True):
                 size = JSON_BYTES_PER_VALUE

@@ -29,9 +29,16 @@ from typing import Any
 
 from podium.faults import faults
 from podium.net import find_free_port
-from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS
+from podium.protocol.names import TARGET_RANK, TOPK_LOGITS, TOPK_LOGPROBS
 from podium.protocol.query import Query
-from podium.teacher.compute.alignment import cp_split, cp_unsplit, next_token_labels, next_token_outputs, to_nemo_rl
+from podium.teacher.compute.alignment import (
+    cp_split,
+    cp_unsplit,
+    next_token_labels,
+    next_token_outputs,
+    shifted_ranks,
+    to_nemo_rl,
+)
 from podium.teacher.compute.head import HeadCall, HeadInputs
 from podium.teacher.compute.rank import RankInfo
 from podium.teacher.compute.stages import StageInfo, forward_only_stage_loop
@@ -332,7 +339,8 @@ def _head_call(query: Query) -> HeadCall:
     want_shifted = bool(query.top_k) and query.wants(TOPK_LOGPROBS)
     want_logits = bool(query.top_k) and query.wants(TOPK_LOGITS)
     return HeadCall(temperature=1.0 if query.temperature is None else float(query.temperature),
-                    top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits)
+                    top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits,
+                    want_rank=query.wants(TARGET_RANK))
 
 
 def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, Any]:
@@ -344,4 +352,6 @@ def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, An
     result.update(next_token_outputs(lengths, topk_values=full.get("topk_values") if want_logits else None,
                                      topk_indices=full.get("topk_indices"), lse=full.get("lse"),
                                      candidate_logprobs=full.get("candidate_logprobs")))
+    if query.wants(TARGET_RANK):
+        result[TARGET_RANK] = shifted_ranks(full["rank"], lengths)
     return result
