@@ -14,7 +14,8 @@ NeMo RL's facades on a client: ``podium.nemo_rl.RemoteTeacherWorkerGroup.from_cl
 
 What a call asks is a :class:`~podium.protocol.query.Query` (:func:`ask`), checked here by the rule
 the teacher applies: ``client.teacher(alias).infer(ids, lengths, ask(outputs=["hidden_states"],
-payload_datatype="BF16"))["hidden_states"]`` is a teacher's full-vocabulary payload; the wire itself is ``podium.protocol``. Every module opens with what it owns.
+payload_datatype="BF16"))["hidden_states"]`` is a teacher's full-vocabulary payload; the wire
+itself is ``podium.protocol``. Every module opens with what it owns.
 Importing this package pulls numpy but not torch: podium's base install (no extras: a trainer's
 light install) has neither torch nor transformers. Results are torch tensors where torch is
 importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).

@@ -120,7 +120,8 @@ def test_hidden_states_payload_matches_hf(request, layout, datatype, tiny_llama_
     batch = ragged_batch(VOCAB, seed=8, width=18)
     ids, lengths = batch["input_ids"], batch["input_lengths"]
     out = group.get_logprobs(batch, outputs=["logprobs", "hidden_states"], payload_datatype=datatype)
-    assert_payload_matches(out["hidden_states"], hf_hidden_states(tiny_llama_checkpoint, ids, lengths), lengths, datatype)
+    expected = hf_hidden_states(tiny_llama_checkpoint, ids, lengths)
+    assert_payload_matches(out["hidden_states"], expected, lengths, datatype)
     if datatype == "FP32":
         valid = torch.arange(18)[None, :] < lengths[:, None]
         rebuilt = lm_head_logprobs(tiny_llama_checkpoint, out["hidden_states"], ids) * valid
