@@ -49,12 +49,15 @@ class HeadCall:
     log-sum-exp of ``z / T`` (so top-k *logits* are ``topk_values + lse``). ``want_rank``: also
     ``"rank"`` ``[b, s]``, the 1-based rank of the label in its distribution (1 + the ids of larger
     logit; at TP>1 a second pass over the vocabulary slices, counted against the combined label
-    logit)."""
+    logit). ``payload``: also a full-vocabulary payload ``[b, s, D]`` (``"hidden_states"`` or
+    ``"logits"``, in ``payload_datatype``: :mod:`podium.teacher.compute.payload`)."""
 
     temperature: float = 1.0
     top_k: int | None = None
     want_lse: bool = False
     want_rank: bool = False
+    payload: str | None = None
+    payload_datatype: str = "FP32"
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,17 @@ class LogprobHead:
             out["topk_values"] = _unkeep(top_values, keep, seq, batch)
             # narrowed on the device: half the bytes to the host, through Ray, onto the wire
             out["topk_indices"] = _unkeep(top_indices.to(index_dtype(self.vocab_size)), keep, seq, batch)
+        if call.payload is not None:
+            out.update(self._payload(hidden, weight, call))
         return out
+
+    def _payload(self, hidden: torch.Tensor, weight: torch.Tensor, call: HeadCall) -> dict[str, torch.Tensor]:
+        from podium.teacher.compute.payload import payload_outputs
+
+        assert call.payload is not None
+        return payload_outputs(call.payload, hidden, weight, datatype=call.payload_datatype,
+                               temperature=call.temperature, vocab_size=self.vocab_size, tp_group=self.tp_group,
+                               tp_size=self.tp_size, chunk_elements=self.chunk_elements)
 
     def _local(self, rows: torch.Tensor, targets: torch.Tensor, cands: torch.Tensor | None, weight: torch.Tensor,
                call: HeadCall) -> _Partial:

@@ -40,6 +40,7 @@ from podium.teacher.compute.alignment import (
     to_nemo_rl,
 )
 from podium.teacher.compute.head import HeadCall, HeadInputs
+from podium.teacher.compute.payload import hidden_states_refusal, mask_payload
 from podium.teacher.compute.rank import RankInfo
 from podium.teacher.compute.stages import StageInfo, forward_only_stage_loop
 from podium.teacher.model.parallel import DEFAULT_SEED, init_parallel
@@ -194,7 +195,9 @@ class TeacherWorker:
             sequence_length_multiple=self.seq_multiple, load_seconds=loaded.load_seconds,
             setup_seconds=setup_seconds, torch_threads=torch.get_num_threads(), device=str(self.device),
             parameters_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
-            load_stats=dict(loaded.stats), cuda_shims=tuple(shims),
+            load_stats=dict(loaded.stats), cuda_shims=tuple(shims), hidden_size=self.desc.hidden_size,
+            hidden_states_refusal=hidden_states_refusal(tied_embeddings=bool(self.desc.tied_embeddings),
+                                                        checkpoint_kind=str(loaded.checkpoint.kind)),
         )
 
     def info(self) -> RankInfo | None:
@@ -340,7 +343,8 @@ def _head_call(query: Query) -> HeadCall:
     want_logits = bool(query.top_k) and query.wants(TOPK_LOGITS)
     return HeadCall(temperature=1.0 if query.temperature is None else float(query.temperature),
                     top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits,
-                    want_rank=query.wants(TARGET_RANK))
+                    want_rank=query.wants(TARGET_RANK), payload=query.payload,
+                    payload_datatype=query.payload_datatype)
 
 
 def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, Any]:
@@ -354,4 +358,6 @@ def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, An
                                      candidate_logprobs=full.get("candidate_logprobs")))
     if query.wants(TARGET_RANK):
         result[TARGET_RANK] = shifted_ranks(full["rank"], lengths)
+    if query.payload is not None:  # the model's own alignment: position i is its output at i
+        result[query.payload] = mask_payload(full[query.payload], lengths)
     return result

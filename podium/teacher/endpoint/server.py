@@ -174,7 +174,7 @@ class EndpointServer:
             "max_queue": self.config.server.max_queue,
             "abandoned": self.abandoned,
             "served": self._served,
-        })
+        }, self.facts)
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -420,9 +420,10 @@ class EndpointServer:
     def _check(self, req: oip.InferRequest) -> tuple[Batch, Query]:
         """The request checked against the model and its cost (on a codec thread)."""
         batch, query = validate_request(req, vocab_size=self.vocab_size,
-                                        max_sequence_length=self.facts.max_sequence_length, max_top_k=None)
+                                        max_sequence_length=self.facts.max_sequence_length, max_top_k=None,
+                                        hidden_states_refusal=self.facts.hidden_states_refusal)
         check_cost(self.config, batch, query, {name: req.wants_binary(name) for name in query.outputs},
-                   self.vocab_size)
+                   self.vocab_size, hidden_size=self.facts.hidden_size)
         return batch, query
 
     async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
