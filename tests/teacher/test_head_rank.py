@@ -4,7 +4,7 @@ equal to counting on the full ``log_softmax``; the alignment shift to NeMo RL's 
 
 from __future__ import annotations
 
-import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -65,8 +65,8 @@ def test_rank_at_tp1_counts_larger_logits() -> None:
     assert "rank" not in _run(LogprobHead(VOCAB, None, 0, 1), weight, hidden, labels, HeadCall())
 
 
-def _tp_rank(rank: int, port: int, queue: mp.Queue) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _tp_rank(rank: int, store: str, queue: mp.Queue) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         weight, hidden, labels = _inputs()
         head = LogprobHead(VOCAB, dist.group.WORLD, rank, 2, chunk_elements=7)
@@ -77,13 +77,12 @@ def _tp_rank(rank: int, port: int, queue: mp.Queue) -> None:
         dist.destroy_process_group()
 
 
-def test_rank_at_tp2_equals_tp1() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_rank_at_tp2_equals_tp1(tmp_path: Path) -> None:
+    # a file store, not a port chosen then freed: another test's process can take that port first
+    store = str(tmp_path / "store")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_tp_rank, args=(r, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_tp_rank, args=(r, store, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(queue.get(timeout=120) for _ in procs)
