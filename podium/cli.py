@@ -29,7 +29,8 @@ app = typer.Typer(
 EXIT_USER_ERROR = 2
 WATCH_DEFAULT_S = 2.0  # `status --watch` without seconds
 
-RecipeArg = typer.Argument(..., help="NeMo RL recipe (YAML) with an on_policy_distillation section.")
+RecipeArg = typer.Argument(..., help="NeMo RL recipe (YAML) with an on_policy_distillation section, or a "
+                                          "teachers file.")
 EXAMPLE_RECIPE = Path(__file__).parent / "examples" / "mopd_example.yaml"
 OverridesArg = typer.Argument(
     None, help="Overrides as NeMo RL users type them: key=value, +key=value, ++key=value, ~key."
@@ -47,7 +48,7 @@ def _fail(message: str) -> None:
 @app.command()
 def plan(
     recipe: Path | None = typer.Argument(
-        None, help="NeMo RL recipe (YAML); without one, podium's embedded example recipe."
+        None, help="NeMo RL recipe or teachers file (YAML); without one, podium's embedded example recipe."
     ),
     overrides: list[str] | None = OverridesArg,
     launcher: Path | None = LauncherOpt,

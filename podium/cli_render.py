@@ -147,8 +147,9 @@ def _table(rows: list, title: str | None, columns: tuple[str, ...]) -> Table:
 class StatusView:
     """``podium status``'s screen: one table where the console is wide enough for each row on one
     line; else two (the jobs' state, then where each replica serves and its load), each narrow
-    enough for 100 columns with a URL, a name and a job id unbroken. Below them, each teacher's aliases
-    and each replica's reason (a failure's cause, why it stopped), as lines that wrap at words."""
+    enough for 100 columns with a URL, a name and a job id unbroken. Below them, each teacher's aliases,
+    each replica's OpenAI ``base_url`` (where it has an endpoint) and each replica's reason (a failure's
+    cause, why it stopped), as lines that wrap at words."""
 
     def __init__(self, rows: list, title: str = "podium status") -> None:
         self.rows, self.title = rows, title
@@ -163,6 +164,9 @@ class StatusView:
             yield _table(self.rows, None, SERVING_COLUMNS)
         for name, aliases in {r.name: r.aliases for r in self.rows}.items():
             yield Text.assemble((name, "bold"), f" serves: {', '.join(aliases)}")
+        for r in self.rows:  # what an OpenAI client (vLLM's scoring calls) is given
+            if r.base_url:
+                yield Text.assemble((r.display, "bold"), f" OpenAI base_url: {r.base_url}")
         for r in self.rows:
             if r.reason and r.status in ("failed", "stopped", "draining"):
                 yield Text(f"{r.display}: {r.status}: {r.reason}")

@@ -1,5 +1,5 @@
-"""The plan: a recipe's teachers (MOPD mapping, or a distillation recipe's one teacher:
-:mod:`podium.config.sources`) turned into deduplicated ``TeacherSpec``s.
+"""The plan: a recipe's teachers (MOPD mapping, a distillation recipe's one teacher, or a teachers
+file's: :mod:`podium.config.sources`) turned into deduplicated ``TeacherSpec``s.
 
 NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known flaws fixed:
 
@@ -194,7 +194,8 @@ def build_plan(cfg: DictConfig, recipe_path: Path, launcher: LauncherSettings) -
 def _recipe_problems(source: TeacherSource, launcher: LauncherSettings) -> list[str]:
     """What is wrong with the recipe's aliases, checkpoints and routing (before any setting)."""
     mapping = source.mapping
-    problems = [*_name_problems(mapping, source.mapping_key), *_name_problems(source.overrides, OVERRIDES),
+    problems = [*source.problems, *_name_problems(mapping, source.mapping_key),
+                *_name_problems(source.overrides, source.overrides_key),
                 *_name_problems(launcher.teachers, f"{SECTION}.teachers")]
     for alias, ckpt in mapping.items():
         if not isinstance(ckpt, str) or not ckpt.strip():
@@ -283,6 +284,7 @@ class _AliasSettings:
     values: dict[str, Any]
     origins: dict[str, str]  # key -> the recipe key path it came from
     megatron_cfg_overrides: dict[str, Any]
+    over_path: str = ""  # the key of its own block (teacher_overrides.<alias>, a teachers file's teachers.<alias>)
     model_name: str = ""
     is_local: bool = False
     revision: str | None = None  # a hub id's snapshot commit, pinned here
@@ -387,8 +389,8 @@ def _mapping_problem(value: Any, where: str) -> str | None:
 def _alias_settings(alias: str, source: TeacherSource, override: Any, cluster_gpus: Any) -> _AliasSettings:
     """One alias's effective settings (see the module doc), with every problem they have and the
     notes the plan shows (keys skipped, a setting podium carries but does not honour yet)."""
-    over_path = f"{OVERRIDES}.{alias}"
-    settings = _AliasSettings(alias, {}, dict(source.origins), {})
+    over_path = f"{source.overrides_key}.{alias}"
+    settings = _AliasSettings(alias, {}, dict(source.origins), {}, over_path=over_path)
     if override is not None and (problem := _mapping_problem(override, over_path)):
         settings.problems.append(problem)
         override = None
@@ -402,7 +404,7 @@ def _alias_settings(alias: str, source: TeacherSource, override: Any, cluster_gp
     values: dict[str, Any] = {"precision": DEFAULT_PRECISION, "micro_batch_size": 1}
     if cluster_gpus is not None:
         values["gpus_per_node"] = cluster_gpus
-    settings.origins.setdefault("gpus_per_node", "cluster.gpus_per_node")
+    settings.origins.setdefault("gpus_per_node", source.unset_key(alias, "gpus_per_node"))
     values.update({k: v for k, v in merged.items() if k in TEACHER_KEYS})
     # Parallel sizes inside megatron_cfg_overrides are what Megatron will use: place by them too.
     for key in PARALLEL_SIZES:
@@ -479,7 +481,7 @@ def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None
         return
     layout_keys = (*NODE_SIZES, *PARALLEL_SIZES)
     layout = ParallelLayout(**{k: v for k, v in values.items() if k in layout_keys})
-    own = any(where(k).startswith(f"{OVERRIDES}.{settings.alias}.") for k in layout_keys)
+    own = any(where(k).startswith(f"{settings.over_path}.") for k in layout_keys)
     try:
         # an alias with sizes of its own is named; the default sizes are one problem, said once
         layout.check(f"teacher {settings.alias!r}" if own else "the default layout")

@@ -1,7 +1,8 @@
 """What a NeMo RL teacher block may hold and what podium does with each key.
 
 A teacher block is ``on_policy_distillation.non_colocated_teachers.default_teacher_cfg`` or
-``teacher_overrides.<alias>``: NeMo RL's ``TeacherResourceConfig`` (``nemo_rl/algorithms/opd.py``),
+``teacher_overrides.<alias>`` (or a teachers file's ``teachers.<alias>``, which names its checkpoint
+too: :mod:`podium.config.sources`): NeMo RL's ``TeacherResourceConfig`` (``nemo_rl/algorithms/opd.py``),
 whose unknown keys NeMo RL folds into ``megatron_cfg_overrides`` (``extra="allow"``), which its
 teacher worker then lays over the student's ``policy.megatron_cfg``.
 
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 from podium.config.layout import NODE_SIZES, PARALLEL_SIZES
 from podium.config.megatron_keys import FP32_LM_HEAD, valid_names
-from podium.config.sources import DEFAULT_CFG, OVERRIDES
+from podium.config.sources import CHECKPOINT_KEYS, DEFAULT_CFG, OVERRIDES, TEACHERS_FILE
 
 SIZE_KEYS: tuple[str, ...] = (*NODE_SIZES, *PARALLEL_SIZES, "micro_batch_size", "max_tokens_per_microbatch")
 TEACHER_KEYS: tuple[str, ...] = (*SIZE_KEYS, "precision", "megatron_cfg_overrides")
@@ -67,18 +68,20 @@ def cross_tokenizer_problem(path: str, value: Any) -> str | None:
 
 
 _ALIAS_BLOCK = re.compile(rf"^{re.escape(OVERRIDES)}\.[^.]+$")
+_FILE_BLOCK = re.compile(rf"^{re.escape(TEACHERS_FILE)}\.[^.]+$")
 
 
 def is_teacher_block(path: str) -> bool:
-    """Whether ``path`` is a teacher block (``default_teacher_cfg`` or ``teacher_overrides.<alias>``)."""
-    return path == DEFAULT_CFG or bool(_ALIAS_BLOCK.match(path))
+    """Whether ``path`` is a teacher block (``default_teacher_cfg``, ``teacher_overrides.<alias>``,
+    a teachers file's ``teachers.<alias>``)."""
+    return path == DEFAULT_CFG or bool(_ALIAS_BLOCK.match(path)) or bool(_FILE_BLOCK.match(path))
 
 
 def known_keys(parent: str) -> frozenset[str]:
     """The keys a recipe may give under ``parent`` by these rules (for "did you mean" on an override
     of a key the recipe lacks): a teacher block's, its ``megatron_cfg_overrides``'; else none."""
     if is_teacher_block(parent):
-        return frozenset({*BLOCK_KEYS, *valid_names()})
+        return frozenset({*BLOCK_KEYS, *valid_names(), *(CHECKPOINT_KEYS if _FILE_BLOCK.match(parent) else ())})
     head, _, leaf = parent.rpartition(".")
     if leaf == "megatron_cfg_overrides" and is_teacher_block(head):
         return valid_names()

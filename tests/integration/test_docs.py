@@ -17,7 +17,8 @@ An HTML comment on the line before a fence tells the test what a block is:
 
 The pages' example paths stand for the user's: :func:`substitutions` maps them to the test's
 (``/shared/me`` to a scratch folder every node sees, ``/ckpt/math`` to the tiny checkpoint,
-``/ckpt/ultra-*`` to stand-ins of the Ultra recipe's teachers).
+``/ckpt/coder`` to a copy of it (another teacher), ``/ckpt/ultra-*`` to stand-ins of the Ultra
+recipe's teachers).
 The other tests here keep the pages' tables true: the command table against ``podium --help``,
 the settings tables against ``podium/config/launcher.py``, the field tables against the pydantic
 models of the rendezvous file and the endpoint record, and the README's test command against CI's.
@@ -30,6 +31,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -187,12 +189,16 @@ def test_the_field_tables_name_every_field_of_the_records() -> None:
 
 def substitutions(scratch: Path, checkpoint: Path, nemo_rl_configs: Path) -> dict[str, str]:
     """The pages' example paths -> this test's (the Ultra recipe's teachers: stand-in checkpoints
-    holding Ultra's config.json, made here, which `plan` reads)."""
+    holding Ultra's config.json, made here, which `plan` reads; a second teacher's checkpoint: a copy
+    of the tiny one, another path)."""
     from fixtures.recipes import write_ultra_checkpoint
 
     ultra = {f"/ckpt/ultra-{name}": str(write_ultra_checkpoint(scratch / "ultra" / name))
              for name in ("general", "reasoning", "swe")}
-    return {"/shared/me": str(scratch), "/ckpt/math": str(checkpoint), **ultra,
+    coder = scratch / "coder"
+    if not coder.exists():
+        shutil.copytree(checkpoint, coder)
+    return {"/shared/me": str(scratch), "/ckpt/math": str(checkpoint), "/ckpt/coder": str(coder), **ultra,
             "../shared/nemo-rl-configs": str(nemo_rl_configs)}
 
 

@@ -1,12 +1,13 @@
 """``podium up / status / wait / down`` end to end on the real Slurm test cluster.
 
 One run of two teachers (math+code on a 2-node teacher, chat on a 1-node teacher; workers are CPU
-slots) is brought up once per module and shared; tests that need their own run (two concurrent
+slots), named by a teachers file (podium's short form: a user without a NeMo RL recipe), is brought
+up once per module and shared; tests that need their own run (two concurrent
 ``up``, a failing node, ``up`` from inside sbatch, a plain-sbatch teacher, a trainer whose time
 limit takes its teacher down) bring up small ones; those that do not need the shared run come
 after its ``down``, so they do not compete with it for the cores. Last, one run of two
-expert-parallel teachers (Qwen3-MoE and Nemotron-H, each EP2 over two nodes) serves the MoE and
-the Nemotron-H tests.
+expert-parallel teachers (Qwen3-MoE and Nemotron-H, each EP2 over two nodes), named by a NeMo RL
+recipe, serves the MoE and the Nemotron-H tests.
 The jobs build the real Megatron teacher group; the oracle is transformers in the test process.
 """
 
@@ -26,11 +27,12 @@ from typing import Any
 import numpy as np
 import pytest
 from harness.cli import podium
-from harness.recipes import write_recipe
+from harness.recipes import write_recipe, write_teachers_file
 from harness.slurm_run import check_logprobs, job_ids, ray_processes_of
 
 from podium.launcher.common.slurm_state import query_states
 from podium.poll import poll_until
+from podium.protocol.names import OPENAI_BASE
 
 pytestmark = pytest.mark.slurm
 
@@ -43,9 +45,9 @@ def checkpoints(tiny_llama_checkpoint: Path, tiny_qwen2_checkpoint: Path) -> dic
 @pytest.fixture(scope="module")
 def two_teachers(slurm_cluster, checkpoints, tmp_path_factory) -> Iterator[tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("launcher")
-    recipe = write_recipe(root / "recipe.yaml", {"math": (checkpoints["llama"], 2),
-                                                 "code": (checkpoints["llama"], 2),
-                                                 "chat": (checkpoints["qwen2"], 1)})
+    recipe = write_teachers_file(root / "teachers.yaml", {"math": (checkpoints["llama"], 2),
+                                                          "code": (checkpoints["llama"], 2),
+                                                          "chat": (checkpoints["qwen2"], 1)})
     run_dir = root / "run"
     try:
         podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "180")
@@ -61,11 +63,17 @@ def test_up_wait_ready_and_logprobs_per_alias(two_teachers, checkpoints) -> None
 
 
 def test_status_shows_both(two_teachers) -> None:
+    """Both teachers of the teachers file (its two aliases on one checkpoint: one teacher), ready,
+    each with the OpenAI base URL other trainers are given, in --json and in the table."""
     _, run_dir = two_teachers
     proc = podium("status", str(run_dir), "--json")
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
     assert set(rows) == {"math", "chat"}
     assert rows["math"]["aliases"] == ["math", "code"]
+    table = podium("status", str(run_dir), env={"COLUMNS": "200"}).stdout
+    for name, row in rows.items():
+        assert row["base_url"] == row["url"] + OPENAI_BASE, row
+        assert f"{name} OpenAI base_url: {row['base_url']}" in table, table
     for row in rows.values():
         assert row["ready"] and row["slurm_state"] == "RUNNING" and row["health"] is True
         # job:restart -- a restart count, not 0: a loaded node's first start can miss Ray's fixed

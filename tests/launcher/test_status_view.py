@@ -97,6 +97,25 @@ def test_a_wide_console_shows_one_table_and_the_aliases_below_it() -> None:
     assert "math serves: math, code" in lines
 
 
+@pytest.mark.parametrize("width", [100, 250])
+def test_each_serving_replica_shows_its_openai_base_url_below_the_tables_and_in_json(width: int) -> None:
+    """What an OpenAI client is given (the endpoint's URL + protocol.names.OPENAI_BASE), per replica,
+    whole on its line; none for a replica without an endpoint yet; ``base_url`` in ``--json``."""
+    from podium.protocol.names import OPENAI_BASE
+
+    first = TeacherStatus(name=ULTRA_ALIASES[0], key="k" * 12, aliases=ULTRA_ALIASES, status="ready", url=URL)
+    second = TeacherStatus(name=ULTRA_ALIASES[0], key="k" * 12, aliases=ULTRA_ALIASES, replica=1, status="ready",
+                           url="http://10.120.33.142:20346")
+    pending = TeacherStatus(name="chat", key="c" * 12, aliases=("chat",))
+    console = Console(width=width, record=True)
+    console.print(status_table([first, second, pending]))
+    lines = console.export_text().splitlines()
+    assert f"{ULTRA_ALIASES[0]} OpenAI base_url: {URL}/v1" in lines, lines
+    assert f"{ULTRA_ALIASES[0]}#1 OpenAI base_url: http://10.120.33.142:20346/v1" in lines, lines
+    assert not any("chat OpenAI" in line for line in lines)
+    assert first.to_dict()["base_url"] == URL + OPENAI_BASE and pending.to_dict()["base_url"] is None
+
+
 def test_watch_is_a_flag_with_a_default_interval_and_still_takes_seconds() -> None:
     """The README's ``status RUN --watch`` (a flag) refreshes every 2 s; ``--watch 5`` every 5 s."""
     from podium.cli import WATCH_DEFAULT_S, with_watch_default

@@ -26,7 +26,7 @@ from podium.launcher.common.jobs import JobRecord
 from podium.launcher.common.slurm_state import JobState
 from podium.launcher.login.run_dir import known_teachers
 from podium.poll import PollTimeout, poll_until
-from podium.protocol.names import HEALTH_LIVE, METRICS
+from podium.protocol.names import HEALTH_LIVE, METRICS, OPENAI_BASE
 from podium.rendezvous.atomic import FileReadError
 from podium.rendezvous.layout import RunLayout
 from podium.rendezvous.manifest import read_rendezvous
@@ -78,6 +78,12 @@ class TeacherStatus:
         return display_name(self.name, self.replica)
 
     @property
+    def base_url(self) -> str | None:
+        """The ``base_url`` an OpenAI client (vLLM's scoring calls) is given: the endpoint's URL +
+        ``/v1``; None while it has no endpoint."""
+        return self.url + OPENAI_BASE if self.url else None
+
+    @property
     def ready(self) -> bool:
         return (self.status == "ready" and self.job_kind == "running" and self.health is not False
                 and not self.superseded)
@@ -125,7 +131,8 @@ class TeacherStatus:
                 "job_id": self.job_id,
                 "cluster": self.cluster, "slurm_state": self.slurm_state, "generation": self.generation,
                 "restarts": self.restarts,
-                "status": self.status, "reason": self.reason, "url": self.url, "health": self.health,
+                "status": self.status, "reason": self.reason, "url": self.url, "base_url": self.base_url,
+                "health": self.health,
                 "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
                 "timings": self.timings, "restart": self.restart, "final": self.final,
                 "submitted_at": self.submitted_at, "load": self.load}
