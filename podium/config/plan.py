@@ -293,7 +293,8 @@ class _AliasSettings:
     notes: list[str] = field(default_factory=list)  # what the plan says of keys it accepts
 
     def comparable(self) -> dict[str, Any]:
-        return {**self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
+        # fp32_lm_head is in `values` only when on (a teacher without it keeps its key): off is False
+        return {FP32_LM_HEAD: False, **self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
 
     def differing_keys(self, other: _AliasSettings) -> list[str]:
         mine, theirs = self.comparable(), other.comparable()
@@ -471,7 +472,8 @@ def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None
         else:
             if fp32 is not False:  # off is the default: a teacher without it keeps its key
                 values[FP32_LM_HEAD] = fp32
-                settings.notes.append(fp32_lm_head_note(where(FP32_LM_HEAD), fp32, str(values["precision"])))
+                if note := fp32_lm_head_note(where(FP32_LM_HEAD), fp32, str(values["precision"])):
+                    settings.notes.append(note)
     if CROSS_TOKENIZER in merged and (problem := cross_tokenizer_problem(where(CROSS_TOKENIZER),
                                                                           merged[CROSS_TOKENIZER])):
         problems.append(problem)

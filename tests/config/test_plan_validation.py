@@ -112,6 +112,15 @@ CASES = {
         [], "aliases 'math' and 'code' share checkpoint /ckpt/math but ask for different settings: "
             "precision ('bf16' vs 'fp32')",
     ),
+    "shared checkpoint, different fp32_lm_head": (
+        BASE.replace("      micro_batch_size: 1\n",
+                     "      micro_batch_size: 1\n    teacher_overrides:\n      code: {fp32_lm_head: tf32}\n"),
+        [], "aliases 'math' and 'code' share checkpoint /ckpt/math but ask for different settings: "
+            "fp32_lm_head (False vs 'tf32')",
+    ),
+    "fp32_lm_head not a setting": (BASE, [f"+{NCT}.default_teacher_cfg.fp32_lm_head=fp16"],
+                                   f"{NCT}.default_teacher_cfg.fp32_lm_head: must be false, true or \"tf32\", "
+                                   "got 'fp16'"),
     "override of a missing key": (BASE, [f"{OPD}.no_such_key=1"],
                                   f"key '{OPD}.no_such_key' is not in the recipe; use +"),
     "add of an existing key": (BASE, [f"+{OPD}.default_teacher_alias=math"], "already exists"),
