@@ -12,8 +12,10 @@
 NeMo RL's facades on a client: ``podium.nemo_rl.RemoteTeacherWorkerGroup.from_client(client, alias)``
 (that package imports this one, never the other way round).
 
-What a call asks is a :class:`~podium.protocol.query.Query`, checked here by the rule the teacher
-applies; the wire itself is ``podium.protocol``. Every module opens with what it owns.
+What a call asks is a :class:`~podium.protocol.query.Query` (:func:`ask`), checked here by the rule
+the teacher applies: ``client.teacher(alias).infer(ids, lengths, ask(outputs=["hidden_states"],
+payload_datatype="BF16"))["hidden_states"]`` is a teacher's full-vocabulary payload; the wire
+itself is ``podium.protocol``. Every module opens with what it owns.
 Importing this package pulls numpy but not torch: podium's base install (no extras: a trainer's
 light install) has neither torch nor transformers. Results are torch tensors where torch is
 importable (a trainer's), else numpy arrays (``ClientOptions.return_type``).
@@ -27,6 +29,7 @@ from podium.client.errors import (
     TeacherRequestError,
     TeacherRequestFailedError,
     TeacherServerError,
+    TeacherStoppedError,
     TeacherUnavailableError,
     TokenizerMismatchError,
     TransportError,
@@ -34,6 +37,7 @@ from podium.client.errors import (
 from podium.client.options import ClientOptions
 from podium.client.teacher import TeacherClient
 from podium.protocol.batch import BatchError
+from podium.protocol.query import ask
 from podium.protocol.tokenizer import tokenizer_fingerprint
 
 __all__ = [
@@ -47,9 +51,11 @@ __all__ = [
     "TeacherRequestError",
     "TeacherRequestFailedError",
     "TeacherServerError",
+    "TeacherStoppedError",
     "TeacherUnavailableError",
     "TokenizerMismatchError",
     "TransportError",
+    "ask",
     "connect",
     "tokenizer_fingerprint",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 
@@ -97,3 +98,19 @@ class ServerProofError(TransportError):
     """The server at a record's URL did not prove it holds the run's token and is the generation
     the record names (``GET /v2/podium/proof``): the token was not sent there, its answers are not
     used; the client treats that endpoint as gone and follows the records."""
+
+
+class TeacherStoppedError(TeacherFailedError):
+    """The teacher's record says it was stopped for good (``podium down``, ``scancel``, a time limit
+    that stops: :meth:`EndpointRecord.stopped_for_good <podium.rendezvous.records.EndpointRecord.stopped_for_good>`):
+    nothing brings it back by itself, so a call fails at once instead of waiting ``call_timeout_s``
+    (a preempted teacher, which comes back, is still waited for). ``stopped_at``: epoch seconds."""
+
+    def __init__(self, teacher: str, generation: str, reason: str | None, stopped_at: float) -> None:
+        self.stopped_at = stopped_at
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(stopped_at))
+        super().__init__(teacher, generation, reason)
+        PodiumClientError.__init__(
+            self, f"teacher {teacher} generation {generation} was stopped at {when} ({reason or 'no reason given'}) "
+                  f"and is not coming back by itself: start it again (podium up <recipe>) or point the trainer "
+                  f"at a run that serves it")

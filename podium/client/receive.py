@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from podium.protocol import oip
-from podium.protocol.names import INDEX_OUTPUTS, VALUE_OUTPUTS
+from podium.protocol.names import INDEX_OUTPUTS, PAYLOAD_OUTPUTS, VALUE_OUTPUTS
 
 
 @dataclass
@@ -135,10 +135,13 @@ def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: boo
                   converted: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The ``outputs`` of an answer as the caller gets them: values float32 (BF16 decoded), ids int64
     (as they travelled unless ``widen``: :func:`pipelined` widens them as it puts them in place);
-    those in ``converted`` as they are (converted while the answer arrived: :mod:`.receive`)."""
+    those in ``converted`` as they are (converted while the answer arrived: :mod:`.receive`); a
+    full-vocabulary payload in the dtype it travelled (:func:`payload_tensor`)."""
     result = {}
     for name in outputs:
-        if converted and name in converted:
+        if name in PAYLOAD_OUTPUTS:
+            result[name] = payload_tensor(decoded.outputs[name], decoded.datatypes.get(name, "FP32"))
+        elif converted and name in converted:
             result[name] = converted[name]
         elif name in VALUE_OUTPUTS:
             result[name] = decoded.as_float32(name)
@@ -147,3 +150,15 @@ def caller_arrays(decoded: oip.InferResponse, outputs: Sequence[str], widen: boo
         else:
             result[name] = decoded.outputs[name]
     return result
+
+
+def payload_tensor(array: np.ndarray, datatype: str) -> Any:
+    """A full-vocabulary payload as the caller gets it, in the dtype it asked and without a copy: a
+    torch tensor over the received body (``torch.bfloat16`` for BF16) where torch is installed; else
+    the numpy array (BF16 as its 16-bit patterns, ``uint16``: numpy has no bfloat16)."""
+    try:
+        import torch
+    except ImportError:
+        return array
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if datatype == "BF16" else tensor

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podium.client.errors import TeacherFailedError, TeacherUnavailableError, TransportError
+from podium.client.errors import TeacherFailedError, TeacherStoppedError, TeacherUnavailableError, TransportError
 from podium.client.options import ClientOptions
 from podium.client.transport import HTTPTransport, ServerIdentity
 from podium.protocol.names import HEALTH_READY
@@ -281,8 +281,9 @@ class ReplicaSet:
             if all(final is not None for final in finals):
                 last = finals[-1]
                 assert last is not None
-                every = f" (every one of its {len(finals)} replicas failed for good)" if self.multiple else ""
-                raise TeacherFailedError(self.where(last), str(last.generation), f"{last.reason}{every}")
+                how = "failed" if all(f is not None and f.status is Status.FAILED for f in finals) else "ended"
+                raise _ended(self.where(last), last, f" (every one of its {len(finals)} replicas {how} for good)"
+                             if self.multiple else "")
             deadline.unusable()
             left = deadline.left()
             if left <= 0:
@@ -332,7 +333,12 @@ class ReplicaSet:
         gen = str(record.generation)
         deadline.generation = gen
         stale = record.is_stale(self.options.stale_after_s, now)
-        replica.final = record if record.failure_is_final() else None
+        replica.final = record if record.failure_is_final() or record.stopped_for_good() else None
+        if record.status is Status.STOPPED and replica.final is not None:
+            deadline.note(f"{prefix}generation {gen} stopped for good ({record.reason or 'no reason given'})")
+            if not self.multiple:
+                raise _ended(self.label, record)
+            return None
         if record.status is Status.FAILED:
             retry = "for good" if replica.final is not None else "the teacher will retry"
             deadline.note(f"{prefix}generation {gen} failed ({record.reason or 'no reason given'}); {retry}")
@@ -414,3 +420,12 @@ def error_text(body: bytes | bytearray | memoryview) -> str:
         return str(json.loads(bytes(body))["error"])
     except (ValueError, KeyError, TypeError):
         return bytes(body[:200]).decode("utf-8", errors="replace")
+
+
+def _ended(teacher: str, record: EndpointRecord, every: str = "") -> TeacherFailedError:
+    """The error for a replica (or every replica) whose record says it ended for good: stopped
+    (:class:`TeacherStoppedError`, naming when) or failed (:class:`TeacherFailedError`)."""
+    reason = f"{record.reason or 'no reason given'}{every}"
+    if record.status is Status.STOPPED:
+        return TeacherStoppedError(teacher, str(record.generation), reason, record.stopped_at())
+    return TeacherFailedError(teacher, str(record.generation), reason)

@@ -321,7 +321,10 @@ class TeacherClient:
               request_id: str | None = None, timeout_s: float | None = None) -> dict[str, np.ndarray]:
         """One call of a checked :class:`~podium.protocol.query.Query` on numpy arrays (the typed form
         every ``get_*`` method above is an adapter over): one infer request, or a few of
-        consecutive rows at once for a large answer (:class:`~podium.client.pipeline.Pipeline`)."""
+        consecutive rows at once for a large answer (:class:`~podium.client.pipeline.Pipeline`). A
+        full-vocabulary payload (``ask(outputs=["hidden_states"], payload_datatype="BF16")``) is one
+        request, handed over as a tensor over the received bytes in the dtype asked
+        (:func:`~podium.client.receive.payload_tensor`)."""
         request_id = request_id or uuid.uuid4().hex
         rows = int(ids.shape[0])
         candidates = None if candidate_ids is None else int(candidate_ids.shape[-1])
@@ -329,6 +332,9 @@ class TeacherClient:
 
         def whole() -> dict[str, np.ndarray]:
             return self._request(ids, lengths, candidate_ids, query, request_id, timeout_s)
+
+        if query.payload is not None:  # one answer, handed over where it was received (no assembly copy)
+            return whole()
 
         def chunk(index: int, start: int, end: int, left: float | None) -> dict[str, np.ndarray]:
             cands = None if candidate_ids is None else candidate_ids[start:end]
@@ -345,7 +351,7 @@ class TeacherClient:
         they travelled unless ``widen``: a pipelined call widens them as it puts them in place); its
         timing told to the pipeline when ``observed`` (a later chunk waits behind the others)."""
         outputs = list(query.outputs)
-        binary = self.options.binary or query.values_datatype in oip.BINARY_ONLY
+        binary = self.options.binary or query.values_datatype in oip.BINARY_ONLY or query.payload is not None
         inputs = [(INPUT_IDS, ids), (INPUT_LENGTHS, lengths)]
         if candidate_ids is not None:
             inputs.append((CANDIDATE_IDS, candidate_ids))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import omegaconf
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -57,8 +58,11 @@ def _product(xs: Sequence[Any]) -> Any:
 
 
 def register_resolvers() -> None:
-    # omegaconf 2.4 renamed register_new_resolver (deprecated) to register_resolver.
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+    # omegaconf 2.4 renamed register_new_resolver (deprecated there) to register_resolver; before
+    # 2.4, register_resolver is the legacy API, which refuses NeMo RL's nested interpolations
+    # (${mul:${..a}, ${..b}}). hydra-core (under transferqueue, NeMo RL's data plane) holds omegaconf at 2.3.
+    new_api = tuple(int(part) for part in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+    register = OmegaConf.register_resolver if new_api else OmegaConf.register_new_resolver
     for name, fn in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             register(name, fn)

@@ -30,6 +30,7 @@ from podium.client.options import ClientOptions
 from podium.config.checkpoints import normalise_checkpoint
 from podium.nemo_rl.distillation import RemoteDistillationTeacher
 from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
+from podium.rendezvous.records import ModelInfo
 
 MAPPING_KEY = "teacher_model_by_agent_name"
 SECTION = "on_policy_distillation"
@@ -75,6 +76,25 @@ def teacher_worker_groups(
 ) -> tuple[dict[str, RemoteTeacherWorkerGroup], dict[str, str]]:
     """``(groups, alias_to_group_alias)`` for NeMo RL's MOPD trainer (see the module doc);
     ``ready_timeout_s``: how long to wait for the teachers (default: the client's)."""
+    served, alias_to_group_alias, used = ready_teachers(rendezvous_path, opd_cfg, ready_timeout_s=ready_timeout_s,
+                                                         options=options)
+    groups = {alias: RemoteTeacherWorkerGroup(rendezvous_path, alias, options=used, model=model)
+              for alias, model in served.items()}
+    return groups, alias_to_group_alias
+
+
+def ready_teachers(
+    rendezvous_path: str | Path,
+    opd_cfg: Any,
+    *,
+    ready_timeout_s: float | None = None,
+    options: ClientOptions | None = None,
+) -> tuple[dict[str, ModelInfo | None], dict[str, str], ClientOptions]:
+    """What every MOPD facade is built from: each teacher of the run that the recipe's section
+    ``opd_cfg`` maps, under its primary alias (the first alias of the recipe it serves), with its
+    model info once it is ready (None if its record carries none); every alias mapped to its
+    primary alias; the client options used. Checks that the run serves every alias with the
+    checkpoint the recipe names."""
     cfg = _plain(opd_cfg)
     mapping = cfg.get(MAPPING_KEY)
     if not isinstance(mapping, Mapping) or not mapping:
@@ -99,11 +119,8 @@ def teacher_worker_groups(
         primary: dict[str, str] = {}  # teacher key -> its first alias in recipe order
         for alias, key in key_of.items():
             primary.setdefault(key, alias)
-        groups = {}
-        for key, alias in primary.items():
-            record = client.teacher(key).wait_ready(ready_timeout_s)
-            groups[alias] = RemoteTeacherWorkerGroup(rendezvous_path, alias, options=client.options, model=record.model)
-        return groups, {alias: primary[key] for alias, key in key_of.items()}
+        models = {alias: client.teacher(key).wait_ready(ready_timeout_s).model for key, alias in primary.items()}
+        return models, {alias: primary[key] for alias, key in key_of.items()}, client.options
     finally:
         client.close()
 

@@ -18,13 +18,25 @@ name                       meaning
 ``candidate_ids``          input, INT32/INT64 ``[B, S, C]``: token ids whose logprobs the caller wants
                            at each position (next-token alignment, e.g. the student's own top-k)
 ``candidate_logprobs``     FP32/BF16 ``[B, S, C]``: ``log_softmax(z / T)`` of those ids
+``target_rank``            INT64/INT32 ``[B, S]``: the 1-based rank of token ``i`` in the distribution it
+                           was drawn from (1 + the ids of larger logprob; ``logprobs``' alignment, 0 at 0
+                           and past the row's length), vLLM's prompt-logprob ``rank``
+``hidden_states``          BF16/FP16/FP32 ``[B, S, H]``: the input of the output layer (after the
+                           final norm) at each position ``i < length`` (the state that predicts
+                           token ``i+1``; 0 past the row's length), NeMo RL's
+                           ``teacher_full_hidden_states``
+``logits``                 BF16/FP16/FP32 ``[B, S, V]``: the full-vocabulary logits ``z / T`` (V the
+                           real vocabulary, TP padding cut), same alignment, NeMo RL's
+                           ``teacher_full_logits``
 =========================  =========================================================================
 
 Request parameters: ``top_k`` (``1..min(vocab, server.max_top_k)``), ``micro_batch_size``,
 ``temperature`` (``0.001..1000``; default: the teacher's), ``values_datatype`` (``FP32`` or
 ``BF16``: top-k logits and candidate logprobs) and ``indices_datatype`` (``INT64``, the default, or
 ``INT32``: top-k indices of either kind; answered INT64 when the vocabulary does not fit INT32;
-podium's client asks INT32 and hands its caller int64). BF16 travels only as binary data.
+podium's client asks INT32 and hands its caller int64), ``payload_datatype`` (``BF16``, the
+default, ``FP16`` or ``FP32``: the full-vocabulary payloads). BF16 travels only as binary data; the
+payloads travel only as binary data whatever their dtype (a JSON list of 10⁹ numbers is no answer).
 """
 
 from __future__ import annotations
@@ -40,14 +52,20 @@ TOPK_LOGITS = "topk_logits"
 TOPK_LOGIT_INDICES = "topk_logit_indices"
 CANDIDATE_IDS = "candidate_ids"
 CANDIDATE_LOGPROBS = "candidate_logprobs"
+TARGET_RANK = "target_rank"
+HIDDEN_STATES = "hidden_states"
+LOGITS = "logits"
 INPUTS = (INPUT_IDS, INPUT_LENGTHS, CANDIDATE_IDS)
-OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS)
+OUTPUTS = (LOGPROBS, TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES, CANDIDATE_LOGPROBS,
+           TARGET_RANK, HIDDEN_STATES, LOGITS)
+PAYLOAD_OUTPUTS = (HIDDEN_STATES, LOGITS)  # full-vocabulary payloads: one per call, binary only
 TOPK_OUTPUTS = (TOPK_LOGPROBS, TOPK_INDICES, TOPK_LOGITS, TOPK_LOGIT_INDICES)  # need top_k
 VALUE_OUTPUTS = (TOPK_LOGITS, CANDIDATE_LOGPROBS)  # may travel as BF16
-INDEX_OUTPUTS = (TOPK_INDICES, TOPK_LOGIT_INDICES)  # may travel as INT32
+INDEX_OUTPUTS = (TOPK_INDICES, TOPK_LOGIT_INDICES, TARGET_RANK)  # integers: may travel as INT32
 ID_DATATYPES = ("INT32", "INT64")  # accepted for input ids
 VALUE_DATATYPES = ("FP32", "BF16")  # offered for top-k logits / candidate logprobs (default first)
 INDEX_DATATYPES = ("INT64", "INT32")  # offered for top-k indices (default first)
+PAYLOAD_DATATYPES = ("BF16", "FP16", "FP32")  # offered for the payloads (default first)
 INT32_VOCAB = 2**31  # vocabularies up to this size have their ids travel INT32 when asked
 
 # Request parameters.
@@ -56,6 +74,7 @@ MICRO_BATCH_SIZE = "micro_batch_size"
 TEMPERATURE = "temperature"
 VALUES_DATATYPE = "values_datatype"
 INDICES_DATATYPE = "indices_datatype"
+PAYLOAD_DATATYPE = "payload_datatype"
 GENERATION_PARAMETER = "podium_generation"  # in the response's parameters
 
 # HTTP headers.

@@ -18,7 +18,9 @@ The rules, each here once:
   the wire dtypes among :data:`~podium.protocol.names.VALUE_DATATYPES` /
   :data:`~podium.protocol.names.INDEX_DATATYPES`; ``None`` means not asked for;
 - **outputs**: known names, each once; top-k outputs need ``top_k``, ``candidate_logprobs``
-  needs candidate ids;
+  needs candidate ids; at most one full-vocabulary payload (``hidden_states`` or ``logits``, in
+  ``payload_datatype``); ``hidden_states`` refused, with the teacher's reason, where its logits are
+  not ``output_layer(h)`` (the teacher says why: ``hidden_states_refusal``);
 - **the answer's size** (:meth:`Query.answer_bytes`), from the query and the batch's shape: what
   the client pipelines by and what the endpoint's cost bound refuses by.
 """
@@ -36,12 +38,18 @@ from podium.protocol.batch import BatchError
 from podium.protocol.names import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
+    HIDDEN_STATES,
     INDEX_DATATYPES,
     INDEX_OUTPUTS,
     INDICES_DATATYPE,
+    LOGITS,
     LOGPROBS,
     MICRO_BATCH_SIZE,
     OUTPUTS,
+    PAYLOAD_DATATYPE,
+    PAYLOAD_DATATYPES,
+    PAYLOAD_OUTPUTS,
+    TARGET_RANK,
     TEMPERATURE,
     TOP_K,
     TOPK_INDICES,
@@ -60,8 +68,9 @@ MIN_TEMPERATURE = 1e-3
 MAX_TEMPERATURE = 1e3
 DEFAULT_VALUES_DATATYPE = VALUE_DATATYPES[0]
 DEFAULT_INDICES_DATATYPE = INDEX_DATATYPES[0]
+DEFAULT_PAYLOAD_DATATYPE = PAYLOAD_DATATYPES[0]
 # Bytes of one element of an output on the wire, by datatype; a JSON tensor's element is text.
-WIRE_BYTES = {"FP32": 4, "BF16": 2, "INT64": 8, "INT32": 4}
+WIRE_BYTES = {"FP32": 4, "BF16": 2, "FP16": 2, "INT64": 8, "INT32": 4}
 JSON_BYTES_PER_VALUE = 16  # a value written as JSON text ("-12.345678,"), about
 
 
@@ -75,6 +84,7 @@ class Query:
     micro_batch_size: int | None = None  # None: the teacher's token budget alone
     values_datatype: str = DEFAULT_VALUES_DATATYPE  # of topk_logits / candidate_logprobs on the wire
     indices_datatype: str = DEFAULT_INDICES_DATATYPE  # of topk_indices / topk_logit_indices on the wire
+    payload_datatype: str = DEFAULT_PAYLOAD_DATATYPE  # of hidden_states / logits, computed and on the wire
 
     def wants(self, name: str) -> bool:
         return name in self.outputs
@@ -83,7 +93,12 @@ class Query:
     def computed_alike(self) -> tuple[Any, ...]:
         """Queries with equal values here compute alike: their rows may share one forward of the
         group (the row cap and the wire dtypes do not change a row's answer)."""
-        return self.top_k, self.temperature, frozenset(self.outputs)
+        return self.top_k, self.temperature, frozenset(self.outputs), self.payload and self.payload_datatype
+
+    @property
+    def payload(self) -> str | None:
+        """The full-vocabulary payload asked (``hidden_states`` or ``logits``), or None."""
+        return next((name for name in self.outputs if name in PAYLOAD_OUTPUTS), None)
 
     def parameters(self) -> dict[str, object]:
         """The OIP request parameters that say this query (the defaults left out)."""
@@ -98,6 +113,8 @@ class Query:
             params[VALUES_DATATYPE] = self.values_datatype
         if self.indices_datatype != DEFAULT_INDICES_DATATYPE:
             params[INDICES_DATATYPE] = self.indices_datatype
+        if self.payload_datatype != DEFAULT_PAYLOAD_DATATYPE:
+            params[PAYLOAD_DATATYPE] = self.payload_datatype
         return params
 
     def wire_datatype(self, name: str) -> str:
@@ -107,15 +124,20 @@ class Query:
             return self.values_datatype
         if name in INDEX_OUTPUTS:
             return self.indices_datatype
+        if name in PAYLOAD_OUTPUTS:
+            return self.payload_datatype
         return "FP32"
 
     def answer_bytes(self, rows: int, width: int, candidates: int | None = None,
-                     binary: Mapping[str, bool] | None = None) -> int:
+                     binary: Mapping[str, bool] | None = None, *, hidden_size: int | None = None,
+                     vocab_size: int | None = None) -> int:
         """The size of the answer to this query for ``rows × width`` positions (``candidates``: C of
-        the candidate ids), each output binary unless ``binary`` says otherwise."""
+        the candidate ids; ``hidden_size`` / ``vocab_size``: the payloads' width, the teacher's, 1
+        where not known), each output binary unless ``binary`` says otherwise."""
         total = 0
         for name in self.outputs:
-            per = 1 if name == LOGPROBS else (candidates or 1) if name == CANDIDATE_LOGPROBS else (self.top_k or 1)
+            per = {LOGPROBS: 1, TARGET_RANK: 1, CANDIDATE_LOGPROBS: candidates or 1, HIDDEN_STATES: hidden_size or 1,
+                   LOGITS: vocab_size or 1}.get(name, self.top_k or 1)
             size = WIRE_BYTES[self.wire_datatype(name)]
             if binary is not None and not binary.get(name, True):
                 size = JSON_BYTES_PER_VALUE
@@ -131,19 +153,26 @@ def default_outputs(top_k: int | None, candidates: bool) -> tuple[str, ...]:
 
 def ask(*, outputs: Sequence[str] | None = None, top_k: Any = None, temperature: Any = None,
         micro_batch_size: Any = None, values_datatype: Any = None, indices_datatype: Any = None,
-        candidates: bool = False, vocab_size: int | None = None, max_top_k: int | None = None) -> Query:
+        payload_datatype: Any = None, candidates: bool = False, vocab_size: int | None = None,
+        max_top_k: int | None = None, hidden_states_refusal: str | None = None) -> Query:
     """The :class:`Query` of these options, checked (see the module doc); a :class:`BatchError`
     naming the option and the value at fault. ``candidates``: the call sends candidate ids;
     ``vocab_size`` / ``max_top_k``: the teacher's bounds of ``top_k`` (None: the client, which does
-    not know them: the teacher checks)."""
+    not know them: the teacher checks); ``hidden_states_refusal``: why this teacher cannot answer
+    ``hidden_states`` (None: it can, or the client, which does not know)."""
     limit = min(max_top_k, vocab_size) if max_top_k and vocab_size else (vocab_size or max_top_k)
     checked_temperature = None if temperature is None else _temperature(temperature)
     k = _int_option(top_k, TOP_K, 1, limit)
     rows = _int_option(micro_batch_size, MICRO_BATCH_SIZE, 1, None)
     values = _choice(values_datatype, VALUES_DATATYPE, VALUE_DATATYPES)
     indices = _choice(indices_datatype, INDICES_DATATYPE, INDEX_DATATYPES)
-    return Query(outputs=_outputs(outputs, k, candidates), top_k=k, temperature=checked_temperature,
-                 micro_batch_size=rows, values_datatype=values, indices_datatype=indices)
+    payload = _choice(payload_datatype, PAYLOAD_DATATYPE, PAYLOAD_DATATYPES)
+    names = _outputs(outputs, k, candidates)
+    if HIDDEN_STATES in names and hidden_states_refusal:
+        raise BatchError(f"output {HIDDEN_STATES} is refused by this teacher: {hidden_states_refusal}; ask for "
+                         f"{LOGITS} instead")
+    return Query(outputs=names, top_k=k, temperature=checked_temperature, micro_batch_size=rows,
+                 values_datatype=values, indices_datatype=indices, payload_datatype=payload)
 
 
 def _outputs(outputs: Sequence[str] | None, top_k: int | None, candidates: bool) -> tuple[str, ...]:
@@ -162,6 +191,9 @@ def _outputs(outputs: Sequence[str] | None, top_k: int | None, candidates: bool)
         raise BatchError(f"outputs {'/'.join(needs_k)} need the request parameter {TOP_K!r}")
     if CANDIDATE_LOGPROBS in names and not candidates:
         raise BatchError(f"output {CANDIDATE_LOGPROBS} needs the input {CANDIDATE_IDS!r}")
+    payloads = [name for name in names if name in PAYLOAD_OUTPUTS]
+    if len(payloads) > 1:  # each is streamed as it is computed: the answer holds at most one
+        raise BatchError(f"outputs {'/'.join(payloads)}: a call asks for one full-vocabulary payload at most")
     return names
 
 

@@ -49,10 +49,18 @@ def fingerprint_from_pretrained(path: str | Path) -> tuple[str | None, int | Non
 
     Loads with ``local_files_only``: never reaches a model hub.
     """
+    tokenizer = load_tokenizer(path)
+    if tokenizer is None:
+        return None, None
+    return tokenizer_fingerprint(tokenizer), tokenizer_size(tokenizer)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The HF tokenizer saved in ``path`` (``local_files_only``: never a model hub); None when
+    there is none."""
     path = Path(path)
     if not path.is_dir() or not any((path / name).exists() for name in _TOKENIZER_FILES):
-        return None, None
+        return None
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return tokenizer_fingerprint(tokenizer), tokenizer_size(tokenizer)
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -34,6 +34,9 @@ from podium.rendezvous.schema import VersionedFile
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2  # of the endpoint record (see EndpointRecord)
+# The reason ``podium down`` writes in a record its job could not mark stopped itself
+# (podium.launcher.login.stop; it spells the same text).
+STOPPED_BY_DOWN = "podium down"
 
 
 class Status(str, enum.Enum):
@@ -166,6 +169,23 @@ class EndpointRecord(VersionedFile):
         if self.final is not None:
             return self.final
         return not self.will_retry
+
+    def stopped_for_good(self) -> bool:
+        """Whether this record says its replica was stopped and nothing brings it back by itself:
+        ``stopped`` with the job's verdict that it does not requeue (``will_retry`` False: ``podium
+        down``, ``scancel``, a time limit that stops), or the mark ``podium down`` writes where the
+        job could not (:data:`STOPPED_BY_DOWN`, no verdict). A preempted generation says
+        ``will_retry`` and a record without a verdict may be followed by a next generation: neither
+        is stopped for good. A call to such a teacher fails at once instead of waiting for it."""
+        if self.status is not Status.STOPPED:
+            return False
+        if self.will_retry is not None:
+            return not self.will_retry
+        return self.reason == STOPPED_BY_DOWN
+
+    def stopped_at(self) -> float:
+        """When it was stopped (epoch s): the first ``stopped`` of its timings, else its last write."""
+        return self.timings.get(Status.STOPPED.value, self.heartbeat_at)
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the last heartbeat."""

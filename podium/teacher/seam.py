@@ -35,6 +35,8 @@ class GroupFacts:
     checkpoint_path: str | None = None  # the checkpoint the group loaded (its tokenizer is the teacher's)
     temperature: float = 1.0  # the teacher's default temperature (its recipe's generation.temperature)
     parallel_sizes: Mapping[str, int] = field(default_factory=dict)  # tensor/pipeline/context/expert/... sizes
+    hidden_size: int | None = None  # the hidden_states payload's width (None: not offered)
+    hidden_states_refusal: str | None = None  # why hidden_states is refused (logits not output_layer(h))
 
 
 @dataclass(frozen=True)

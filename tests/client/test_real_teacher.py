@@ -25,11 +25,12 @@ import torch
 from fixtures.checkpoints import hf_oracle_log_softmax, hf_oracle_logits, hf_oracle_logprobs, random_batch
 from harness.infer_requests import MAX_BODY, check_bad_requests_then_good
 from harness.lifecycle import Teacher
+from harness.payloads import assert_payload_matches, hf_full_logits, hf_hidden_states
 from harness.poll import wait_for
 from harness.run import LLAMA, QWEN, make_run
 
 import podium
-from podium.client import BatchError
+from podium.client import BatchError, ask
 from podium.client.errors import TeacherRequestError
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 from podium.rendezvous import Generation
@@ -143,6 +144,24 @@ def test_topk_logits_and_candidate_logprobs_match_the_oracle(run: tuple[Path, Te
         ref = torch.log_softmax(logits, dim=-1).gather(-1, cands)
         atol = ATOL if values == "FP32" else float(ref.abs().max()) * 2 ** -8
         np.testing.assert_allclose(got["candidate_logprobs"][valid].numpy(), ref[valid].numpy(), atol=atol)
+
+
+@pytest.mark.parametrize("datatype", ["BF16", "FP16", "FP32"])
+def test_full_vocabulary_payloads_through_the_endpoint(run: tuple[Path, Teacher], tiny_llama_checkpoint: Path,
+                                                       datatype: str) -> None:
+    """The SingleController facade's call: ``infer(ids, lengths, ask(outputs=["hidden_states"], ...))``
+    gives the hidden states as a tensor in the dtype asked (BF16: torch.bfloat16 over the received
+    bytes), = transformers' ``output_hidden_states[-1]``; full logits beside the logprobs likewise."""
+    path, _ = run
+    batch = random_batch(256, [12, 5, 1, 9], seq_len=12, seed=41)
+    ids, lengths = batch["input_ids"].numpy(), batch["input_lengths"].numpy()
+    with podium.connect(path, **FAST) as client:
+        teacher = client.teacher("llama")
+        hidden = teacher.infer(ids, lengths, ask(outputs=["hidden_states"], payload_datatype=datatype))["hidden_states"]
+        assert_payload_matches(hidden, hf_hidden_states(tiny_llama_checkpoint, ids, lengths), lengths, datatype)
+        both = teacher.infer(ids, lengths, ask(outputs=["logprobs", "logits"], payload_datatype=datatype))
+        assert_payload_matches(both["logits"], hf_full_logits(tiny_llama_checkpoint, ids, lengths), lengths, datatype)
+        np.testing.assert_allclose(both["logprobs"], oracle(tiny_llama_checkpoint, ids, lengths), atol=ATOL)
 
 
 def test_k_out_of_range_is_refused_and_the_teacher_keeps_serving(run: tuple[Path, Teacher]) -> None:

@@ -54,6 +54,7 @@ EXPECTED_SKIPS = sorted([
     ("README.md", "`podium demo` is run by tests/apps/test_demo.py, the suite by .ci/run"),
     ("docs/nemo_rl.md", "needs NeMo RL's trainer (setup, async_grpo_train)"),
     ("docs/nemo_rl.md", "needs NeMo RL's distillation setup"),
+    ("docs/nemo_rl.md", "needs NeMo RL's SingleController setup"),
 ])
 TEST_SITE = """\
 podium:

@@ -69,3 +69,33 @@ def test_queries_compute_alike_whatever_their_row_cap_and_wire_dtypes() -> None:
     b = ask(top_k=2, outputs=["topk_logit_indices", "topk_logits"])
     assert a.computed_alike == b.computed_alike and a != b
     assert Query().computed_alike != ask(temperature=2.0).computed_alike
+
+
+def test_a_full_vocabulary_payload_is_one_per_call_in_its_datatype() -> None:
+    """``hidden_states`` / ``logits``: BF16 by default, FP16 or FP32 when asked; one per call; a
+    teacher whose logits are not ``output_layer(h)`` refuses ``hidden_states`` naming why."""
+    query = ask(outputs=["hidden_states"])
+    assert (query.payload, query.payload_datatype, query.wire_datatype("hidden_states")) == ("hidden_states", "BF16",
+                                                                                            "BF16")
+    assert query.parameters() == {}
+    assert ask(outputs=["logprobs", "logits"], payload_datatype="FP32").parameters() == {"payload_datatype": "FP32"}
+    assert ask(outputs=["logprobs"]).payload is None
+    for kwargs, message in (({"outputs": ["hidden_states", "logits"]}, "one full-vocabulary payload at most"),
+                            ({"outputs": ["logits"], "payload_datatype": "INT8"},
+                             "'payload_datatype' must be one of BF16, FP16, FP32"),
+                            ({"outputs": ["hidden_states"], "hidden_states_refusal": "its logits are softcapped"},
+                             "hidden_states is refused by this teacher: its logits are softcapped; ask for logits")):
+        with pytest.raises(BatchError, match=message):
+            ask(**kwargs)
+    assert ask(outputs=["logits"], hidden_states_refusal="softcapped").payload == "logits"  # logits stay exact
+    # computed in its dtype by the workers: another dtype computes otherwise
+    assert ask(outputs=["logits"]).computed_alike != ask(outputs=["logits"], payload_datatype="FP16").computed_alike
+
+
+def test_a_payload_answer_is_sized_by_the_teacher_width() -> None:
+    rows, width = 64, 2048
+    hidden = ask(outputs=["hidden_states"], payload_datatype="BF16")
+    assert hidden.answer_bytes(rows, width, hidden_size=4096) == rows * width * 4096 * 2
+    both = ask(outputs=["logprobs", "logits"], payload_datatype="FP32")
+    assert both.answer_bytes(rows, width, vocab_size=1000) == rows * width * 4 + rows * width * 1000 * 4
+    assert ask(outputs=["logits"], payload_datatype="FP16").answer_bytes(2, 3, vocab_size=10) == 2 * 3 * 10 * 2

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from harness.endpoint import post, start_server
+import requests
+from harness.endpoint import AUTH, post, start_server
 from harness.fake_group import FakeGroup
 from harness.infer_requests import infer_body
 
@@ -29,6 +30,10 @@ def test_costly_requests_are_refused_before_compute_naming_the_setting() -> None
             (infer_body(np.ones((1, 9000), int), [9000], parameters={"top_k": 4},  # ~1.1 MB of JSON values
                         outputs=[{"name": "topk_logprobs"}, {"name": "topk_indices"}]),
              "podium.server.max_response_mb"),
+            # 1 row × 5000 positions × 128 logits × 2 bytes (BF16) = 1.2 MiB, over 1 MiB
+            (infer_body(np.ones((1, 5000), int), [5000], outputs=[{"name": "logits",
+                                                                    "parameters": {"binary_data": True}}]),
+             "podium.server.max_response_mb"),
         ]
         for body, setting in cases:
             resp = post(server, body)
@@ -37,6 +42,28 @@ def test_costly_requests_are_refused_before_compute_naming_the_setting() -> None
             assert resp.headers[ERROR_KIND_HEADER] == ERROR_REFUSED
         assert group.calls == []  # nothing was computed
         assert post(server, infer_body([[1, 2]], [2], parameters={"top_k": 4})).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_payload_requests_are_checked_before_compute() -> None:
+    """A payload travels only as binary data; one per call; hidden_states refused where the
+    teacher's logits are not output_layer(h), naming why; each a 400 before the group sees it."""
+    group = FakeGroup(vocab_size=128, hidden_states_refusal="its logits are softcapped")
+    server = start_server(group)
+    try:
+        binary = {"binary_data": True}
+        for outputs, message in (
+            ([{"name": "logits"}], "logits travels only as binary data"),
+            ([{"name": "logits", "parameters": binary}, {"name": "hidden_states", "parameters": binary}],
+             "one full-vocabulary payload at most"),
+            ([{"name": "hidden_states", "parameters": binary}], "refused by this teacher: its logits are softcapped"),
+        ):
+            resp = post(server, infer_body([[1, 2]], [2], outputs=outputs))
+            assert resp.status_code == 400 and message in resp.json()["error"], (message, resp.text[:300])
+        assert group.calls == []
+        meta = requests.get(f"{server.url}/v2/models/m", headers=AUTH, timeout=30).json()["podium"]["payloads"]
+        assert meta == {"hidden_size": None, "hidden_states_refused": "its logits are softcapped"}
     finally:
         server.stop()
 

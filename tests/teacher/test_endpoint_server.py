@@ -80,7 +80,8 @@ def test_metadata_names_the_teacher(served: Teacher) -> None:
         assert "tokenizer_fingerprint" in p
         assert {i["name"] for i in meta["inputs"]} == {"input_ids", "input_lengths", "candidate_ids"}
         assert {o["name"] for o in meta["outputs"]} == {"logprobs", "topk_logprobs", "topk_indices", "topk_logits",
-                                                      "topk_logit_indices", "candidate_logprobs"}
+                                                      "topk_logit_indices", "candidate_logprobs", "hidden_states",
+                                                      "logits"}
         assert (p["temperature"], p["data_parallel_size"]) == (1.0, 1)
 
 

@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 from fixtures.checkpoints import hf_oracle_logprobs
+from harness.payloads import assert_payload_matches, hf_full_logits, hf_hidden_states, lm_head_logprobs
 from harness.teacher_groups import (
     TOL,
     assert_matches_oracle,
@@ -108,6 +109,35 @@ def test_topk_logits_and_candidates_match_hf_at_a_temperature(request, layout, t
     group = request.getfixturevalue(layout)
     assert_next_token_outputs_match(group, tiny_llama_checkpoint, ragged_batch(VOCAB, seed=6, width=18), k=8,
                                     temperature=0.7)
+
+
+@pytest.mark.parametrize(("layout", "datatype"), [("tp1", "FP32"), ("tp1", "BF16"), ("tp2", "FP32"), ("pp2", "FP16")])
+def test_hidden_states_payload_matches_hf(request, layout, datatype, tiny_llama_checkpoint):
+    """NeMo RL's ``teacher_full_hidden_states``: the LM head's input (after the final norm) at every
+    position of each row, as transformers' ``output_hidden_states[-1]``, captured on the last stage
+    (PP2), in the dtype asked; ``log_softmax(lm_head(h))`` at the next token is the logprobs."""
+    group = request.getfixturevalue(layout)
+    batch = ragged_batch(VOCAB, seed=8, width=18)
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    out = group.get_logprobs(batch, outputs=["logprobs", "hidden_states"], payload_datatype=datatype)
+    expected = hf_hidden_states(tiny_llama_checkpoint, ids, lengths)
+    assert_payload_matches(out["hidden_states"], expected, lengths, datatype)
+    if datatype == "FP32":
+        valid = torch.arange(18)[None, :] < lengths[:, None]
+        rebuilt = lm_head_logprobs(tiny_llama_checkpoint, out["hidden_states"], ids) * valid
+        assert (rebuilt - out["logprobs"]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize(("layout", "datatype"), [("tp1", "FP32"), ("tp2", "BF16"), ("pp2", "FP32")])
+def test_full_logits_payload_matches_hf(request, layout, datatype, tiny_llama_checkpoint):
+    """NeMo RL's ``teacher_full_logits``: ``z / T`` over the whole vocabulary (TP2: the halves
+    gathered) at every position, in the model's alignment, zero past each row."""
+    group = request.getfixturevalue(layout)
+    batch = ragged_batch(VOCAB, seed=9, width=18)
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    out = group.get_logprobs(batch, outputs=["logits"], temperature=0.7, payload_datatype=datatype)
+    assert list(out) == ["logits"]
+    assert_payload_matches(out["logits"], hf_full_logits(tiny_llama_checkpoint, ids, lengths, 0.7), lengths, datatype)
 
 
 def test_concurrent_callers_are_serialised(tp2pp2, tiny_llama_checkpoint):

@@ -58,6 +58,19 @@ def to_nemo_rl(
     return result
 
 
+def shifted_ranks(ranks: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The head's label ranks (position ``t``: the rank of token ``t+1``) in NeMo RL's alignment
+    (position ``i``: token ``i``'s), 0 at position 0 and at or past the length; int64."""
+    import torch
+
+    batch, seq = ranks.shape
+    valid = torch.arange(seq, device=lengths.device)[None, :] < lengths[:, None]
+    valid[:, 0] = False
+    out = torch.zeros(batch, seq, dtype=torch.int64)
+    out[:, 1:] = ranks[:, :-1].long()
+    return out * valid
+
+
 def next_token_outputs(
     lengths: torch.Tensor,
     *,

@@ -106,6 +106,8 @@ class TeacherWorkerGroup:
             checkpoint_path=rank0.checkpoint_path if spec.revision else str(spec.model_name),
             temperature=spec.temperature,
             parallel_sizes=spec.parallel_sizes(),
+            hidden_size=rank0.hidden_size,
+            hidden_states_refusal=rank0.hidden_states_refusal,
         )
         # Experts sharded (EP·ETP > 1): their groups may span DP replicas (they do once EP·ETP > TP),
         # and every forward is a collective over them, so every replica runs as many micro-batches.
@@ -214,15 +216,17 @@ class TeacherWorkerGroup:
 
     def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, *,
                      temperature: float | None = None, outputs: Sequence[str] | None = None,
-                     candidate_ids: Any = None) -> dict[str, Any]:
+                     candidate_ids: Any = None, payload_datatype: str | None = None) -> dict[str, Any]:
         """NeMo RL's shape of :meth:`compute`: the requested ``outputs`` (default: NeMo RL-convention
         ``logprobs`` float32 ``[B, S]``, plus top-k logprobs ``[B, S, K]`` when ``top_k``, plus
-        ``candidate_logprobs`` with candidate ids; see :mod:`podium.protocol.names`), at
+        ``candidate_logprobs`` with candidate ids; a full-vocabulary payload, ``hidden_states`` or
+        ``logits``, in ``payload_datatype``; see :mod:`podium.protocol.names`), at
         ``temperature`` (default: the teacher's). ``data`` is a :class:`Batch` or a mapping, checked
         here with the options (:mod:`podium.protocol.query`)."""
         batch = self.validate(data, candidate_ids)
         query = ask(outputs=outputs, top_k=top_k, micro_batch_size=micro_batch_size, temperature=temperature,
-                    candidates=batch.candidate_ids is not None, vocab_size=self.facts.vocab_size)
+                    payload_datatype=payload_datatype, candidates=batch.candidate_ids is not None,
+                    vocab_size=self.facts.vocab_size, hidden_states_refusal=self.facts.hidden_states_refusal)
         return self.compute(batch, query)
 
     def compute(self, batch: Batch, query: Query) -> dict[str, Any]:

@@ -48,11 +48,18 @@ class HeadCall:
     ``apply_temperature_scaling``): logprobs are ``log_softmax(z / T)``. ``top_k``: also
     ``"topk_values"`` / ``"topk_indices"`` ``[b, s, K]`` (log-probabilities and global token ids,
     by descending value, exact ties by ascending id). ``want_lse``: also ``"lse"`` ``[b, s]``, the
-    log-sum-exp of ``z / T`` (so top-k *logits* are ``topk_values + lse``)."""
+    log-sum-exp of ``z / T`` (so top-k *logits* are ``topk_values + lse``). ``want_rank``: also
+    ``"rank"`` ``[b, s]``, the 1-based rank of the label in its distribution (1 + the ids of larger
+    logit; at TP>1 a second pass over the vocabulary slices, counted against the combined label
+    logit). ``payload``: also a full-vocabulary payload ``[b, s, D]`` (``"hidden_states"`` or
+    ``"logits"``, in ``payload_datatype``: :mod:`podium.teacher.compute.payload`)."""
 
     temperature: float = 1.0
     top_k: int | None = None
     want_lse: bool = False
+    want_rank: bool = False
+    payload: str | None = None
+    payload_datatype: str = "FP32"
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class _Partial:
     candidates: Any  # [n, C] likewise, or None
     top_values: Any  # [n, K] or None
     top_indices: Any  # [n, K] global ids, or None
+    rank: Any = None  # [n] int64: 1 + ids of larger logit than the target (TP1; TP>1 after _rank), or None
 
 
 class LogprobHead:
@@ -139,12 +147,24 @@ class LogprobHead:
             out["lse"] = _unkeep(lse, keep, seq, batch)
         if cand_logprobs is not None:
             out["candidate_logprobs"] = _unkeep(cand_logprobs, keep, seq, batch)
+        if call.want_rank:
+            out["rank"] = _unkeep(self._rank(rows, partial, weight, call), keep, seq, batch)
         if call.top_k:
             top_values, top_indices = self._top_k(partial, lse, call.top_k)
             out["topk_values"] = _unkeep(top_values, keep, seq, batch)
             # narrowed on the device: half the bytes to the host, through Ray, onto the wire
             out["topk_indices"] = _unkeep(top_indices.to(index_dtype(self.vocab_size)), keep, seq, batch)
+        if call.payload is not None:
+            out.update(self._payload(hidden, weight, call))
         return out
+
+    def _payload(self, hidden: torch.Tensor, weight: torch.Tensor, call: HeadCall) -> dict[str, torch.Tensor]:
+        from podium.teacher.compute.payload import payload_outputs
+
+        assert call.payload is not None
+        return payload_outputs(call.payload, hidden, weight, datatype=call.payload_datatype,
+                               temperature=call.temperature, vocab_size=self.vocab_size, tp_group=self.tp_group,
+                               tp_size=self.tp_size, chunk_elements=self.chunk_elements)
 
     def _local(self, rows: torch.Tensor, targets: torch.Tensor, cands: torch.Tensor | None, weight: torch.Tensor,
                call: HeadCall) -> _Partial:
@@ -167,6 +187,7 @@ class LogprobHead:
             candidates=torch.zeros(cands.shape, dtype=torch.float32, device=device) if cands is not None else None,
             top_values=torch.full((n, k), float("-inf"), dtype=torch.float32, device=device) if k else None,
             top_indices=torch.zeros((n, k), dtype=torch.int64, device=device) if k else None,
+            rank=torch.ones(n, dtype=torch.int64, device=device) if call.want_rank and self.tp_size == 1 else None,
         )
         if valid == 0 or n == 0:
             return part
@@ -190,6 +211,8 @@ class LogprobHead:
                     part.candidates[r0:r1] = logsm.gather(1, cand_local[r0:r1])
                 if call.want_lse:  # log-sum-exp: max(x) - max(x - lse) = lse
                     part.lse[r0:r1] = torch.amax(logits, dim=-1) - torch.amax(logsm, dim=-1)
+                if part.rank is not None:  # compared within the same values: exact
+                    part.rank[r0:r1] += (logsm > part.target[r0:r1, None]).sum(dim=-1)
                 source = logsm
             else:
                 # log-sum-exp of this rank's slice: max(x) - max(x - lse) = lse
@@ -226,6 +249,34 @@ class LogprobHead:
             return part.target - lse, lse, cand_logprobs
         lse = part.lse if call.want_lse else torch.zeros(n, dtype=torch.float32, device=part.target.device)
         return part.target, lse, part.candidates
+
+    def _rank(self, rows: torch.Tensor, part: _Partial, weight: torch.Tensor, call: HeadCall) -> torch.Tensor:
+        """The kept rows' 1-based label ranks. TP1: counted in :meth:`_local`. TP>1: each rank counts
+        the logits of its slice above the label's (``part.target``, combined by :meth:`_combine`:
+        the owner's value plus zeros, so bit-equal to what the owner's same-chunked GEMM gives),
+        one all-reduce sums the counts."""
+        import torch
+        import torch.distributed as dist
+
+        if part.rank is not None:
+            return part.rank
+        n = part.target.shape[0]
+        local_vocab = weight.shape[0]
+        valid = max(0, min(local_vocab, self.vocab_size - self.tp_rank * local_vocab))
+        count = torch.zeros(n, dtype=torch.int64, device=rows.device)
+        if valid and n:
+            w, scale = weight[:valid], 1.0 / float(call.temperature)
+            step = max(GEMM_ROWS, self.chunk_elements // valid // GEMM_ROWS * GEMM_ROWS)  # as _local: same values
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                logits = torch.matmul(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)], w.t())[: r1 - r0].float()
+                if scale != 1.0:
+                    logits.mul_(scale)
+                count[r0:r1] = (logits > part.target[r0:r1, None]).sum(dim=-1)
+                del logits
+        if n:
+            dist.all_reduce(count, op=dist.ReduceOp.SUM, group=self.tp_group)
+        return count + 1
 
     def _top_k(self, part: _Partial, lse: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept rows' top-k logprobs and ids over the whole vocabulary: at TP>1 every rank's

@@ -42,3 +42,5 @@ class RankInfo:
     parameters_bytes: int
     load_stats: Mapping[str, Any] = field(default_factory=dict)
     cuda_shims: tuple[str, ...] = ()
+    hidden_size: int | None = None  # the width of the hidden_states payload
+    hidden_states_refusal: str | None = None  # why this teacher cannot offer hidden_states (payload.py)

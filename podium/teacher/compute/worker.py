@@ -30,10 +30,18 @@ from typing import Any
 from podium.config.teacher_keys import Fp32LmHead
 from podium.faults import faults
 from podium.net import find_free_port
-from podium.protocol.names import TOPK_LOGITS, TOPK_LOGPROBS
+from podium.protocol.names import TARGET_RANK, TOPK_LOGITS, TOPK_LOGPROBS
 from podium.protocol.query import Query
-from podium.teacher.compute.alignment import cp_split, cp_unsplit, next_token_labels, next_token_outputs, to_nemo_rl
+from podium.teacher.compute.alignment import (
+    cp_split,
+    cp_unsplit,
+    next_token_labels,
+    next_token_outputs,
+    shifted_ranks,
+    to_nemo_rl,
+)
 from podium.teacher.compute.head import HeadCall, HeadInputs
+from podium.teacher.compute.payload import hidden_states_refusal, mask_payload
 from podium.teacher.compute.rank import RankInfo
 from podium.teacher.compute.stages import StageInfo, forward_only_stage_loop
 from podium.teacher.model.parallel import DEFAULT_SEED, init_parallel
@@ -190,7 +198,9 @@ class TeacherWorker:
             sequence_length_multiple=self.seq_multiple, load_seconds=loaded.load_seconds,
             setup_seconds=setup_seconds, torch_threads=torch.get_num_threads(), device=str(self.device),
             parameters_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
-            load_stats=dict(loaded.stats), cuda_shims=tuple(shims),
+            load_stats=dict(loaded.stats), cuda_shims=tuple(shims), hidden_size=self.desc.hidden_size,
+            hidden_states_refusal=hidden_states_refusal(tied_embeddings=bool(self.desc.tied_embeddings),
+                                                        checkpoint_kind=str(loaded.checkpoint.kind)),
         )
 
     def info(self) -> RankInfo | None:
@@ -335,7 +345,9 @@ def _head_call(query: Query) -> HeadCall:
     want_shifted = bool(query.top_k) and query.wants(TOPK_LOGPROBS)
     want_logits = bool(query.top_k) and query.wants(TOPK_LOGITS)
     return HeadCall(temperature=1.0 if query.temperature is None else float(query.temperature),
-                    top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits)
+                    top_k=query.top_k if (want_shifted or want_logits) else None, want_lse=want_logits,
+                    want_rank=query.wants(TARGET_RANK), payload=query.payload,
+                    payload_datatype=query.payload_datatype)
 
 
 def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, Any]:
@@ -347,4 +359,8 @@ def _answer(full: Mapping[str, Any], lengths: Any, query: Query) -> dict[str, An
     result.update(next_token_outputs(lengths, topk_values=full.get("topk_values") if want_logits else None,
                                      topk_indices=full.get("topk_indices"), lse=full.get("lse"),
                                      candidate_logprobs=full.get("candidate_logprobs")))
+    if query.wants(TARGET_RANK):
+        result[TARGET_RANK] = shifted_ranks(full["rank"], lengths)
+    if query.payload is not None:  # the model's own alignment: position i is its output at i
+        result[query.payload] = mask_payload(full[query.payload], lengths)
     return result

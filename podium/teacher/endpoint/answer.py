@@ -23,6 +23,7 @@ from podium.protocol.names import (
     INDEX_OUTPUTS,
     INT32_VOCAB,
     OUTPUTS,
+    PAYLOAD_OUTPUTS,
     REQUEST_ID_HEADER,
     TEACHER_HEADER,
     VALUE_OUTPUTS,
@@ -42,8 +43,7 @@ def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarr
     out: dict[str, np.ndarray] = {}
     for name in OUTPUTS:
         if name in result and result[name] is not None:
-            value = result[name]
-            array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+            array = as_numpy(result[name])
             if array.shape[:2] != (batch.rows, batch.width):  # a broken group is a 500, never a wrong answer
                 raise RuntimeError(f"the group returned {name} of shape {list(array.shape)} for a batch of "
                                    f"{batch.rows} rows and width {batch.width}")
@@ -51,11 +51,30 @@ def group_outputs(result: Mapping[str, Any], batch: Batch) -> dict[str, np.ndarr
     return out
 
 
+def as_numpy(value: Any) -> np.ndarray:
+    """A group's output as numpy, without a copy where it is on the host: a bfloat16 tensor (a
+    payload) as its 16-bit patterns, the BF16 wire form (numpy has no bfloat16)."""
+    if not hasattr(value, "detach"):
+        return np.asarray(value)
+    import torch
+
+    tensor = value.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
+
+
 def wire(name: str, blocks: RowBlocks, query: Query, vocab_size: int) -> WireBlocks:
     """An output's row blocks as they travel: indices INT64 (INT32 when asked and the vocabulary
     fits), values float32 (top-k logits and candidate logprobs as BF16 bits when asked). A block
     already in its wire dtype goes as it is (the worker's head answers ids in int32); another is
-    cast a piece at a time as it is written (:class:`~podium.protocol.pieces.CastBlock`)."""
+    cast a piece at a time as it is written (:class:`~podium.protocol.pieces.CastBlock`). A payload
+    is computed in its wire dtype by the workers: its blocks go as they are."""
+    if name in PAYLOAD_OUTPUTS:
+        target = oip.DATATYPES[query.payload_datatype]
+        if query.payload_datatype == "BF16":  # a stand-in's float blocks: their bfloat16 bits
+            return tuple(b if b.dtype == target else CastBlock(b, target, bf16_bits) for b in blocks)
+        return _as(blocks, target)
     if name in INDEX_OUTPUTS:
         narrow = query.indices_datatype == "INT32" and vocab_size <= INT32_VOCAB
         return _as(blocks, np.dtype(np.int32 if narrow else np.int64))
@@ -88,7 +107,8 @@ def infer_response(config: EndpointConfig, req: oip.InferRequest, result: Mappin
         model_version=config.model_version,
         request_id=req.id,
         parameters={GENERATION_PARAMETER: gen} if gen else None,
-        datatypes={name: query.values_datatype for name in query.outputs if name in VALUE_OUTPUTS},
+        datatypes={name: query.wire_datatype(name) for name in query.outputs
+                   if name in VALUE_OUTPUTS or name in PAYLOAD_OUTPUTS},
     )
     headers = {REQUEST_ID_HEADER: request_id, GENERATION_HEADER: gen, TEACHER_HEADER: config.teacher_key}
     if header_len is not None:

@@ -15,13 +15,17 @@ from typing import Any
 from podium.protocol.names import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
+    HIDDEN_STATES,
     ID_DATATYPES,
     INDEX_DATATYPES,
     INDICES_DATATYPE,
     INPUT_IDS,
     INPUT_LENGTHS,
+    LOGITS,
     LOGPROBS,
     MICRO_BATCH_SIZE,
+    PAYLOAD_DATATYPE,
+    PAYLOAD_DATATYPES,
     SERVER_NAME,
     SERVER_VERSION,
     TEMPERATURE,
@@ -61,9 +65,13 @@ def model_info(facts: GroupFacts, config: EndpointConfig) -> ModelInfo:
     )
 
 
-def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, Any]) -> dict[str, Any]:
-    """The model metadata answer; ``state``: the server's (readiness, queue, counters), last."""
+def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, Any],
+                   facts: GroupFacts | None = None) -> dict[str, Any]:
+    """The model metadata answer; ``state``: the server's (readiness, queue, counters), last;
+    ``facts``: the group's, for the payloads it offers (their width, a refusal's reason)."""
     gen = config.generation
+    hidden = facts.hidden_size if facts is not None else None
+    refusal = facts.hidden_states_refusal if facts is not None else None
     return {
         "name": config.served_name,
         "versions": [config.model_version],
@@ -80,6 +88,8 @@ def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, 
             {"name": TOPK_LOGITS, "datatype": "FP32", "shape": [-1, -1, -1]},
             {"name": TOPK_LOGIT_INDICES, "datatype": "INT64", "shape": [-1, -1, -1]},
             {"name": CANDIDATE_LOGPROBS, "datatype": "FP32", "shape": [-1, -1, -1]},
+            {"name": HIDDEN_STATES, "datatype": PAYLOAD_DATATYPES[0], "shape": [-1, -1, hidden or -1]},
+            {"name": LOGITS, "datatype": PAYLOAD_DATATYPES[0], "shape": [-1, -1, info.vocab_size]},
         ],
         "podium": {
             **info.model_dump(mode="json"),
@@ -89,7 +99,10 @@ def model_metadata(config: EndpointConfig, info: ModelInfo, state: Mapping[str, 
             "accepted_input_datatypes": list(ID_DATATYPES),
             "parameters": {TOP_K: f"1..{config.max_top_k(info.vocab_size)}", MICRO_BATCH_SIZE: ">= 1",
                            TEMPERATURE: f"{MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}",
-                           VALUES_DATATYPE: list(VALUE_DATATYPES), INDICES_DATATYPE: list(INDEX_DATATYPES)},
+                           VALUES_DATATYPE: list(VALUE_DATATYPES), INDICES_DATATYPE: list(INDEX_DATATYPES),
+                           PAYLOAD_DATATYPE: list(PAYLOAD_DATATYPES)},
+            # the full-vocabulary payloads: hidden_states' width, and why it is refused (None: offered)
+            "payloads": {"hidden_size": hidden, "hidden_states_refused": refusal},
             **state,
         },
     }

@@ -5,7 +5,7 @@ JSON ``id`` replaces it) and ``X-Podium-Generation`` (errors too: a client tells
 answered). An exception a route raises becomes a JSON ``{"error": ...}`` answer (500 for an
 unexpected one: one request never takes the server down) with ``X-Podium-Error-Kind``: ``refused``
 for every 4xx, ``request-failed`` for a 500 (a 503 names its own kind where it is made). Each infer
-answer's status and body bytes are counted (:func:`body_bytes`). Every
+answer's (and each scoring front's) status and body bytes are counted (:func:`body_bytes`). Every
 route but liveness and metrics (metrics too with ``podium.server.metrics_need_token``) needs
 ``Authorization: Bearer <token>``.
 """
@@ -29,7 +29,9 @@ from podium.protocol.names import (
     GENERATION_HEADER,
     HEALTH_LIVE,
     METRICS,
+    OPENAI_COMPLETIONS,
     REQUEST_ID_HEADER,
+    SGLANG_GENERATE,
 )
 from podium.rendezvous.token import tokens_equal
 from podium.teacher.endpoint.config import EndpointConfig
@@ -37,6 +39,8 @@ from podium.teacher.endpoint.errors import RequestError, json_error
 from podium.teacher.endpoint.metrics import EndpointMetrics
 
 logger = logging.getLogger(__name__)
+
+SCORING_ROUTES = (OPENAI_COMPLETIONS, SGLANG_GENERATE)  # the scoring fronts' computing routes, counted as infer
 
 # Per-request storage key for the request id (typed key where aiohttp has them).
 REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
@@ -76,7 +80,7 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
         if response.status >= 400 and ERROR_KIND_HEADER not in response.headers and response.status != 503:
             # every refusal says so; an unexpected failure is this request's (a 503 names its own kind)
             response.headers[ERROR_KIND_HEADER] = ERROR_REFUSED if response.status < 500 else ERROR_REQUEST_FAILED
-        if request.method == "POST" and request.path.endswith("/infer"):
+        if request.method == "POST" and (request.path.endswith("/infer") or request.path in SCORING_ROUTES):
             metrics.answered(response.status)
             metrics.sent(body_bytes(response))
         response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]

@@ -22,6 +22,7 @@ import concurrent.futures
 import logging
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -52,6 +53,7 @@ from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, guard_middleware
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
+from podium.teacher.endpoint.fronts import ScoringFronts
 from podium.teacher.endpoint.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from podium.teacher.endpoint.metrics import EndpointMetrics
 from podium.teacher.endpoint.middleware import REQUEST_ID, auth_middleware, error_middleware
@@ -137,6 +139,11 @@ class EndpointServer:
         return self._batcher.depth if self._batcher is not None else 0
 
     @property
+    def codec(self) -> concurrent.futures.Executor:
+        """The threads that decode, check and encode bodies off the event loop."""
+        return self._codec
+
+    @property
     def served(self) -> int:
         """Requests answered 200."""
         return self._served
@@ -167,7 +174,7 @@ class EndpointServer:
             "max_queue": self.config.server.max_queue,
             "abandoned": self.abandoned,
             "served": self._served,
-        })
+        }, self.facts)
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -180,6 +187,7 @@ class EndpointServer:
         app.router.add_get(HEALTH_READY, self._ready_route)
         app.router.add_get(SERVER_METADATA, self._server_metadata)
         proof.install(app, self.config)  # GET /v2/podium/proof: who this is, before any token
+        ScoringFronts(self).install(app)  # vLLM's /v1/completions and /v1/models, SGLang's /generate
         for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
             app.router.add_get(prefix, self._model_metadata)
             app.router.add_get(prefix + "/ready", self._model_ready)
@@ -337,6 +345,12 @@ class EndpointServer:
 
     async def _infer(self, request: web.Request) -> web.StreamResponse:
         self._check_model(request)
+        return await self.admit(request, self._admitted_infer)
+
+    async def admit(self, request: web.Request,
+                    handle: Callable[[web.Request, RawRequest], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """A request through admission (every route that computes: OIP's infer, the scoring fronts):
+        ready, its body read within bounds, then a queue slot while ``handle`` answers it."""
         if not self.ready:
             raise self._not_ready()
         limit = self.config.server.max_queue
@@ -355,7 +369,7 @@ class EndpointServer:
         self._admitted += 1  # a slot once the body is here: a stalled upload holds none
         self._update_idle()
         try:
-            return await self._admitted_infer(request, raw)
+            return await handle(request, raw)
         finally:
             self._admitted -= 1
             self._update_idle()
@@ -394,12 +408,22 @@ class EndpointServer:
             self._update_idle()
         return result
 
+    async def score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, RowBlocks]:
+        """A checked request computed as ``/infer`` computes it (batched with other callers' rows),
+        counted as served."""
+        caller = request.headers.get(CALLER_HEADER) or request.remote or "?"
+        result = await self._run(batch, query, request[REQUEST_ID], caller)
+        self._served += 1
+        self.metrics.served(batch.rows, batch.tokens)
+        return result
+
     def _check(self, req: oip.InferRequest) -> tuple[Batch, Query]:
         """The request checked against the model and its cost (on a codec thread)."""
         batch, query = validate_request(req, vocab_size=self.vocab_size,
-                                        max_sequence_length=self.facts.max_sequence_length, max_top_k=None)
+                                        max_sequence_length=self.facts.max_sequence_length, max_top_k=None,
+                                        hidden_states_refusal=self.facts.hidden_states_refusal)
         check_cost(self.config, batch, query, {name: req.wants_binary(name) for name in query.outputs},
-                   self.vocab_size)
+                   self.vocab_size, hidden_size=self.facts.hidden_size)
         return batch, query
 
     async def _admitted_infer(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:

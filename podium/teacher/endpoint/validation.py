@@ -17,6 +17,7 @@ from podium.protocol.names import (
     INPUT_LENGTHS,
     INPUTS,
     MICRO_BATCH_SIZE,
+    PAYLOAD_DATATYPE,
     TEMPERATURE,
     TOP_K,
     VALUE_OUTPUTS,
@@ -27,8 +28,9 @@ from podium.teacher.endpoint.errors import RequestError
 
 
 def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_length: int | None,
-                     max_top_k: int | None) -> tuple[Batch, Query]:
-    """Check an infer request against the model; return its batch and query."""
+                     max_top_k: int | None, hidden_states_refusal: str | None = None) -> tuple[Batch, Query]:
+    """Check an infer request against the model (``hidden_states_refusal``: why it cannot answer
+    ``hidden_states``, None when it can); return its batch and query."""
     unknown = sorted(set(req.inputs) - set(INPUTS))
     if unknown:
         raise RequestError(400, f"unknown input(s) {unknown}; this model takes {list(INPUTS)}")
@@ -49,7 +51,8 @@ def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_len
         query = ask(outputs=None if req.outputs is None else [o.name for o in req.outputs],
                     top_k=p.get(TOP_K), micro_batch_size=p.get(MICRO_BATCH_SIZE), temperature=p.get(TEMPERATURE),
                     values_datatype=p.get(VALUES_DATATYPE), indices_datatype=p.get(INDICES_DATATYPE),
-                    candidates=cands is not None, vocab_size=vocab_size, max_top_k=max_top_k)
+                    payload_datatype=p.get(PAYLOAD_DATATYPE), candidates=cands is not None, vocab_size=vocab_size,
+                    max_top_k=max_top_k, hidden_states_refusal=hidden_states_refusal)
     except BatchError as exc:
         raise RequestError(400, str(exc)) from None
     if query.values_datatype in oip.BINARY_ONLY:
@@ -57,4 +60,6 @@ def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_len
         if json_outputs:
             raise RequestError(400, f"{VALUES_DATATYPE}={query.values_datatype} travels only as binary data; "
                                f"ask for {json_outputs} with binary_data")
+    if query.payload is not None and not req.wants_binary(query.payload):
+        raise RequestError(400, f"output {query.payload} travels only as binary data; ask for it with binary_data")
     return batch, query

@@ -1,0 +1,215 @@
+"""vLLM's OpenAI-compatible ``POST /v1/completions`` as scoring trainers send it: the request parsed
+into a :class:`~podium.protocol.scoring.ScoringCall`, the answer shaped as vLLM writes it.
+
+What is served (verl's, TRL's and prime-rl's teacher calls):
+
+- ``prompt``: token ids, a batch of them, or text (a batch of texts) where the teacher's checkpoint
+  has a tokenizer (``add_special_tokens``, default true, as vLLM); one choice per prompt, in order;
+- ``prompt_logprobs: k`` (vLLM's extra parameter; ``true`` is 1) -> ``choices[i].prompt_logprobs``:
+  as long as the prompt, ``null`` first, then per position a map from the token id (a string, as
+  JSON writes vLLM's int keys) to ``{"logprob", "rank", "decoded_token"}``, holding the prompt's
+  own token (its rank in the whole vocabulary) first, then the top ``k`` (ranks ``1..k``);
+- the OpenAI legacy form, ``echo: true`` with ``logprobs: k`` -> ``choices[i].logprobs`` with
+  ``tokens``, ``token_logprobs`` (``null`` first), ``top_logprobs`` (``null`` first, then the own
+  token and the top ``k`` by their text) and ``text_offset``; without ``echo``, ``logprobs`` covers
+  the generated token only;
+- ``max_tokens``: 0 (score only) or 1 (also the most likely next token, greedy); more is refused:
+  podium scores and does not generate. Absent, it is OpenAI's default 16: refused the same way;
+- tokens are written ``token_id:<id>`` where the checkpoint has no tokenizer or the request asks
+  (``return_tokens_as_token_ids``); ``return_token_ids`` adds ``prompt_token_ids`` / ``token_ids``;
+- ``temperature``: see :mod:`podium.protocol.scoring`.
+
+Refused (400, naming the field): ``n``/``best_of`` other than 1, ``stream``, ``suffix``, a
+non-empty ``logit_bias`` (it would change the processed logprobs). Sampling fields that cannot
+change a prompt's logprobs (``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, penalties...) and
+unknown fields are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from podium.protocol.oip import brief
+from podium.protocol.scoring import (
+    FieldError,
+    RowAnswer,
+    ScoringCall,
+    TokenNames,
+    dumps,
+    int_field,
+    json_list,
+    json_logprob,
+    token_rows,
+)
+
+OPENAI_DEFAULT_MAX_TOKENS = 16  # what an OpenAI completion generates when max_tokens is absent
+REFUSED = {
+    "stream": "podium answers whole (no streaming)",
+    "suffix": "podium scores and does not generate: no suffix",
+}
+
+
+@dataclass(frozen=True)
+class CompletionForm:
+    """What the answer shows, beside the rows (the parsed request's shape)."""
+
+    call: ScoringCall
+    model: str | None
+    prompt_logprobs: int | None  # k of choices[i].prompt_logprobs, or None
+    logprobs: int | None  # k of the legacy choices[i].logprobs, or None
+    echo: bool
+    max_tokens: int
+    as_ids: bool  # return_tokens_as_token_ids
+    return_token_ids: bool
+    texts: Sequence[str] | None  # the prompts as sent, when text
+
+
+def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | None) -> CompletionForm:
+    """A ``/v1/completions`` request as a :class:`CompletionForm` (a :class:`FieldError` naming the
+    field at fault). ``tokenize(text, add_special_tokens)``: the teacher's tokenizer, or None."""
+    if not isinstance(body, Mapping):
+        raise FieldError("body", f"must be a JSON object, got {brief(body)}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise FieldError("model", f"must be a string, got {brief(model)}")
+    max_tokens = int_field(body, "max_tokens", OPENAI_DEFAULT_MAX_TOKENS, lo=0)
+    assert max_tokens is not None
+    if max_tokens > 1:
+        raise FieldError("max_tokens", f"{max_tokens}{' (OpenAI default)' if 'max_tokens' not in body else ''}: "
+                                       "podium scores and does not generate; send max_tokens 0 (score the prompt) or "
+                                       "1 (and answer the most likely next token)")
+    for field in ("n", "best_of"):
+        if int_field(body, field, 1) != 1:
+            raise FieldError(field, "must be 1: podium answers one choice per prompt")
+    for field, why in REFUSED.items():
+        if body.get(field):
+            raise FieldError(field, why)
+    if body.get("logit_bias"):
+        raise FieldError("logit_bias", "would change the logprobs podium answers; not supported")
+    echo, as_ids, want_ids, special = (_bool(body, name, default) for name, default in (
+        ("echo", False), ("return_tokens_as_token_ids", False), ("return_token_ids", False),
+        ("add_special_tokens", True)))
+    if "prompt" not in body:
+        raise FieldError("prompt", "missing: send the token ids to score")
+    text_tokenize = None if tokenize is None else (lambda text: tokenize(text, special))
+    rows, was_text = token_rows(body["prompt"], "prompt", tokenize=text_tokenize)
+    prompt_k = int_field(body, "prompt_logprobs", None, lo=0, bool_as_int=True)
+    legacy_k = int_field(body, "logprobs", None, lo=0, bool_as_int=True)
+    top_field = "prompt_logprobs" if (prompt_k or 0) >= (legacy_k or 0) else "logprobs"
+    call = ScoringCall(rows=rows, top_k=max(prompt_k or 0, legacy_k or 0), temperature=body.get("temperature"),
+                       rank=prompt_k is not None, next_token=max_tokens == 1, ids_field="prompt",
+                       top_k_field=top_field)
+    texts = None
+    if was_text:
+        prompt = body["prompt"]
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    return CompletionForm(call=call, model=model, prompt_logprobs=prompt_k, logprobs=legacy_k, echo=echo,
+                          max_tokens=max_tokens, as_ids=as_ids, return_token_ids=want_ids, texts=texts)
+
+
+def _bool(body: Mapping[str, Any], field: str, default: bool) -> bool:
+    value = body.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise FieldError(field, f"must be true or false, got {brief(value)}")
+    return value
+
+
+def completion_response(form: CompletionForm, answers: Sequence[RowAnswer], names: TokenNames, *, model: str,
+                        request_id: str, created: int) -> bytes:
+    """The ``text_completion`` answer (JSON bytes), one choice per prompt."""
+    choices = [_choice(form, i, answer, names) for i, answer in enumerate(answers)]
+    prompt_tokens = sum(len(a.ids) for a in answers)
+    completion_tokens = form.max_tokens * len(answers)
+    return dumps({
+        "id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+def _choice(form: CompletionForm, index: int, answer: RowAnswer, names: TokenNames) -> dict[str, Any]:
+    generated = [] if answer.next_id is None else [answer.next_id]
+    text = names.text(generated)
+    if form.echo:
+        prompt_text = form.texts[index] if form.texts is not None else names.text(answer.ids.tolist())
+        text = prompt_text + text
+    return {
+        "index": index, "text": text,
+        "logprobs": _legacy_logprobs(form, answer, names) if form.logprobs is not None else None,
+        "finish_reason": "length", "stop_reason": None,
+        "prompt_logprobs": _prompt_logprobs(form, answer, names) if form.prompt_logprobs is not None else None,
+        "prompt_token_ids": json_list(answer.ids.tolist()) if form.return_token_ids else None,
+        "token_ids": generated if form.return_token_ids else None,
+    }
+
+
+def _prompt_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> Any:
+    """vLLM's ``prompt_logprobs``: ``null``, then per position the own token and the top k."""
+    k = form.prompt_logprobs or 0
+    ids, lps = answer.ids.tolist(), answer.logprobs.tolist()
+    ranks = answer.ranks.tolist() if answer.ranks is not None else [None] * len(ids)
+    top_ids = answer.top_ids[:, :k].tolist() if k and answer.top_ids is not None else None
+    top_lps = answer.top_logprobs[:, :k].tolist() if k and answer.top_logprobs is not None else None
+    out: list[Any] = [None]
+    for i in range(1, len(ids)):
+        own = ids[i]
+        entry = {str(own): {"logprob": json_logprob(lps[i]), "rank": ranks[i],
+                            "decoded_token": names.name(own, form.as_ids)}}
+        if top_ids is not None and top_lps is not None:
+            for j, (tid, tlp) in enumerate(zip(top_ids[i], top_lps[i], strict=True)):
+                if tid != own:
+                    entry[str(tid)] = {"logprob": json_logprob(tlp), "rank": j + 1,
+                                       "decoded_token": names.name(tid, form.as_ids)}
+        out.append(entry)
+    return json_list(out)
+
+
+def _legacy_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> dict[str, Any]:
+    """The OpenAI legacy ``logprobs``: the prompt's tokens (with ``echo``) and the generated one."""
+    k = form.logprobs or 0
+    steps: list[tuple[int, float | None, Any, Any]] = []  # (id, logprob, top ids, top logprobs)
+    if form.echo:
+        top_ids = answer.top_ids if k and answer.top_ids is not None else None
+        top_lps = answer.top_logprobs if k and answer.top_logprobs is not None else None
+        for i, (tid, lp) in enumerate(zip(answer.ids.tolist(), answer.logprobs.tolist(), strict=True)):
+            steps.append((tid, None if i == 0 else lp, None if top_ids is None else top_ids[i],
+                          None if top_lps is None else top_lps[i]))
+    if answer.next_id is not None:
+        steps.append((answer.next_id, answer.next_logprob, answer.next_top_ids if k else None,
+                      answer.next_top_logprobs if k else None))
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    at = 0
+    for tid, lp, t_ids, t_lps in steps:
+        name = names.name(tid, form.as_ids)
+        tokens.append(name)
+        offsets.append(at)
+        at += len(name)
+        token_logprobs.append(None if lp is None else json_logprob(lp))
+        if lp is None:
+            top_logprobs.append(None)
+            continue
+        top = {name: json_logprob(lp)}
+        if t_ids is not None and t_lps is not None:
+            for tid2, lp2 in zip(np.asarray(t_ids)[:k].tolist(), np.asarray(t_lps)[:k].tolist(), strict=True):
+                top.setdefault(names.name(tid2, form.as_ids), json_logprob(lp2))
+        top_logprobs.append(top)
+    return {"text_offset": json_list(offsets), "token_logprobs": json_list(token_logprobs),
+            "tokens": json_list(tokens), "top_logprobs": json_list(top_logprobs)}
+
+
+def models_response(names: Sequence[str], *, root: str | None, max_model_len: int | None, vocab_size: int,
+                    created: int) -> bytes:
+    """``GET /v1/models``: every name the teacher answers to, as vLLM lists its served model."""
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "podium", "root": root or name,
+             "parent": None, "max_model_len": max_model_len, "vocab_size": vocab_size} for name in names]
+    return dumps({"object": "list", "data": data})

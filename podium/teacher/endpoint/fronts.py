@@ -1,0 +1,211 @@
+"""The scoring fronts on every teacher's endpoint: vLLM's OpenAI-compatible ``POST /v1/completions``
+and ``GET /v1/models``, SGLang's ``POST /generate`` (what verl, TRL, prime-rl, slime and miles
+send their teachers).
+
+Each is the Open Inference Protocol's route in another dress: the same token auth (an OpenAI
+client's ``api_key`` is the run's token, sent as ``Authorization: Bearer``), admission and body
+bounds (:meth:`EndpointServer.admit`), cost bounds (:func:`~podium.teacher.endpoint.cost.check_cost`),
+batching with every other caller's rows and the same group (:meth:`EndpointServer.score`). The
+request is parsed and checked (:mod:`podium.protocol.openai_scoring`,
+:mod:`podium.protocol.sglang_scoring`, through :mod:`podium.protocol.scoring`) and its JSON answer
+built on the endpoint's codec threads, never on the event loop. A text prompt is tokenized by the
+checkpoint's tokenizer, loaded once on first use; without one, a text is a 400 saying to send ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+from aiohttp import web
+
+from podium.protocol import oip
+from podium.protocol.batch import Batch, BatchError
+from podium.protocol.names import OPENAI_COMPLETIONS, OPENAI_MODELS, SGLANG_GENERATE
+from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
+from podium.protocol.query import Query
+from podium.protocol.scoring import ScoringCall, TokenNames, row_answers
+from podium.protocol.sglang_scoring import GenerateForm, generate_response, parse_generate
+from podium.protocol.tokenizer import load_tokenizer
+from podium.teacher.endpoint.batching import RowBlocks
+from podium.teacher.endpoint.body import RawRequest
+from podium.teacher.endpoint.config import EndpointConfig
+from podium.teacher.endpoint.cost import check_cost
+from podium.teacher.endpoint.errors import RequestError
+from podium.teacher.endpoint.middleware import REQUEST_ID
+from podium.teacher.seam import GroupFacts
+
+logger = logging.getLogger(__name__)
+
+
+Handler = Callable[[web.Request, RawRequest], Awaitable[web.StreamResponse]]  # a route's work once admitted
+
+
+class ScoringServer(Protocol):
+    """What the fronts use of their :class:`~podium.teacher.endpoint.server.EndpointServer`."""
+
+    config: EndpointConfig
+    facts: GroupFacts
+    vocab_size: int
+
+    @property
+    def codec(self) -> concurrent.futures.Executor: ...
+
+    async def admit(self, request: web.Request, handle: Handler) -> web.StreamResponse: ...
+
+    async def score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, RowBlocks]: ...
+
+class ScoringFronts:
+    """The fronts' routes on one endpoint (see the module doc)."""
+
+    def __init__(self, server: ScoringServer) -> None:
+        self.server = server
+        self._names: TokenNames | None = None
+        self._lock = threading.Lock()
+
+    def install(self, app: web.Application) -> None:
+        app.router.add_post(OPENAI_COMPLETIONS, self._completions)
+        app.router.add_get(OPENAI_MODELS, self._models)
+        app.router.add_post(SGLANG_GENERATE, self._generate)
+
+    # ------------------------------------------------------------------ who the teacher is
+
+    @property
+    def model_names(self) -> list[str]:
+        """What a request's ``model`` may say: the served name, aliases, teacher key, checkpoint path."""
+        config, path = self.server.config, self.server.facts.checkpoint_path
+        names = [config.served_name, *config.aliases, config.teacher_key, path or ""]
+        return list(dict.fromkeys(name for name in names if name))
+
+    def token_names(self) -> TokenNames:
+        """The checkpoint's tokenizer as token names (loaded once, on a codec thread)."""
+        with self._lock:
+            if self._names is None:
+                path = self.server.facts.checkpoint_path
+                tokenizer = None
+                if path:
+                    try:
+                        tokenizer = load_tokenizer(path)
+                    except Exception as exc:  # a broken tokenizer: ids still work
+                        logger.warning("teacher %r: tokenizer of %s not loaded (%s: %s); text prompts refused",
+                                       self.server.config.served_name, path, type(exc).__name__, exc)
+                self._names = TokenNames(tokenizer)
+            return self._names
+
+    # ------------------------------------------------------------------ routes
+
+    async def _models(self, request: web.Request) -> web.Response:
+        facts = self.server.facts
+        body = models_response(self.model_names, root=facts.checkpoint_path, max_model_len=facts.max_sequence_length,
+                               vocab_size=facts.vocab_size, created=int(time.time()))
+        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self.server.admit(request, self._completions_admitted)
+        except RequestError as exc:
+            return openai_error(exc)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self.server.admit(request, self._generate_admitted)
+        except RequestError as exc:
+            return openai_error(exc)
+
+    async def _completions_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_completion, raw)
+        outputs = await self._score(batch, query, request)
+        body = await loop.run_in_executor(self.server.codec, self._shape_completion, form, outputs, request[REQUEST_ID])
+        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
+
+    async def _generate_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_generate, raw)
+        outputs = await self._score(batch, query, request)
+        answers = row_answers(form.call, outputs)
+        body = await loop.run_in_executor(self.server.codec, lambda: generate_response(
+            form, answers, self.token_names(), request_id=request[REQUEST_ID]))
+        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
+
+    async def _score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, np.ndarray]:
+        result = await self.server.score(batch, query, request)
+        missing = [name for name in query.outputs if name not in result]
+        if missing:
+            raise RequestError(500, f"teacher {self.server.config.served_name!r} returned no {missing}")
+        return {name: _whole(blocks) for name, blocks in result.items()}
+
+    # ------------------------------------------------------------------ on codec threads
+
+    def _parse_completion(self, raw: RawRequest) -> tuple[CompletionForm, Batch, Query]:
+        names = self.token_names()
+        tokenizer = names.tokenizer
+        tokenize = None if tokenizer is None else (
+            lambda text, special: list(tokenizer(text, add_special_tokens=special)["input_ids"]))
+        form = self._parsed(raw, lambda body: parse_completion(body, tokenize))
+        self._check_model_field(form.model)
+        return (form, *self._checked(form.call))
+
+    def _parse_generate(self, raw: RawRequest) -> tuple[GenerateForm, Batch, Query]:
+        tokenizer = self.token_names().tokenizer
+        tokenize = None if tokenizer is None else (lambda text: list(tokenizer(text)["input_ids"]))
+        form = self._parsed(raw, lambda body: parse_generate(body, tokenize))
+        return (form, *self._checked(form.call))
+
+    def _shape_completion(self, form: CompletionForm, outputs: Mapping[str, np.ndarray], request_id: str) -> bytes:
+        return completion_response(form, row_answers(form.call, outputs), self.token_names(),
+                                   model=form.model or self.server.config.served_name, request_id=request_id,
+                                   created=int(time.time()))
+
+    def _parsed(self, raw: RawRequest, parse: Callable[[Any], Any]) -> Any:
+        if raw.json is None:
+            raise RequestError(400, "send a JSON body (the binary tensor extension is the OIP route's)")
+        try:
+            body = json.loads(raw.json)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RequestError(400, f"body is not JSON: {exc}") from None
+        try:
+            return parse(body)
+        except BatchError as exc:
+            raise RequestError(400, str(exc)) from None
+
+    def _check_model_field(self, model: str | None) -> None:
+        if model is not None and model not in self.model_names:
+            raise RequestError(404, f"field 'model': {model!r} is not served here; this teacher answers to "
+                                    f"{self.model_names}")
+
+    def _checked(self, call: ScoringCall) -> tuple[Batch, Query]:
+        """The call's batch and query (the one validation), refused over the endpoint's cost bounds."""
+        server = self.server
+        try:
+            batch, query = call.ask(vocab_size=server.vocab_size, max_sequence_length=server.facts.max_sequence_length)
+        except BatchError as exc:
+            raise RequestError(400, str(exc)) from None
+        try:
+            check_cost(server.config, batch, query, dict.fromkeys(query.outputs, False), server.vocab_size)
+        except RequestError as exc:
+            field = call.top_k_field if "'top_k'" in exc.message else call.ids_field
+            raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers) from None
+        return batch, query
+
+
+def openai_error(exc: RequestError) -> web.Response:
+    """A refusal as OpenAI-compatible servers write it (``{"error": {"message", "type", "code"}}``:
+    what the ``openai`` client reads into its exception's message), with the error's headers
+    (``Retry-After`` of a 503)."""
+    kind = ("BadRequestError" if exc.status < 500 else "ServiceUnavailableError" if exc.status == 503
+            else "InternalError")
+    body = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.status}}
+    return web.Response(status=exc.status, body=json.dumps(body).encode("utf-8"), content_type=oip.JSON_CONTENT_TYPE,
+                        headers=exc.headers)
+
+
+def _whole(blocks: RowBlocks) -> np.ndarray:
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)

@@ -1,0 +1,142 @@
+"""The scoring fronts over HTTP, in front of a stand-in group: vLLM's ``/v1/completions`` (the real
+``openai`` client and plain HTTP) and ``/v1/models``, SGLang's ``/generate``; auth, admission's
+refusals, every bad field a 4xx naming it, and the answers' shapes and values against what the
+group returned (the numbers against transformers: ``tests/client/test_scoring_fronts_real.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import requests
+import torch
+from harness.endpoint import AUTH, TOKEN, start_server
+from harness.fake_group import FakeGroup, fake_logprobs
+
+from podium.protocol.names import CANDIDATE_LOGPROBS, OPENAI_COMPLETIONS, OPENAI_MODELS, SGLANG_GENERATE, TARGET_RANK
+
+VOCAB = 50
+
+
+class RankingGroup(FakeGroup):
+    """FakeGroup that also answers ``target_rank`` (1 + id % 7) and ``candidate_logprobs`` (-id / 10):
+    any deterministic numbers."""
+
+    def compute(self, data: Any, query: Any) -> dict[str, Any]:
+        out = super().compute(data, query)
+        if query.wants(TARGET_RANK):
+            ranks = (data.input_ids % 7 + 1) * (np.arange(data.input_ids.shape[1])[None, :] > 0)
+            out[TARGET_RANK] = torch.from_numpy(data.pad(ranks.astype(np.int64)))
+        if query.wants(CANDIDATE_LOGPROBS):
+            out[CANDIDATE_LOGPROBS] = torch.from_numpy(data.pad(-data.candidate_ids.astype(np.float32) / 10))
+        return out
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    server = start_server(RankingGroup(vocab_size=VOCAB, max_sequence_length=64), {"max_top_k": 8},
+                          teacher_key="k1", aliases=("math",))
+    yield server
+    server.stop()
+
+
+def post(server: Any, path: str, body: Any, headers: dict[str, str] | None = None) -> requests.Response:
+    return requests.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
+
+
+def test_openai_client_prompt_logprobs_batch(server: Any) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN)
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    out = client.completions.create(model="math", prompt=prompts, max_tokens=1, temperature=1.0,
+                                    extra_body={"prompt_logprobs": 2})
+    assert [c.index for c in out.choices] == [0, 1]
+    for choice, row in zip(out.choices, prompts, strict=True):
+        got = choice.model_extra["prompt_logprobs"]
+        assert len(got) == len(row) and got[0] is None
+        expected = fake_logprobs(np.array([[*row, 0]]), np.array([len(row) + 1]))[0]
+        for i in range(1, len(row)):
+            entry = got[i]
+            own = entry[str(row[i])]
+            assert own["logprob"] == pytest.approx(expected[i]) and own["rank"] == row[i] % 7 + 1
+            assert own["decoded_token"] == f"token_id:{row[i]}"
+            tops = {int(t): v for t, v in entry.items() if int(t) != row[i]}  # FakeGroup's top-k: id, id+1
+            assert set(tops) <= {row[i] % VOCAB, (row[i] + 1) % VOCAB}
+        assert choice.finish_reason == "length"
+    assert out.usage.prompt_tokens == 6 and out.usage.completion_tokens == 2
+
+
+def test_echo_legacy_logprobs_and_next_token(server: Any) -> None:
+    body = {"model": "m", "prompt": [3, 4, 5], "max_tokens": 1, "echo": True, "logprobs": 2}
+    got = post(server, OPENAI_COMPLETIONS, body).json()["choices"][0]
+    lp = got["logprobs"]
+    # FakeGroup's top-1 at a position is the id there: at the placeholder after the prompt, 0
+    assert lp["tokens"] == ["token_id:3", "token_id:4", "token_id:5", "token_id:0"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"] == [0, 10, 20, 30]
+    assert set(lp["top_logprobs"][1]) == {"token_id:4", "token_id:5"}
+    score_only = post(server, OPENAI_COMPLETIONS, {**body, "max_tokens": 0}).json()["choices"][0]
+    assert len(score_only["logprobs"]["tokens"]) == 3
+
+
+def test_models_lists_every_name(server: Any) -> None:
+    data = requests.get(server.url + OPENAI_MODELS, headers=AUTH, timeout=10).json()["data"]
+    assert {"m", "math", "k1"} <= {m["id"] for m in data}
+    assert data[0]["max_model_len"] == 64 and data[0]["vocab_size"] == VOCAB
+
+
+def test_sglang_generate_single_and_batch(server: Any) -> None:
+    body = {"input_ids": [3, 4, 5], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 0}}
+    one = post(server, SGLANG_GENERATE, body).json()
+    expected = fake_logprobs(np.array([[3, 4, 5]]), np.array([3]))[0]
+    triples = one["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in triples] == [3, 4, 5] and triples[0][0] is None and triples[0][2] is None
+    assert [t[0] for t in triples[1:]] == pytest.approx(expected[1:].tolist())
+    assert one["meta_info"]["input_top_logprobs"][0] is None and len(one["meta_info"]["input_top_logprobs"][1]) == 2
+    many = post(server, SGLANG_GENERATE, {**body, "input_ids": [[3, 4, 5], [9, 8]], "logprob_start_len": 1,
+                                          "token_ids_logprob": [1, 2, 3]}).json()
+    assert isinstance(many, list) and len(many) == 2
+    assert [t[1] for t in many[1]["meta_info"]["input_token_logprobs"]] == [8]
+    support = many[0]["meta_info"]["input_token_ids_logprobs"][0]  # position 1 (logprob_start_len)
+    assert [t[1] for t in support] == [1, 2, 3] and [t[0] for t in support] == pytest.approx([-0.1, -0.2, -0.3])
+
+
+@pytest.mark.parametrize(("path", "body", "status", "field"), [
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 5}, 400, "max_tokens"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2]}, 400, "max_tokens"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, VOCAB], "max_tokens": 0}, 400, "prompt"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "prompt_logprobs": 9}, 413, "prompt_logprobs"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "prompt_logprobs": "3"}, 400, "prompt_logprobs"),
+    (OPENAI_COMPLETIONS, {"prompt": [], "max_tokens": 0}, 400, "prompt"),
+    (OPENAI_COMPLETIONS, {"prompt": [[1], []], "max_tokens": 0}, 400, "prompt"),
+    (OPENAI_COMPLETIONS, {"prompt": "hello", "max_tokens": 0}, 400, "prompt"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "temperature": -1}, 400, "temperature"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "n": 2}, 400, "n"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "model": "other"}, 404, "model"),
+    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}}, 400, "max_new_tokens"),
+    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "top_logprobs_num": 20},
+     413, "top_logprobs_num"),
+    (SGLANG_GENERATE, {"input_ids": [1, -1], "sampling_params": {"max_new_tokens": 0}}, 400, "input_ids"),
+    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 5},
+     400, "logprob_start_len"),
+])
+def test_bad_fields_are_refused_by_name(server: Any, path: str, body: dict[str, Any], status: int, field: str) -> None:
+    answer = post(server, path, body)
+    assert answer.status_code == status, answer.text
+    assert field in answer.json()["error"]["message"]  # OpenAI's error shape (what the openai client reads)
+    assert post(server, OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0}).status_code == 200  # still serving
+
+
+def test_token_required_and_generation_refused_through_the_client(server: Any) -> None:
+    for path in (OPENAI_COMPLETIONS, SGLANG_GENERATE):
+        assert post(server, path, {"prompt": [1, 2], "max_tokens": 0}, headers={}).status_code == 401
+    assert requests.get(server.url + OPENAI_MODELS, timeout=10).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").completions.create(
+            model="m", prompt=[1, 2], max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="does not generate"):
+        openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN).completions.create(
+            model="m", prompt=[1, 2], max_tokens=16)
