@@ -2,7 +2,7 @@
 
 - the output GEMM alone (no processes): with it, the product of the model's own bf16 operands in
   fp32 (never rounded to bf16); without it, the same product rounded to bf16; ``"tf32"`` gives
-  true's numbers (NeMo RL's alias of true);
+  true's numbers (NeMo RL's alias of true); the logprob head and the full-logits payload use it;
 - a real Megatron teacher on CPU (tiny Llama, bf16 parameters, TP1), against the HF transformers
   fp32 oracle: the teacher with the fp32 head is closer to it than the one without, by a margin
   chance cannot give (the numbers are printed).
@@ -78,6 +78,22 @@ def test_the_logprob_head_takes_the_setting_to_its_gemm():
         expected = torch.log_softmax(z, dim=-1).gather(-1, labels.t()[..., None]).squeeze(-1).t()
         assert torch.allclose(out[setting], expected, atol=1e-5), setting
     assert not torch.allclose(out[True], out[False], atol=1e-3)
+
+
+@pytest.mark.parametrize("setting", [False, True])
+def test_the_logits_payload_comes_from_the_same_gemm(setting):
+    """The full-logits payload (FP32) is the logprob head's logits: fp32 with the setting, the bf16
+    product without it."""
+    from podium.protocol.names import LOGITS
+    from podium.teacher.compute.payload import payload_outputs
+
+    rows, weight = _bf16_operands(3)
+    hidden = rows.view(4, 4, 32)  # [s, b, h]
+    out = payload_outputs(LOGITS, hidden, weight, datatype="FP32", temperature=1.0, vocab_size=40, tp_group=None,
+                          tp_size=1, chunk_elements=1 << 20, fp32_lm_head=setting)[LOGITS]
+    expected = OutputGemm(weight, setting)(hidden.transpose(0, 1).reshape(16, 32)).view(4, 4, 40)
+    assert torch.equal(out, expected)
+    assert torch.equal(out, out.bfloat16().float()) is (not setting)  # bf16 values only without it
 
 
 # -- a real teacher against the HF fp32 oracle ------------------------------------------------------

@@ -164,7 +164,8 @@ class LogprobHead:
         assert call.payload is not None
         return payload_outputs(call.payload, hidden, weight, datatype=call.payload_datatype,
                                temperature=call.temperature, vocab_size=self.vocab_size, tp_group=self.tp_group,
-                               tp_size=self.tp_size, chunk_elements=self.chunk_elements)
+                               tp_size=self.tp_size, chunk_elements=self.chunk_elements,
+                               fp32_lm_head=self.fp32_lm_head)
 
     def _local(self, rows: torch.Tensor, targets: torch.Tensor, cands: torch.Tensor | None, weight: torch.Tensor,
                call: HeadCall) -> _Partial:
@@ -265,11 +266,11 @@ class LogprobHead:
         valid = max(0, min(local_vocab, self.vocab_size - self.tp_rank * local_vocab))
         count = torch.zeros(n, dtype=torch.int64, device=rows.device)
         if valid and n:
-            w, scale = weight[:valid], 1.0 / float(call.temperature)
+            gemm, scale = OutputGemm(weight[:valid], self.fp32_lm_head), 1.0 / float(call.temperature)
             step = max(GEMM_ROWS, self.chunk_elements // valid // GEMM_ROWS * GEMM_ROWS)  # as _local: same values
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
-                logits = torch.matmul(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)], w.t())[: r1 - r0].float()
+                logits = gemm(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)])[: r1 - r0]
                 if scale != 1.0:
                     logits.mul_(scale)
                 count[r0:r1] = (logits > part.target[r0:r1, None]).sum(dim=-1)
