@@ -193,8 +193,11 @@ def up(
 
 
 def _notices(lines: list[str]) -> None:
+    from podium.config.plan import note_kind
+
     for line in lines:
-        typer.echo(f"podium: note: {line}", err=True)
+        kind, text = note_kind(line)  # a plan note may be a warning
+        typer.echo(f"podium: {kind}: {text}", err=True)
 
 
 def _wait(run_dir: Path, timeout: float) -> None:

@@ -75,8 +75,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         console.print(f"Unmapped agents go to {plan.default_alias!r}{strict}.")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    for note in plan.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+    for kind, text in plan.notices():
+        console.print(f"{kind}: {text}", highlight=False, markup=False)
 
 
 def _age(seconds: float | None) -> str:

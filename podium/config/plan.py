@@ -3,11 +3,13 @@ file's: :mod:`podium.config.sources`) turned into deduplicated ``TeacherSpec``s.
 
 NeMo RL's semantics (``create_teacher_configs_from_opd_config``), with its known flaws fixed:
 
-- each alias's settings are ``{**default_teacher_cfg, **teacher_overrides[alias]}``; keys that are
-  not teacher settings fold into ``megatron_cfg_overrides`` (explicit entries there win), and
-  parallel sizes given inside ``megatron_cfg_overrides`` are the ones placement uses; an alias's
-  ``megatron_cfg_overrides`` merge by key over the default's, a setting an alias names beats the
-  default map's entry for it, and one it sets to null keeps the default's (NeMo RL PR #3608);
+- each alias's settings are ``{**default_teacher_cfg, **teacher_overrides[alias]}``, shallow, as
+  NeMo RL main merges them (``create_teacher_configs_from_opd_config``): an alias's
+  ``megatron_cfg_overrides`` replaces the default's whole (the plan notes the default keys it
+  drops, and how to keep them), a setting it sets to null keeps the default's (NeMo RL dumps the
+  override without its None fields); keys that are not teacher settings fold into
+  ``megatron_cfg_overrides`` (explicit entries there win), and parallel sizes given inside
+  ``megatron_cfg_overrides`` are the ones placement uses;
 - every key is checked here, on the login node, not first on the allocation: a teacher block's by
   :mod:`podium.config.teacher_keys`, ``megatron_cfg_overrides``' (folded keys included) by
   :mod:`podium.config.megatron_keys`, the rule the nodes apply too; a key neither knows is refused
@@ -55,6 +57,7 @@ from podium.config.precision import DEFAULT_PRECISION, normalise_precision
 from podium.config.recipe import load_recipe, merge_with_override, resolve_section
 from podium.config.sources import DEFAULT_CFG, MAPPING, OPD, OVERRIDES, TeacherSource, teacher_source
 from podium.config.spec import TeacherSpec
+from podium.config.teacher_block import WARNING, mapping_problem, megatron_map
 from podium.config.teacher_keys import (
     BLOCK_KEYS,
     CROSS_TOKENIZER,
@@ -84,6 +87,10 @@ class Plan:
     # What `up` refuses about the local checkpoints (their key path first): `plan` refuses it too.
     warnings: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # keys accepted but skipped, or carried and not honoured yet
+
+    def notices(self) -> list[tuple[str, str]]:
+        """Its notes as the CLI shows them: ``("warning", text)`` or ``("note", text)`` each."""
+        return [note_kind(note) for note in self.notes]
 
     def teacher(self, key_or_name: str) -> TeacherSpec:
         """The teacher of that key or name, or the replica of that display or folder name (``math#1``):
@@ -120,6 +127,11 @@ class Plan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
+
+
+def note_kind(note: str) -> tuple[str, str]:
+    """``("warning", text)`` for a note that warns (it starts with ``warning: ``), else ``("note", note)``."""
+    return ("warning", note.removeprefix(WARNING)) if note.startswith(WARNING) else ("note", note)
 
 
 def load_plan(
@@ -295,7 +307,8 @@ class _AliasSettings:
     notes: list[str] = field(default_factory=list)  # what the plan says of keys it accepts
 
     def comparable(self) -> dict[str, Any]:
-        return {**self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
+        # fp32_lm_head is in `values` only when on (a teacher without it keeps its key): off is False
+        return {FP32_LM_HEAD: False, **self.values, "megatron_cfg_overrides": self.megatron_cfg_overrides}
 
     def differing_keys(self, other: _AliasSettings) -> list[str]:
         mine, theirs = self.comparable(), other.comparable()
@@ -382,24 +395,21 @@ def _name_problems(keys: Any, where: str) -> list[str]:
     return [f"{where}[{str(alias)!r}]: alias {problem}" for alias in keys if (problem := name_problem(str(alias)))]
 
 
-def _mapping_problem(value: Any, where: str) -> str | None:
-    return None if isinstance(value, dict) else f"{where}: expected a mapping, got {value!r}"
-
-
 def _alias_settings(alias: str, source: TeacherSource, override: Any, cluster_gpus: Any) -> _AliasSettings:
     """One alias's effective settings (see the module doc), with every problem they have and the
     notes the plan shows (keys skipped, a setting podium carries but does not honour yet)."""
     over_path = f"{source.overrides_key}.{alias}"
     settings = _AliasSettings(alias, {}, dict(source.origins), {}, over_path=over_path)
-    if override is not None and (problem := _mapping_problem(override, over_path)):
+    if override is not None and (problem := mapping_problem(override, over_path)):
         settings.problems.append(problem)
         override = None
     merged: dict[str, Any] = dict(source.defaults)
-    override = {k: v for k, v in (override or {}).items() if v is not None}  # null: the default's (#3608)
+    override = {k: v for k, v in (override or {}).items() if v is not None}  # null: the default's
     for key, value in override.items():
         merged[key] = value
         settings.origins[key] = f"{over_path}.{key}"
-    megatron, megatron_origins, folded = _megatron_map(source, override, merged, over_path, settings.problems)
+    megatron, megatron_origins, folded = megatron_map(source, override, merged, over_path, settings.alias,
+                                                      settings.problems, settings.notes)
 
     values: dict[str, Any] = {"precision": DEFAULT_PRECISION, "micro_batch_size": 1}
     if cluster_gpus is not None:
@@ -419,33 +429,6 @@ def _alias_settings(alias: str, source: TeacherSource, override: Any, cluster_gp
     settings.notes.extend([*(f"{path}: skipped: {why}" for path, why in split.skipped.items()), *split.notes])
     settings.megatron_cfg_overrides = megatron
     return settings
-
-
-def _megatron_map(source: TeacherSource, override: Mapping[str, Any], merged: dict[str, Any], over_path: str,
-                  problems: list[str]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
-    """(the alias's megatron_cfg_overrides, each key's recipe path, the keys folded into it from the
-    block). Explicit entries win over folded keys; an alias's map merges by key over the default's,
-    whose entry for a setting the alias names itself gives way (NeMo RL #3608: default setting <
-    default map < alias setting < alias map)."""
-    merged.pop("megatron_cfg_overrides", None)
-    default_path = source.origins.get("megatron_cfg_overrides", f"{DEFAULT_CFG}.megatron_cfg_overrides")
-    alias_path = f"{over_path}.megatron_cfg_overrides"
-    maps = []
-    for raw, path in ((source.defaults.get("megatron_cfg_overrides") or {}, default_path),
-                      (override.get("megatron_cfg_overrides") or {}, alias_path)):
-        problem = _mapping_problem(raw, path)
-        if problem:
-            problems.append(problem)
-        maps.append(raw if problem is None else {})
-    default_map, alias_map = maps
-    explicit = {k: v for k, v in default_map.items() if k not in override}
-    explicit.update(alias_map)
-    block = {k: v for k, v in merged.items() if k not in BLOCK_KEYS}
-    origins = {k: source.origins.get(k, f"{DEFAULT_CFG}.{k}") if k not in override else f"{over_path}.{k}"
-               for k in block}
-    for key in explicit:
-        origins[key] = f"{alias_path if key in alias_map else default_path}.{key}"
-    return {**block, **explicit}, origins, set(block) - set(explicit)
 
 
 def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None:
@@ -473,7 +456,8 @@ def _check_settings(settings: _AliasSettings, merged: Mapping[str, Any]) -> None
         else:
             if fp32 is not False:  # off is the default: a teacher without it keeps its key
                 values[FP32_LM_HEAD] = fp32
-                settings.notes.append(fp32_lm_head_note(where(FP32_LM_HEAD), fp32, str(values["precision"])))
+                if note := fp32_lm_head_note(where(FP32_LM_HEAD), fp32, str(values["precision"])):
+                    settings.notes.append(note)
     if CROSS_TOKENIZER in merged and (problem := cross_tokenizer_problem(where(CROSS_TOKENIZER),
                                                                           merged[CROSS_TOKENIZER])):
         problems.append(problem)

@@ -58,8 +58,8 @@ class TeacherSpec(ParallelLayout):
     # inherit it); a request may ask for another.
     temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     megatron_cfg_overrides: dict[str, Any] = Field(default_factory=dict)
-    # NeMo RL's per-teacher fp32 LM head (false | true | "tf32"), carried as part of what the teacher
-    # is (its key changes with it); not yet honoured in the numerics.
+    # NeMo RL's per-teacher fp32 LM head (false | true | "tf32"): the output layer's logits in fp32
+    # (podium.teacher.model.output_gemm); part of what the teacher is (its key changes with it).
     fp32_lm_head: Fp32LmHead = False
     # The `podium:` section with this teacher's own overrides merged in.
     launcher: TeacherLauncherSettings = Field(default_factory=TeacherLauncherSettings)

@@ -15,8 +15,10 @@ the parallel sizes, ``num_nodes``,              honoured: the teacher's layout
 ``micro_batch_size``,                           honoured: how the teacher batches
 ``max_tokens_per_microbatch``
 ``megatron_cfg_overrides``                      each key by :mod:`podium.config.megatron_keys`
-``fp32_lm_head`` (false | true | ``"tf32"``)    carried in the spec, part of the teacher's identity;
-                                                not yet honoured in the numerics (the plan says so)
+``fp32_lm_head`` (false | true | ``"tf32"``)    honoured: the output layer's logits in fp32
+                                                (:mod:`podium.teacher.model.output_gemm`); part of
+                                                the teacher's identity (its key, and a conflict
+                                                between aliases of one checkpoint)
 ``cross_tokenizer``                             refused when set: a cross-tokenizer teacher is not
                                                 served yet
 any other key                                   folded into ``megatron_cfg_overrides`` (as NeMo RL
@@ -26,6 +28,7 @@ any other key                                   folded into ``megatron_cfg_overr
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
@@ -38,24 +41,41 @@ TEACHER_KEYS: tuple[str, ...] = (*SIZE_KEYS, "precision", "megatron_cfg_override
 CROSS_TOKENIZER = "cross_tokenizer"
 BLOCK_KEYS: tuple[str, ...] = (*TEACHER_KEYS, FP32_LM_HEAD, CROSS_TOKENIZER)
 
-# NeMo RL's Fp32LmHeadSetting: off, on, or on with TF32 tensor cores ("tf32", an alias of true there).
+# NeMo RL's Fp32LmHeadSetting (nemo_rl/utils/fp32_lm_head.py): off, or on ("tf32" is an alias of true
+# there, and its numbers are true's: podium.teacher.model.output_gemm).
 Fp32LmHead = bool | Literal["tf32"]
 FP32_LM_HEAD_TF32: Literal["tf32"] = "tf32"
 
 
+@functools.cache
+def _nemo_rl_field() -> Any:
+    """The field as NeMo RL's ``TeacherResourceConfig`` validates it: pydantic's (lax) bool or
+    "tf32", so a quoted "true", "off", "1" or 0 reads as NeMo RL reads it."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Fp32LmHead)
+
+
 def fp32_lm_head_setting(value: Any) -> Fp32LmHead:
-    """A teacher's ``fp32_lm_head`` (None: off); ``ValueError`` for anything but false, true, "tf32"."""
+    """A teacher's ``fp32_lm_head`` as NeMo RL reads it (None: off): ``False``, ``True`` or
+    ``"tf32"``; ``ValueError`` for anything NeMo RL refuses. The one check of the value: the plan
+    names the recipe key in front of the message, the spec validates by it too."""
     if value is None or isinstance(value, bool):
         return bool(value)
-    if value == FP32_LM_HEAD_TF32:
-        return FP32_LM_HEAD_TF32
-    raise ValueError(f'must be false, true or "{FP32_LM_HEAD_TF32}", got {value!r}')
+    try:
+        setting: Fp32LmHead = _nemo_rl_field().validate_python(value)
+    except ValueError:  # pydantic's ValidationError is one
+        raise ValueError(f'must be false, true or "{FP32_LM_HEAD_TF32}", got {value!r}') from None
+    return setting
 
 
-def fp32_lm_head_note(path: str, value: Fp32LmHead, precision: str) -> str:
-    """What the plan says of a teacher asking for an fp32 LM head."""
-    return (f"{path}: {value!r} is carried in the teacher's spec (part of its identity); podium does not honour it "
-            f"in the numerics yet: the teacher's output-layer GEMM runs in {precision}, its log-softmax in fp32")
+def fp32_lm_head_note(path: str, value: Fp32LmHead, precision: str) -> str | None:
+    """What the plan says of a teacher asking for an fp32 LM head: only that it changes nothing
+    for a teacher whose logits are fp32 already (None otherwise)."""
+    if precision != "fp32":
+        return None
+    return (f"{path}: {value!r} changes nothing for this teacher: its precision is fp32, so its logits are fp32 "
+            "already")
 
 
 def cross_tokenizer_problem(path: str, value: Any) -> str | None:

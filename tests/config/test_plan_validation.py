@@ -112,6 +112,15 @@ CASES = {
         [], "aliases 'math' and 'code' share checkpoint /ckpt/math but ask for different settings: "
             "precision ('bf16' vs 'fp32')",
     ),
+    "shared checkpoint, different fp32_lm_head": (
+        BASE.replace("      micro_batch_size: 1\n",
+                     "      micro_batch_size: 1\n    teacher_overrides:\n      code: {fp32_lm_head: tf32}\n"),
+        [], "aliases 'math' and 'code' share checkpoint /ckpt/math but ask for different settings: "
+            "fp32_lm_head (False vs 'tf32')",
+    ),
+    "fp32_lm_head not a setting": (BASE, [f"+{NCT}.default_teacher_cfg.fp32_lm_head=fp16"],
+                                   f"{NCT}.default_teacher_cfg.fp32_lm_head: must be false, true or \"tf32\", "
+                                   "got 'fp16'"),
     "override of a missing key": (BASE, [f"{OPD}.no_such_key=1"],
                                   f"key '{OPD}.no_such_key' is not in the recipe; use +"),
     "add of an existing key": (BASE, [f"+{OPD}.default_teacher_alias=math"], "already exists"),
@@ -201,3 +210,37 @@ def test_a_checkpoint_podium_cannot_serve_is_refused_before_submit(tmp_path: Pat
                                f"tensor_model_parallel_size: 2\n      expert_model_parallel_size: {ep}"))
     with pytest.raises(ConfigError, match=re.escape(message)):
         require_checkpoints(load_plan(recipe))
+
+
+
+def test_plan_and_up_warn_when_an_aliass_megatron_map_drops_default_keys(tmp_path: Path) -> None:
+    """NeMo RL main merges a teacher block one level deep: ``code``'s map replaces the default's, so
+    ``attention_dropout`` is gone for it. Not an error (it is what NeMo RL runs), but `plan` and
+    `up` say so, naming the alias, both maps, the keys and how to keep them."""
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+    (tmp_path / "ckpts").mkdir()
+    math, code = (_hf_dir(tmp_path / "ckpts", name, config) for name in ("math", "code"))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        on_policy_distillation:
+          teacher_model_by_agent_name: {{math: {math}, code: {code}}}
+          non_colocated_teachers:
+            default_teacher_cfg:
+              num_nodes: 1
+              gpus_per_node: 2
+              megatron_cfg_overrides: {{init_method_std: 0.02, attention_dropout: 0.0}}
+            teacher_overrides:
+              code: {{megatron_cfg_overrides: {{init_method_std: 0.01}}}}
+        """))
+    dflt = f"{NCT}.default_teacher_cfg.megatron_cfg_overrides"
+    mine = f"{NCT}.teacher_overrides.code.megatron_cfg_overrides"
+    words = (f"{mine} replaces {dflt} whole, as NeMo RL merges a teacher's settings ({{**default_teacher_cfg, "
+             "**teacher_overrides.<alias>}, one level deep): teacher 'code' runs without the default's "
+             f"attention_dropout; to keep them, repeat them in {mine}")
+    plan = CliRunner().invoke(app, ["plan", str(recipe)], env={"COLUMNS": "1000"})
+    assert plan.exit_code == 0, plan.output
+    assert f"\nwarning: {words}\n" in plan.output, plan.output
+    up = CliRunner().invoke(app, ["up", str(recipe), "--dry-run", "--run-dir", str(tmp_path / "run")])
+    assert up.exit_code == 0, up.output
+    assert f"podium: warning: {words}\n" in up.output, up.output

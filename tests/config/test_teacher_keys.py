@@ -5,9 +5,11 @@ on NeMo RL's own recipes (shared/nemo-rl-configs) plus the mistake.
 - a typo in a teacher block, a Megatron key typo in the block, in ``megatron_cfg_overrides`` and as
   a ``++``/``key=value`` override: ``plan`` and ``up --dry-run`` refuse it (exit 2, the same
   words), naming the key as the user wrote it (its full key path) and the closest valid key;
-- today's NeMo RL teacher keys: ``fp32_lm_head`` (false | true | "tf32") accepted and carried in
-  the spec, the training-only keys (``use_fused_linear_logprobs``, ``segment_size``, ``mtp_*``)
-  accepted with a note saying why they are skipped, a cross-tokenizer teacher refused with a reason;
+- today's NeMo RL teacher keys: ``fp32_lm_head`` (false | true | "tf32", and the spellings NeMo RL's
+  pydantic field reads) accepted, carried in the spec and honoured (no "not honoured" note; a note
+  where it changes nothing: an fp32 teacher), the training-only keys (``use_fused_linear_logprobs``,
+  ``segment_size``, ``mtp_*``) accepted with a note saying why they are skipped, a cross-tokenizer
+  teacher refused with a reason;
 - what ``up`` refuses, ``plan`` refuses, every problem at once.
 """
 
@@ -129,8 +131,7 @@ def test_todays_nemo_rl_teacher_keys_are_accepted_carried_or_skipped_with_a_reas
     plain = json.loads(podium("plan", nemo_rl_configs / QWEN3, "--json").stdout)["teachers"][0]
     assert plain["fp32_lm_head"] is False and plain["key"] != teacher["key"]  # part of what the teacher is
     notes = "\n".join(data["notes"])
-    assert (f"{BLOCK}.fp32_lm_head: 'tf32' is carried in the teacher's spec (part of its identity); podium does "
-            "not honour it in the numerics yet: the teacher's output-layer GEMM runs in bf16") in notes
+    assert f"{BLOCK}.fp32_lm_head" not in notes  # honoured (podium.teacher.model.output_gemm): nothing to say
     for key in ("use_fused_linear_logprobs", "segment_size", "mtp_num_layers", "mtp_detach_heads",
                 "megatron_cfg_overrides.fused_linear_logprobs_chunk_size",
                 "megatron_cfg_overrides.mtp_use_repeated_layer"):
@@ -141,6 +142,29 @@ def test_todays_nemo_rl_teacher_keys_are_accepted_carried_or_skipped_with_a_reas
     assert f"podium: note: {BLOCK}.segment_size: skipped: " in up.stderr
     for value in ("true", "false"):
         assert podium("plan", recipe, f"{BLOCK}.fp32_lm_head={value}").returncode == 0
+    fp32 = podium("plan", recipe, "--json", f"++{BLOCK}.precision=fp32")
+    assert fp32.returncode == 0, fp32.stderr
+    assert (f"{BLOCK}.fp32_lm_head: 'tf32' changes nothing for this teacher: its precision is fp32, so its logits "
+            "are fp32 already") in json.loads(fp32.stdout)["notes"]
+
+
+@pytest.mark.parametrize(("value", "setting"), [
+    (None, False), (False, False), (True, True), ("tf32", "tf32"),
+    # NeMo RL's TeacherResourceConfig is pydantic: its bool field reads these spellings too
+    ("true", True), ("False", False), ("yes", True), ("off", False), ("1", True), (0, False), (1, True),
+])
+def test_fp32_lm_head_is_read_as_nemo_rl_reads_it(value, setting) -> None:
+    from podium.config.teacher_keys import fp32_lm_head_setting
+
+    assert fp32_lm_head_setting(value) == setting and type(fp32_lm_head_setting(value)) is type(setting)
+
+
+@pytest.mark.parametrize("value", ["fp16", "TF32", "", 2, 0.5, [True]])
+def test_fp32_lm_head_refuses_what_nemo_rl_refuses(value) -> None:
+    from podium.config.teacher_keys import fp32_lm_head_setting
+
+    with pytest.raises(ValueError, match=r'^must be false, true or "tf32", got '):
+        fp32_lm_head_setting(value)
 
 
 def test_a_cross_tokenizer_teacher_is_refused_at_plan_saying_it_is_not_served_yet(

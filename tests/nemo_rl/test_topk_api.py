@@ -245,9 +245,12 @@ def test_a_recipe_as_3608_ships_it_plans(tmp_path: Path, selector: str) -> None:
     assert teachers["chat"].expert_model_parallel_size == 2 and teachers["math"].temperature == 0.7
 
 
-# #3608's create_teacher_configs_from_opd_config merges a teacher's megatron_cfg_overrides by key over
-# the default's, a setting the alias names beats the default map's entry for it, and one it sets to
-# null keeps the default's (its override model's None, dropped when the config is dumped).
+# NeMo RL main's create_teacher_configs_from_opd_config (0054c4e) merges a teacher's block over the
+# default's one level deep ({**default_teacher_cfg, **teacher_overrides[alias]}): an alias's
+# megatron_cfg_overrides replaces the default's whole, a Megatron key an alias sets at the top of its
+# block folds under the map (the map wins), one it sets to null keeps the default's (its override is
+# dumped without None fields). #3608 (open) merged the maps key by key; podium follows main, and the
+# plan warns of what an alias's map drops and of an alias's key the default map overrides.
 RECIPE_3608_OVERRIDES = """\
 on_policy_distillation:
   teacher_model_by_agent_name: {math: /ckpt/a, chat: /ckpt/b, code: /ckpt/c}
@@ -266,14 +269,27 @@ on_policy_distillation:
 """
 
 
-def test_a_teachers_megatron_overrides_merge_over_the_defaults_as_3608_merges_them(tmp_path: Path) -> None:
+def test_a_teachers_megatron_overrides_replace_the_defaults_as_nemo_rl_main_merges_them(tmp_path: Path) -> None:
     path = tmp_path / "mopd.yaml"
     path.write_text(RECIPE_3608_OVERRIDES)
-    teachers = {t.name: t for t in load_plan(path).teachers}
+    plan = load_plan(path)
+    teachers = {t.name: t for t in plan.teachers}
     common = {"moe_token_dispatcher_type": "alltoall", "sequence_parallel": True, "moe_router_topk": 4}
     assert teachers["math"].megatron_cfg_overrides == common and teachers["math"].context_parallel_size == 1
-    assert teachers["chat"].megatron_cfg_overrides == {**common, "sequence_parallel": False}
-    assert teachers["chat"].context_parallel_size == 2  # the alias's own setting beats the default map's
-    assert teachers["code"].megatron_cfg_overrides == {**common, "moe_router_topk": 2}
+    assert teachers["chat"].megatron_cfg_overrides == {"sequence_parallel": False}  # its own map, whole
+    assert teachers["chat"].context_parallel_size == 2  # its own setting (the default map's went with the map)
+    assert teachers["code"].megatron_cfg_overrides == common  # the default map beats the folded moe_router_topk
     assert teachers["code"].context_parallel_size == 1
     assert (teachers["code"].precision, teachers["code"].num_nodes) == ("bf16", 1)
+    nct = "on_policy_distillation.non_colocated_teachers"
+    chat_map, default_map = f"{nct}.teacher_overrides.chat.megatron_cfg_overrides", \
+        f"{nct}.default_teacher_cfg.megatron_cfg_overrides"
+    merge_notes = tuple(n for n in plan.notes if n.startswith("warning: "))
+    assert merge_notes == (
+        f"warning: {chat_map} replaces {default_map} whole, as NeMo RL merges a teacher's settings "
+        "({**default_teacher_cfg, **teacher_overrides.<alias>}, one level deep): teacher 'chat' runs without the "
+        f"default's moe_token_dispatcher_type, moe_router_topk; to keep them, repeat them in {chat_map}",
+        f"warning: {nct}.teacher_overrides.code.moe_router_topk (2) gives way to {default_map}.moe_router_topk (4): "
+        "in NeMo RL the map wins over a key folded into it; to set it for 'code', put it in "
+        f"{nct}.teacher_overrides.code.megatron_cfg_overrides",
+    )

@@ -193,6 +193,7 @@ class TeacherWorkerGroup:
                 teacher_name=s.name,
                 dist_timeout_s=o.dist_timeout_s,
                 revision=s.revision,
+                fp32_lm_head=s.fp32_lm_head,
             )
             for actor in self._actors
         ]

@@ -23,8 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from podium.config.teacher_keys import Fp32LmHead
 from podium.protocol.names import INT32_VOCAB
 from podium.teacher.compute.microbatch import GEMM_ROWS, round_up
+from podium.teacher.model.output_gemm import OutputGemm
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -93,8 +95,9 @@ class LogprobHead:
     :class:`HeadCall` asks (see there; ``"candidate_logprobs"`` with the micro-batch's candidates)."""
 
     def __init__(self, vocab_size: int, tp_group: Any, tp_rank: int, tp_size: int,
-                 chunk_elements: int = CHUNK_ELEMENTS) -> None:
+                 chunk_elements: int = CHUNK_ELEMENTS, fp32_lm_head: Fp32LmHead = False) -> None:
         self.vocab_size = vocab_size
+        self.fp32_lm_head = fp32_lm_head  # the output GEMM's logits precision (podium.teacher.model.output_gemm)
         self.tp_group = tp_group
         self.tp_rank = tp_rank
         self.tp_size = tp_size
@@ -161,7 +164,8 @@ class LogprobHead:
         assert call.payload is not None
         return payload_outputs(call.payload, hidden, weight, datatype=call.payload_datatype,
                                temperature=call.temperature, vocab_size=self.vocab_size, tp_group=self.tp_group,
-                               tp_size=self.tp_size, chunk_elements=self.chunk_elements)
+                               tp_size=self.tp_size, chunk_elements=self.chunk_elements,
+                               fp32_lm_head=self.fp32_lm_head)
 
     def _local(self, rows: torch.Tensor, targets: torch.Tensor, cands: torch.Tensor | None, weight: torch.Tensor,
                call: HeadCall) -> _Partial:
@@ -174,7 +178,7 @@ class LogprobHead:
         local_vocab = weight.shape[0]
         start = self.tp_rank * local_vocab
         valid = max(0, min(local_vocab, self.vocab_size - start))
-        w = weight[:valid]  # padding rows of the vocabulary are never multiplied
+        gemm = OutputGemm(weight[:valid], self.fp32_lm_head)  # padding rows of the vocabulary are never multiplied
         device, k = rows.device, call.top_k
         k_local = min(k, valid) if k else 0
         scale = 1.0 / float(call.temperature)
@@ -198,7 +202,7 @@ class LogprobHead:
             cand_local = (cands - start).clamp(0, valid - 1)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            logits = torch.matmul(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)], w.t())[: r1 - r0].float()
+            logits = gemm(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)])[: r1 - r0]
             if scale != 1.0:
                 logits.mul_(scale)
             logsm = torch.log_softmax(logits, dim=-1)  # one vectorised pass
@@ -262,11 +266,11 @@ class LogprobHead:
         valid = max(0, min(local_vocab, self.vocab_size - self.tp_rank * local_vocab))
         count = torch.zeros(n, dtype=torch.int64, device=rows.device)
         if valid and n:
-            w, scale = weight[:valid], 1.0 / float(call.temperature)
+            gemm, scale = OutputGemm(weight[:valid], self.fp32_lm_head), 1.0 / float(call.temperature)
             step = max(GEMM_ROWS, self.chunk_elements // valid // GEMM_ROWS * GEMM_ROWS)  # as _local: same values
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
-                logits = torch.matmul(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)], w.t())[: r1 - r0].float()
+                logits = gemm(rows[r0:r0 + round_up(r1 - r0, GEMM_ROWS)])[: r1 - r0]
                 if scale != 1.0:
                     logits.mul_(scale)
                 count[r0:r1] = (logits > part.target[r0:r1, None]).sum(dim=-1)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from podium.config.teacher_keys import Fp32LmHead
 from podium.protocol.names import HIDDEN_STATES, LOGITS
 from podium.teacher.compute.microbatch import GEMM_ROWS, round_up
+from podium.teacher.model.output_gemm import OutputGemm
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -43,18 +45,21 @@ def torch_dtype(datatype: str) -> torch.dtype:
 
 
 def payload_outputs(payload: str, hidden: torch.Tensor, weight: torch.Tensor, *, datatype: str, temperature: float,
-                    vocab_size: int, tp_group: Any, tp_size: int, chunk_elements: int) -> dict[str, torch.Tensor]:
+                    vocab_size: int, tp_group: Any, tp_size: int, chunk_elements: int,
+                    fp32_lm_head: Fp32LmHead = False) -> dict[str, torch.Tensor]:
     """One micro-batch's payload ``[b, s, D]`` in ``datatype``: hidden ``[s, b, h]`` (the output
-    layer's input), this rank's slice of the output weight ``[V/TP, h]``."""
+    layer's input), this rank's slice of the output weight ``[V/TP, h]``; logits from the output
+    GEMM the logprob head uses (``fp32_lm_head``: :mod:`podium.teacher.model.output_gemm`)."""
     dtype = torch_dtype(datatype)
     if payload == HIDDEN_STATES:
         return {HIDDEN_STATES: hidden.transpose(0, 1).to(dtype).contiguous()}
     if payload == LOGITS:
-        return {LOGITS: _full_logits(hidden, weight, dtype, temperature, vocab_size, tp_group, tp_size, chunk_elements)}
+        gemm = OutputGemm(weight, fp32_lm_head)
+        return {LOGITS: _full_logits(hidden, gemm, dtype, temperature, vocab_size, tp_group, tp_size, chunk_elements)}
     raise ValueError(f"unknown payload {payload!r}")
 
 
-def _full_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, temperature: float, vocab_size: int,
+def _full_logits(hidden: torch.Tensor, gemm: OutputGemm, dtype: torch.dtype, temperature: float, vocab_size: int,
                  tp_group: Any, tp_size: int, chunk_elements: int) -> torch.Tensor:
     """``z / T`` of every position over the whole (unpadded) vocabulary, ``[b, s, V]`` in ``dtype``:
     a chunk of rows at a time (row counts multiples of :data:`GEMM_ROWS`, as the logprob head's),
@@ -64,7 +69,7 @@ def _full_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
 
     seq, batch, size = hidden.shape
     rows = hidden.transpose(0, 1).reshape(batch * seq, size)
-    n, local = rows.shape[0], weight.shape[0]
+    n, local = rows.shape[0], gemm.weight.shape[0]
     out = torch.empty((n, vocab_size), dtype=dtype, device=rows.device)
     step = max(GEMM_ROWS, chunk_elements // max(1, local * tp_size) // GEMM_ROWS * GEMM_ROWS)
     scale = 1.0 / float(temperature)
@@ -73,7 +78,7 @@ def _full_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
         part = rows[r0:r1]
         if part.shape[0] % GEMM_ROWS:
             part = torch.cat([part, part.new_zeros((round_up(r1 - r0, GEMM_ROWS) - (r1 - r0), size))])
-        logits = torch.matmul(part, weight.t())[: r1 - r0].float()
+        logits = gemm(part)[: r1 - r0]
         if scale != 1.0:
             logits.mul_(scale)
         if tp_size > 1:

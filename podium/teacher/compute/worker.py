@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from podium.config.teacher_keys import Fp32LmHead
 from podium.faults import faults
 from podium.net import find_free_port
 from podium.protocol.names import TARGET_RANK, TOPK_LOGITS, TOPK_LOGPROBS
@@ -124,9 +125,11 @@ class TeacherWorker:
         teacher_name: str = "teacher",
         dist_timeout_s: float = 600.0,
         revision: str | None = None,
+        fp32_lm_head: Fp32LmHead = False,
     ) -> RankInfo:
         """Initialise parallel state, build and load the model stage (a hub id: its snapshot
-        ``revision``, the plan's pin); return this rank's :class:`RankInfo`."""
+        ``revision``, the plan's pin) and, on the last stage, the head (its output GEMM's logits in
+        fp32 by ``fp32_lm_head``); return this rank's :class:`RankInfo`."""
         import torch
 
         from podium.teacher.cpu.cuda_shims import apply_cuda_shims
@@ -144,13 +147,13 @@ class TeacherWorker:
             checkpoint, parallel, precision, overrides, hf_config=hf_config,
             where=f"teacher {teacher_name!r} megatron_cfg_overrides", revision=revision,
         )
-        self._place(loaded)
+        self._place(loaded, fp32_lm_head)
         self._ready = True
         self._info = self._rank_info(loaded, shims, time.perf_counter() - started)
         logger.info("rank %d ready: %s", self.rank, self._info)
         return self._info
 
-    def _place(self, loaded: Any) -> None:
+    def _place(self, loaded: Any, fp32_lm_head: Fp32LmHead = False) -> None:
         """This rank's model stage, its place in every parallel group, and (last stage) its head."""
         import torch
         from megatron.core import parallel_state
@@ -174,7 +177,7 @@ class TeacherWorker:
         if self.is_last:
             self.head = LogprobHead(vocab_size=self.desc.vocab_size,
                                     tp_group=parallel_state.get_tensor_model_parallel_group(),
-                                    tp_rank=self.tp_rank, tp_size=self.tp_size)
+                                    tp_rank=self.tp_rank, tp_size=self.tp_size, fp32_lm_head=fp32_lm_head)
             self.head.install(self.model)
         self.seq_multiple = 2 * self.cp_size if self.cp_size > 1 else 1
 
