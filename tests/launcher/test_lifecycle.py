@@ -78,6 +78,22 @@ def test_lifecycle_publishes_ready_heartbeats_drains_and_says_stopped(tmp_path: 
     assert final.status is Status.STOPPED and "stop.request" in (final.reason or "")
     assert final.final is False and final.will_retry is False
     assert final.timings["draining"] <= final.timings["stopped"]
+    assert final.stopped_for_good()  # podium down: a caller fails at once
+
+
+def test_a_job_the_scheduler_requeues_is_not_stopped_for_good(tmp_path: Path) -> None:
+    """``scontrol requeue``: the generation asks for no requeue (Slurm does it), yet its teacher comes
+    back, and the record says so; a caller waits for the next generation instead of failing."""
+    layout, _ = make_run(tmp_path, [MATH], default_alias="math")
+    files = TeacherFiles.of(layout.run_dir, MATH.name, MATH.key)
+    spec = SPEC.model_copy(update={"key": MATH.key})
+    lifecycle = TeacherLifecycle(spec, files, Generation(28, 1), Signals())
+    lifecycle.publish(Status.LOADING)
+    lifecycle.end("stopped", "requeued by Slurm (SIGTERM)", Decision(False, False, 0.0, "stopped"), RestartLedger(),
+                  comes_back=True)
+    record = read_record(files.endpoint)
+    assert record.status is Status.STOPPED and record.will_retry is True and record.final is False
+    assert not record.stopped_for_good()
 
 
 

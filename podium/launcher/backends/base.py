@@ -90,7 +90,10 @@ class NodeContext:
         return Generation(int(self.job_id), self.restart)
 
 
-URGENT_KINDS = frozenset({"requeued", "cancel", "fault"})
+# The scheduler requeues the job itself (``scontrol requeue``): this generation does not ask for the
+# next one, yet the next one comes; its record says so (``will_retry``).
+REQUEUED_BY_SCHEDULER = "requeued"
+URGENT_KINDS = frozenset({REQUEUED_BY_SCHEDULER, "cancel", "fault"})
 
 
 @dataclass(frozen=True)

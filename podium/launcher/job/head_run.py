@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podium.launcher.backends.base import REQUEUED_BY_SCHEDULER
 from podium.launcher.common import procs
 from podium.launcher.common.node_files import HeadFile, NodeStatus, try_read_node_state, write_head
 from podium.launcher.common.ray_ports import RayStartError, node_ip
@@ -96,7 +97,9 @@ def end_generation(node: NodeRun, lifecycle: TeacherLifecycle, error: BaseExcept
         ledger.write(node.files)
     except OSError as exc:
         logger.error("could not write %s: %s", node.files.restarts, exc)
-    lifecycle.end(outcome, reason, decision, ledger)
+    # Slurm requeuing the job itself: podium asks for nothing, but the teacher does come back
+    comes_back = decision.requeue or (intent is not None and intent.kind == REQUEUED_BY_SCHEDULER)
+    lifecycle.end(outcome, reason, decision, ledger, comes_back=comes_back)
     return Ending(decision, ledger)
 
 

@@ -116,13 +116,17 @@ class TeacherLifecycle:
             self._server.set_ready(False, reason)
         self.signals.request_stop(reason, kind="fault", requeue=True)
 
-    def end(self, outcome: str, reason: str, decision: Decision, ledger: RestartLedger) -> None:
+    def end(self, outcome: str, reason: str, decision: Decision, ledger: RestartLedger, *,
+            comes_back: bool | None = None) -> None:
         """Publish how the generation ended: ``failed`` (with the restart decision, so a reader
-        knows whether it comes back) or ``stopped`` (with why, and whether it requeues)."""
+        knows whether it comes back) or ``stopped`` (with why, and whether it requeues).
+        ``comes_back`` (default: the decision's requeue) is what ``will_retry`` says: a job the
+        scheduler requeues itself comes back though this generation does not ask for it."""
         restart = RestartInfo(**decision.to_json(), consecutive_failures=ledger.consecutive_failures,
                               requeues=ledger.requeues,
                               max_consecutive_failures=self.spec.launcher.restart.max_consecutive_failures)
-        fields = {"final": decision.final, "will_retry": decision.requeue, "restart": restart}
+        fields = {"final": decision.final, "will_retry": decision.requeue if comes_back is None else comes_back,
+                  "restart": restart}
         if outcome == "failed":
             text = f"{reason} ({decision.why})"
             self.publish(Status.FAILED, reason=text[:2000], best_effort=True, **fields)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from podium.config.spec import TeacherSpec
-from podium.launcher.backends.base import JobEnvironment, NodeContext, StopIntent, host_name
+from podium.launcher.backends.base import REQUEUED_BY_SCHEDULER, JobEnvironment, NodeContext, StopIntent, host_name
 from podium.launcher.common.slurm_state import show_job, slurm_time
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class SlurmEnvironment(JobEnvironment):
                     info.get("EndTime"), "unknown" if end is None else f"in {end - now:.0f}s")
         until = (end - STOP_MARGIN_S) if end is not None else now
         if int(info.get("Restarts") or 0) > ctx.restart:
-            return StopIntent("requeued", False, now, "requeued by Slurm")
+            return StopIntent(REQUEUED_BY_SCHEDULER, False, now, "requeued by Slurm")
         if slurm_time(info.get("PreemptTime")) is not None:
             return StopIntent("preempt", True, until, "preempted")
         near_end = end is not None and end - now <= spec.launcher.slurm.signal_lead_s + TIME_LIMIT_SLACK_S
