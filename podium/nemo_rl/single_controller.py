@@ -12,13 +12,14 @@ Owns :func:`single_controller_teachers`, the context manager under which those t
 for podium's run instead (restored after the block): no node is subtracted, no placement group
 reserved (one :class:`NoCluster` per teacher stands for its cluster), and the groups are
 :class:`~podium.nemo_rl.tq_group.RemoteTQTeacherGroup` facades of the run's ready teachers;
-and :func:`single_controller_groups`, which builds them from a master config.
+and :func:`single_controller_groups`, which builds them from a master config and, with
+``on_policy_distillation.full.enabled``, refuses at setup a payload a teacher does not offer
+(:func:`check_payload_offered`: its metadata's ``payloads`` entry says why).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 from podium.client.options import ClientOptions
 from podium.nemo_rl.tq_group import FullPayload, RemoteTQTeacherGroup, nemo_rl_data_plane_client
 from podium.nemo_rl.wiring import MAPPING_KEY, SECTION, NemoRLWiringError, _plain, ready_teachers
+from podium.protocol.names import HIDDEN_STATES, PAYLOAD_DATATYPE, PAYLOAD_DATATYPES
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +69,23 @@ def _policy_section(master_config: Any) -> dict[str, Any]:
     return _plain(policy) if policy is not None else {}
 
 
-def _check_payload_served(full: FullPayload | None) -> None:
-    """Refuse full-vocabulary MOPD while podium's client cannot ask for the payload."""
-    from podium.protocol.query import ask
-
-    if full is not None and "payload_datatype" not in inspect.signature(ask).parameters:
-        raise NemoRLWiringError(f"{SECTION}.full.enabled: this podium's teachers do not serve full-vocabulary "
-                                f"payloads ({full.payload}) yet; set {SECTION}.full.enabled=false")
+def check_payload_offered(alias: str, metadata: Mapping[str, Any], full: FullPayload) -> None:
+    """Refuse full-vocabulary MOPD at setup where teacher ``alias`` (its model ``metadata``) does not
+    offer ``full``'s payload in its dtype, with the teacher's reason (a teacher whose logits are not
+    ``output_layer(h)`` refuses hidden states: the student would rebuild the wrong distribution)."""
+    podium = metadata.get("podium") or {}
+    payloads = podium.get("payloads")
+    where = f"{SECTION}.full (teacher_payload={full.payload}, payload_dtype={full.dtype})"
+    if not isinstance(payloads, Mapping):
+        raise NemoRLWiringError(f"{where}: teacher {alias!r} serves no full-vocabulary payloads (its podium "
+                                "predates them); restart the run's teachers with this podium")
+    refusal = payloads.get("hidden_states_refused")
+    if full.payload == HIDDEN_STATES and refusal:
+        raise NemoRLWiringError(f"{where}: teacher {alias!r} refuses hidden states: {refusal}; set "
+                                f"{SECTION}.full.teacher_payload=logits")
+    offered = (podium.get("parameters") or {}).get(PAYLOAD_DATATYPE, list(PAYLOAD_DATATYPES))
+    if full.datatype not in offered:
+        raise NemoRLWiringError(f"{where}: teacher {alias!r} offers payloads in {', '.join(offered)} only")
 
 
 def single_controller_groups(
@@ -92,7 +104,6 @@ def single_controller_groups(
     opd_cfg = _opd_section(master_config)
     policy = dict(policy_config) if policy_config is not None else _policy_section(master_config)
     full = FullPayload.of(policy, opd_cfg)
-    _check_payload_served(full)
     models, alias_to_group_alias, used = ready_teachers(rendezvous_path, opd_cfg, ready_timeout_s=ready_timeout_s,
                                                         options=options)
     checkpoints = {alias: str(opd_cfg[MAPPING_KEY][alias]) for alias in models}
@@ -104,6 +115,9 @@ def single_controller_groups(
                                     data_plane_client=data_plane_client, options=used, model=model)
         for alias, model in models.items()
     }
+    if full is not None:
+        for alias, group in groups.items():
+            check_payload_offered(alias, group.teacher().metadata(), full)
     return groups, alias_to_group_alias
 
 

@@ -13,7 +13,11 @@ NeMo RL reads                                      a podium teacher answers
 in a thread, one call at a time per group)         ``meta`` (pad rows included) from the data plane, asks the
                                                    teacher, writes ``teacher_reference_logprobs`` (float32,
                                                    0 at 0, cut to each row's length) and, with
-                                                   ``full.enabled``, the payload + ``opd_full_teacher_index``;
+                                                   ``full.enabled``, from the same request, the payload
+                                                   (``teacher_full_hidden_states`` [N,S,H] |
+                                                   ``teacher_full_logits`` [N,S,V] in ``payload_dtype``, cut
+                                                   likewise) + for hidden states ``opd_full_teacher_index``
+                                                   (int64 [N], per sample: ``teacher_index``);
                                                    returns None; raises on any failure (a teacher stopped for
                                                    good at once: :class:`~podium.client.TeacherStoppedError`)
 ``sharding_annotations.get_axis_size(...)``        the teacher's layout (its data-parallel size: the
@@ -38,6 +42,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from podium.nemo_rl import tq_wire
 from podium.nemo_rl.worker_group import RemoteTeacherWorkerGroup
@@ -68,16 +74,19 @@ class FullPayload:
     field: str
     index_field: str | None
 
+    @property
+    def datatype(self) -> str:
+        """The wire's name of :attr:`dtype` (``payload_datatype``)."""
+        return PAYLOAD_DATATYPES[self.dtype]
+
     @classmethod
     def of(cls, policy_config: Mapping[str, Any], opd_cfg: Mapping[str, Any]) -> FullPayload | None:
-        """From what NeMo RL's teacher reads (``policy_config["on_policy_distillation_full"]``),
-        else the recipe's ``on_policy_distillation.full`` with NeMo RL's defaults; None when off."""
-        resolved = policy_config.get(FULL_CONFIG_KEY)
-        if resolved:
-            return cls(resolved["teacher_payload"], resolved["payload_dtype"], resolved["payload_field"],
-                       resolved.get("teacher_index_field"))
-        full = opd_cfg.get("full") or {}
-        if not full.get("enabled"):
+        """From what NeMo RL's teacher reads (``policy_config["on_policy_distillation_full"]``, which
+        its setup resolves from the recipe), else the recipe's ``on_policy_distillation.full`` with
+        NeMo RL's defaults (``OnPolicyDistillationFullConfig``); None when off."""
+        resolved = policy_config.get(FULL_CONFIG_KEY) or {}
+        full = resolved or opd_cfg.get("full") or {}
+        if not resolved and not full.get("enabled"):
             return None
         payload = full.get("teacher_payload", "hidden_states")
         if payload not in PAYLOAD_FIELDS:
@@ -87,7 +96,11 @@ class FullPayload:
         if dtype not in PAYLOAD_DATATYPES:
             raise ValueError(f"on_policy_distillation.full.payload_dtype: {dtype!r} is not one of "
                              f"{sorted(PAYLOAD_DATATYPES)}")
-        return cls(payload, dtype, PAYLOAD_FIELDS[payload], TEACHER_INDEX_FIELD if payload == "hidden_states" else None)
+        # NeMo RL's opd_full_payload_field / opd_full_teacher_index_field: only hidden states need the
+        # teacher's index (the student picks the LM head that projects the row by it)
+        index_field = TEACHER_INDEX_FIELD if payload == "hidden_states" else None
+        return cls(payload, dtype, resolved.get("payload_field", PAYLOAD_FIELDS[payload]),
+                   resolved.get("teacher_index_field", index_field))
 
 
 class RemoteTQTeacherGroup(RemoteTeacherWorkerGroup):
@@ -153,28 +166,26 @@ class RemoteTQTeacherGroup(RemoteTeacherWorkerGroup):
             out = self.teacher().get_logprobs_arrays(ids, lengths, outputs=(LOGPROBS,))
         else:
             out = self._with_payload(ids, lengths, per_token)
-            if self.full.index_field is not None:
-                import numpy as np
-
+            if self.full.index_field is not None:  # one teacher per group: its index on every row
                 per_sample[self.full.index_field] = np.full(len(lengths), self.teacher_index, dtype=np.int64)
         per_token[TEACHER_LOGPROBS_FIELD] = out[LOGPROBS]
         tq_wire.write_columns(client, meta, lengths.tolist(), per_token, per_sample)
 
-    # FULL-VOCABULARY BRANCH: written against the API the `full-vocab` branch is adding to podium's
-    # protocol and client (`ask(outputs=[...], payload_datatype=...)`, `TeacherClient.infer(...)[name]`);
-    # untested until that lands (see podium.nemo_rl.single_controller, which refuses full.enabled
-    # while podium.protocol.names has no such output).
-    def _with_payload(self, ids: Any, lengths: Any, per_token: dict[str, Any]) -> dict[str, Any]:
-        """One request for the logprobs and the payload; the payload goes into ``per_token`` as a
-        torch tensor of the asked dtype."""
+    def _with_payload(self, ids: np.ndarray, lengths: np.ndarray, per_token: dict[str, Any]) -> dict[str, Any]:
+        """One request for the logprobs and the payload (the teacher computes both from one
+        forward); the payload goes into ``per_token`` as the torch tensor of the asked dtype the
+        client hands over (``[N, S, D]``, 0 past each length: cut to the lengths on the way out)."""
         import torch
 
         from podium.protocol.query import ask
 
         assert self.full is not None
-        options: dict[str, Any] = {"outputs": [LOGPROBS, self.full.payload],
-                                   "payload_datatype": PAYLOAD_DATATYPES[self.full.dtype]}
-        query = ask(**options)
-        out = self.teacher().infer(ids, lengths, query)
-        per_token[self.full.field] = torch.as_tensor(out[self.full.payload]).to(getattr(torch, self.full.dtype))
+        out = self.teacher().infer(ids, lengths, ask(outputs=[LOGPROBS, self.full.payload],
+                                                     payload_datatype=self.full.datatype))
+        payload = torch.as_tensor(out[self.full.payload])
+        want = getattr(torch, self.full.dtype)
+        if payload.dtype != want or tuple(payload.shape[:2]) != ids.shape:
+            raise RuntimeError(f"teacher {self.alias!r}: {self.full.payload} came back {payload.dtype} "
+                               f"{list(payload.shape)}; asked {want} for input_ids {list(ids.shape)}")
+        per_token[self.full.field] = payload
         return out

@@ -30,9 +30,10 @@ SC_ROLLOUT_SCHEMA_FIELDS = (  # data_plane/schema.py:41-46 (7e7d721) + the full-
     "advantages", "token_mask", "sample_mask", "prompt_ids_for_adv", "total_reward",
     "teacher_reference_logprobs", "teacher_full_hidden_states", "teacher_full_logits", "opd_full_teacher_index",
 )
-TOKEN_ALIGNED_FIELDS = frozenset({  # data_plane/column_io.py:37-49
+OPD_FULL_FIELDS = ("teacher_full_hidden_states", "teacher_full_logits")  # data_plane/schema.py (0054c4e)
+TOKEN_ALIGNED_FIELDS = frozenset({  # data_plane/column_io.py:37-49 (+ OPD_FULL_FIELDS, 0054c4e)
     "input_ids", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs", "teacher_reference_logprobs",
-    "advantages", "token_mask", "sample_mask",
+    *OPD_FULL_FIELDS, "advantages", "token_mask", "sample_mask",
 })
 DP_CFG = {"enabled": True, "impl": "transfer_queue", "backend": "simple", "storage_capacity": 4096,
           "num_storage_units": 1, "claim_meta_poll_interval_s": 0.05}
@@ -102,6 +103,7 @@ class TQDataPlaneClient:
         else:
             tq.init()
         self.calls: list[tuple[str, list[str]]] = []  # (method, sample ids): what this process's client did
+        self.put_fields: list[tuple[list[str], list[str]]] = []  # (sample ids, field names) of each put
 
     def register_partition(self, partition_id: str, fields: Sequence[str], **_: Any) -> None:
         """``transfer_queue.py:446-490``: one placeholder put of every field name, then cleared."""
@@ -113,6 +115,7 @@ class TQDataPlaneClient:
     def put_samples(self, sample_ids: list[str], partition_id: str, fields: TensorDict | None = None,
                     tags: list[dict[str, Any]] | None = None) -> None:
         self.calls.append(("put_samples", list(sample_ids)))
+        self.put_fields.append((list(sample_ids), [] if fields is None else [str(k) for k in fields.keys()]))  # noqa: SIM118 (a TensorDict iterates its batch)
         tq.kv_batch_put(keys=list(sample_ids), partition_id=partition_id,
                         fields=None if fields is None else fields.detach(),
                         tags=[{} for _ in sample_ids] if tags is None else [dict(t) for t in tags])
@@ -219,6 +222,13 @@ class Coordinator:
         self.client, self.groups, self.alias_to_group_alias = client, dict(groups), dict(alias_to_group_alias)
         self.opd_cfg = dict(opd_cfg)
         self.locks = {alias: asyncio.Lock() for alias in self.groups}
+        # 0054c4e: with full.enabled the teacher also writes its payload (+ the teacher index for hidden
+        # states: opd_full_payload_field / opd_full_teacher_index_field), which the training fetch reads
+        full = self.opd_cfg.get("full") or {}
+        self.enriched = ["teacher_reference_logprobs"]
+        if full.get("enabled"):
+            hidden = full.get("teacher_payload", "hidden_states") == "hidden_states"
+            self.enriched += [OPD_FULL_FIELDS[0], "opd_full_teacher_index"] if hidden else [OPD_FULL_FIELDS[1]]
         self.calls: list[tuple[str, list[str]]] = []  # (group, sample ids it was given)
 
     def resolve(self, agent_name: str) -> str:
@@ -260,7 +270,7 @@ class Coordinator:
         group_alias = self.resolve(agent_name)
         async with self.locks[group_alias]:
             await asyncio.to_thread(self.enrich_sync, meta, group_alias)
-        return meta.with_fields(["teacher_reference_logprobs"])
+        return meta.with_fields(self.enriched)
 
 
 class SingleControllerActor:

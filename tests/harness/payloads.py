@@ -45,13 +45,13 @@ def hf_full_logits(checkpoint: Path | str, ids: Any, lengths: Any, temperature: 
     return logits * _valid(lengths, ids.shape[1])[..., None]
 
 
-def lm_head_logprobs(checkpoint: Path | str, hidden: torch.Tensor, ids: Any) -> torch.Tensor:
-    """NeMo RL's convention of logprobs rebuilt from hidden states: ``log_softmax(lm_head(h))`` at
-    position ``i - 1`` read at token ``i`` (position 0: 0; the caller masks the padding)."""
+def lm_head_logprobs(checkpoint: Path | str, hidden: torch.Tensor, ids: Any, temperature: float = 1.0) -> torch.Tensor:
+    """NeMo RL's convention of logprobs rebuilt from hidden states: ``log_softmax(lm_head(h) / T)``
+    at position ``i - 1`` read at token ``i`` (position 0: 0; the caller masks the padding)."""
     head = _load_hf_model(str(checkpoint)).get_output_embeddings().weight.float()
     ids = torch.as_tensor(ids, dtype=torch.long)
     with torch.no_grad():
-        logsm = torch.log_softmax(hidden.float() @ head.t(), dim=-1)
+        logsm = torch.log_softmax(hidden.float() @ head.t() / float(temperature), dim=-1)
     out = torch.zeros(ids.shape, dtype=torch.float32)
     out[:, 1:] = logsm[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     return out

@@ -7,11 +7,14 @@ teachers (the shared Megatron groups, CPU/gloo), checked against HF transformers
   reserved, podium's facades with NeMo RL's aliases, indices and checkpoints;
 - the facades pickled into a Ray actor (as into the SingleController actor) answer every row of
   each prompt group there, the coordinator's DP pad rows included, into TransferQueue;
-- a teacher that ``podium down`` stopped fails the call at once, naming it.
+- a teacher that ``podium down`` stopped fails the call at once, naming it;
+- with ``on_policy_distillation.full.enabled``, the hidden states (or logits) and the teacher index
+  beside the logprobs, against transformers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import types
@@ -27,6 +30,7 @@ import torch
 from fixtures.checkpoints import hf_oracle_logprobs, random_batch
 from fixtures.groups import LLAMA_DP2_TEMPERATURE
 from harness.lifecycle import Teacher
+from harness.payloads import assert_payload_matches, hf_full_logits, hf_hidden_states, lm_head_logprobs
 from harness.run import LLAMA, QWEN, TeacherDef, make_run
 
 import podium.nemo_rl as pnr
@@ -199,3 +203,91 @@ def test_a_teacher_podium_down_stopped_fails_the_call_at_once_naming_it(
     with pytest.raises(TeacherStoppedError, match=r"teacher 'llama' .* generation 4000:0 was stopped at"):
         coordinator.enrich_sync(meta, "math")
     assert time.monotonic() - started < 30  # not the call's 30-minute deadline
+
+
+def with_full(master_config: dict[str, Any], **full: Any) -> dict[str, Any]:
+    """``master_config`` with ``on_policy_distillation.full`` enabled (NeMo RL's keys)."""
+    return {**master_config, "on_policy_distillation": {**master_config["on_policy_distillation"],
+                                                        "full": {"enabled": True, **full}}}
+
+
+def enrich_in_the_coordinator(config: dict[str, Any], groups: dict[str, Any], alias_to_group_alias: dict[str, str],
+                              data_plane: sc.TQDataPlaneClient, prompt_groups: list[tuple[str, list[int]]],
+                              prefix: str) -> list[tuple[sc.KVBatchMeta, dict[str, torch.Tensor], str]]:
+    """The rollout's first put of each prompt group, then NeMo RL's coordinator enriching them all
+    at once (in this process: the actor's pickling is covered above); ``(meta, batch, agent)``."""
+    out = []
+    for n, (agent, lengths) in enumerate(prompt_groups):
+        batch = random_batch(256, lengths, seq_len=16, seed=70 + n)
+        batch = {"input_ids": batch["input_ids"], "input_lengths": batch["input_lengths"],
+                 "sample_mask": torch.ones(len(lengths))}
+        meta = sc.kv_first_write(batch, sample_ids=[f"{prefix}{n}_g{i}" for i in range(len(lengths))],
+                                 client=data_plane, partition_id=PARTITION)
+        out.append((meta, batch, agent))
+    coordinator = sc.Coordinator(data_plane, groups, alias_to_group_alias, config["on_policy_distillation"])
+
+    async def all_groups() -> list[sc.KVBatchMeta]:
+        return await asyncio.gather(*(coordinator.enrich(meta, agent) for meta, _, agent in out))
+
+    enriched = asyncio.run(all_groups())
+    assert all(set(coordinator.enriched) <= set(meta.fields or []) for meta in enriched)
+    return out
+
+
+def teacher_of(agent: str, llama: Path, qwen: Path) -> tuple[Path, float]:
+    return (qwen, 1.0) if agent == "chat" else (llama, LLAMA_DP2_TEMPERATURE)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_full_enabled_writes_hidden_states_and_the_teacher_index_beside_the_logprobs(
+        sc_run: Path, master_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        data_plane: sc.TQDataPlaneClient, tiny_llama_checkpoint: Path, tiny_qwen2_checkpoint: Path, dtype: str) -> None:
+    """NeMo RL's ``full.enabled`` with ``teacher_payload: hidden_states``: the HF model's
+    ``output_hidden_states[-1]`` in ``payload_dtype`` under every row's id (DP pad row included,
+    then cleared), ``log_softmax(lm_head(h) / T)`` at the next token = the logprobs written beside
+    it, and the group's ``teacher_index`` per row."""
+    config = with_full(master_config, teacher_payload="hidden_states", payload_dtype=dtype)
+    _, groups, alias_to_group_alias = sc_setup(sc_run, config, monkeypatch)
+    datatype = pnr.tq_group.PAYLOAD_DATATYPES[dtype]
+    written = enrich_in_the_coordinator(config, groups, alias_to_group_alias, data_plane,
+                                        [("math", [7, 12, 4]), ("chat", [5, 14, 8])], prefix=f"hs_{dtype}_")
+    puts = [(ids, fields) for ids, fields in groups["math"].data_plane().put_fields]
+    (pad,) = [s for ids, fields in puts for s in ids if "__teacher_pad_" in s]
+    assert any(pad in ids and "teacher_full_hidden_states" in fields for ids, fields in puts)  # pad row covered
+    assert not any("__teacher_pad_" in s for s in tq_keys())  # and cleared
+    for meta, batch, agent in written:
+        ckpt, temperature = teacher_of(agent, tiny_llama_checkpoint, tiny_qwen2_checkpoint)
+        got = sc.read_columns(data_plane, meta, ["teacher_reference_logprobs", "teacher_full_hidden_states",
+                                                 "opd_full_teacher_index"])
+        width, lengths = int(batch["input_lengths"].max()), batch["input_lengths"]
+        ids = batch["input_ids"][:, :width]
+        hidden, logprobs = got["teacher_full_hidden_states"], got["teacher_reference_logprobs"]
+        expected = hf_hidden_states(ckpt, ids, lengths)
+        assert_payload_matches(hidden, expected, lengths, datatype)
+        np.testing.assert_allclose(logprobs.numpy(), hf_oracle_logprobs(ckpt, ids, lengths, temperature).numpy(),
+                                   atol=ATOL, err_msg=agent)
+        valid = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        rebuilt = lm_head_logprobs(ckpt, hidden, ids, temperature) * valid
+        # at fp32 the payload reproduces the logprobs; at bf16, to the payload's precision
+        np.testing.assert_allclose(rebuilt.numpy(), logprobs.numpy(), atol=ATOL if dtype == "float32" else 0.05,
+                                   err_msg=agent)
+        group = groups[alias_to_group_alias[agent]]
+        index = got["opd_full_teacher_index"]
+        assert index.dtype == torch.int64 and index.tolist() == [group.teacher_index] * len(meta.sample_ids), agent
+
+
+def test_full_enabled_with_logits_writes_the_full_vocabulary_logits(
+        sc_run: Path, master_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        data_plane: sc.TQDataPlaneClient, tiny_llama_checkpoint: Path) -> None:
+    """``teacher_payload: logits``: ``z / T`` over the whole vocabulary, fp32, no teacher index
+    (NeMo RL's ``opd_full_teacher_index_field`` is None for logits)."""
+    config = with_full(master_config, teacher_payload="logits", payload_dtype="float32")
+    _, groups, alias_to_group_alias = sc_setup(sc_run, config, monkeypatch)
+    ((meta, batch, _),) = enrich_in_the_coordinator(config, groups, alias_to_group_alias, data_plane,
+                                                    [("code", [6, 11, 3])], prefix="lg_")
+    got = sc.read_columns(data_plane, meta, ["teacher_reference_logprobs", "teacher_full_logits"])
+    width, lengths = int(batch["input_lengths"].max()), batch["input_lengths"]
+    ids = batch["input_ids"][:, :width]
+    expected = hf_full_logits(tiny_llama_checkpoint, ids, lengths, LLAMA_DP2_TEMPERATURE)
+    assert_payload_matches(got["teacher_full_logits"], expected, lengths, "FP32")
+    assert not any("opd_full_teacher_index" in fields for _, fields in groups["math"].data_plane().put_fields)
