@@ -36,10 +36,12 @@ import numpy as np
 from podium.protocol.oip import brief
 from podium.protocol.scoring import (
     FieldError,
+    RawJSON,
     RowAnswer,
     ScoringCall,
     TokenNames,
     dumps,
+    format_rows,
     int_field,
     json_list,
     json_logprob,
@@ -150,25 +152,39 @@ def _choice(form: CompletionForm, index: int, answer: RowAnswer, names: TokenNam
     }
 
 
-def _prompt_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> Any:
-    """vLLM's ``prompt_logprobs``: ``null``, then per position the own token and the top k."""
+def _prompt_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> RawJSON:
+    """vLLM's ``prompt_logprobs``: ``null``, then per position a map holding the prompt's own token
+    first, then the top k (the own token once: left out of the top k where it is among them)."""
     k = form.prompt_logprobs or 0
-    ids, lps = answer.ids.tolist(), answer.logprobs.tolist()
-    ranks = answer.ranks.tolist() if answer.ranks is not None else [None] * len(ids)
-    top_ids = answer.top_ids[:, :k].tolist() if k and answer.top_ids is not None else None
-    top_lps = answer.top_logprobs[:, :k].tolist() if k and answer.top_logprobs is not None else None
-    out: list[Any] = [None]
-    for i in range(1, len(ids)):
-        own = ids[i]
-        entry = {str(own): {"logprob": json_logprob(lps[i]), "rank": ranks[i],
-                            "decoded_token": names.name(own, form.as_ids)}}
-        if top_ids is not None and top_lps is not None:
-            for j, (tid, tlp) in enumerate(zip(top_ids[i], top_lps[i], strict=True)):
-                if tid != own:
-                    entry[str(tid)] = {"logprob": json_logprob(tlp), "rank": j + 1,
-                                       "decoded_token": names.name(tid, form.as_ids)}
-        out.append(entry)
-    return json_list(out)
+    ids = answer.ids[1:, None]
+    ranks = answer.ranks[1:, None] if answer.ranks is not None else np.full(ids.shape, "null", dtype=object)
+    own = [ids, answer.logprobs[1:, None], ranks]
+    texts = np.empty(len(ids), dtype=object)
+    if not (k and answer.top_ids is not None and answer.top_logprobs is not None):
+        texts[:] = _entries(own, names, form.as_ids)
+        return RawJSON("[" + ",".join(["null", *texts.tolist()]) + "]")
+    top_ids = answer.top_ids[1:, :k]
+    top = [top_ids, answer.top_logprobs[1:, :k], np.broadcast_to(np.arange(1, top_ids.shape[1] + 1), top_ids.shape)]
+    twice = top_ids == ids  # the own token among the top k: written once, first
+    apart = ~twice.any(axis=1)
+    texts[apart] = _entries([np.concatenate([o[apart], t[apart]], axis=1) for o, t in zip(own, top, strict=True)],
+                            names, form.as_ids)
+    among = ~apart
+    others = np.argsort(twice[among], axis=1, kind="stable")[:, :top_ids.shape[1] - 1]  # the rest, in order
+    texts[among] = _entries([np.concatenate([o[among], np.take_along_axis(t[among], others, axis=1)], axis=1)
+                             for o, t in zip(own, top, strict=True)], names, form.as_ids)
+    return RawJSON("[" + ",".join(["null", *texts.tolist()]) + "]")
+
+
+def _entries(columns: list[np.ndarray], names: TokenNames, as_ids: bool) -> list[str]:
+    """Each row's ``{"<id>":{"logprob":..,"rank":..,"decoded_token":..},...}`` (vLLM's ``Logprob`` by id)."""
+    if not len(columns[0]):
+        return []
+    if as_ids or names.tokenizer is None:  # the name is the id again: no per-token work
+        return format_rows('"%d":{"logprob":%r,"rank":%s,"decoded_token":"token_id:%d"}', [*columns, columns[0]],
+                           open_="{", close="}")
+    text = np.array(names.json_names(columns[0].ravel().tolist()), dtype=object).reshape(columns[0].shape)
+    return format_rows('"%d":{"logprob":%r,"rank":%s,"decoded_token":%s}', [*columns, text], open_="{", close="}")
 
 
 def _legacy_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> dict[str, Any]:

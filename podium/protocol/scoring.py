@@ -16,7 +16,11 @@ The fronts' rules, each here once:
 - **the next token** (``max_tokens: 1``): the most likely token after the prompt, the argmax of the
   last position's distribution; the row is sent one placeholder id longer so that distribution is
   computed (podium computes a position's distribution only for a token that follows it);
-- **logprobs as JSON**: ``-inf`` becomes :data:`MIN_JSON_LOGPROB`, vLLM's floor (JSON has no infinity).
+- **logprobs as JSON**: ``-inf`` becomes :data:`MIN_JSON_LOGPROB`, vLLM's floor (JSON has no infinity);
+  each is written as ``json.dumps`` writes the float (it parses back to the teacher's float32). The
+  long per-position parts of an answer are built as JSON text, one ``%`` format per position over
+  whole arrays (:func:`format_rows`, :meth:`TokenNames.json_names`): building nested dicts for
+  ``json.dumps`` cost several times more, and it is what bounds a front's tokens/s.
 """
 
 from __future__ import annotations
@@ -148,6 +152,28 @@ def json_logprob(value: float) -> float:
     return value if value > MIN_JSON_LOGPROB else MIN_JSON_LOGPROB
 
 
+def json_values(values: np.ndarray) -> np.ndarray:
+    """``values`` ready to be written as JSON: logprobs (floats) floored as :func:`json_logprob`
+    does, as float64 (their Python floats print as ``json.dumps`` prints them); ids as they are."""
+    if np.issubdtype(values.dtype, np.floating):
+        return np.where(values > MIN_JSON_LOGPROB, values, MIN_JSON_LOGPROB).astype(np.float64)
+    return values
+
+
+def format_rows(entry: str, columns: Sequence[np.ndarray], *, open_: str = "[", close: str = "]") -> list[str]:
+    """One JSON text per row: ``open_``, ``entry`` once per column of the row (comma-separated),
+    ``close``. ``entry`` is a ``%`` format whose fields take one value of each of ``columns`` (each
+    ``[rows, width]``; a float as ``%r``: what ``json.dumps`` writes, see :func:`json_values`).
+    One format per row, its fields filled in C: the per-entry Python work of building dicts for
+    ``json.dumps`` is what bounded a front's tokens/s."""
+    rows, width = columns[0].shape
+    args = np.empty((rows, width, len(columns)), dtype=object)
+    for at, column in enumerate(columns):
+        args[:, :, at] = json_values(column)  # numpy writes Python ints / floats / strs into the object array
+    template = open_ + ",".join([entry] * width) + close
+    return [template % tuple(row) for row in args.reshape(rows, -1).tolist()]
+
+
 def int_field(body: Mapping[str, Any], field: str, default: int | None = None, *, lo: int | None = None,
               hi: int | None = None, bool_as_int: bool = False) -> int | None:
     """``body[field]`` as an integer in ``lo..hi`` (None / absent: ``default``); a :class:`FieldError`
@@ -209,6 +235,7 @@ class TokenNames:
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._json: dict[int, str] = {}
 
     def name(self, token_id: int, as_ids: bool = False) -> str:
         if as_ids or self.tokenizer is None:
@@ -217,6 +244,13 @@ class TokenNames:
         if text is None:
             text = self._cache[token_id] = self.tokenizer.decode([token_id])
         return text
+
+    def json_names(self, ids: Sequence[int], as_ids: bool = False) -> list[str]:
+        """Each token's :meth:`name` as JSON text (a quoted, escaped string; the tokenizer's cached by id)."""
+        if as_ids or self.tokenizer is None:
+            return [f'"{TOKEN_ID_PREFIX}{token_id}"' for token_id in ids]
+        cache = self._json
+        return [cache.get(token_id) or cache.setdefault(token_id, json.dumps(self.name(token_id))) for token_id in ids]
 
     def text(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (empty without a tokenizer: the caller sent ids)."""

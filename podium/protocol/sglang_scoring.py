@@ -29,16 +29,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from podium.protocol.oip import brief
 from podium.protocol.scoring import (
     FieldError,
+    RawJSON,
     RowAnswer,
     ScoringCall,
     TokenNames,
     dumps,
+    format_rows,
     int_field,
-    json_list,
-    json_logprob,
     token_rows,
 )
 
@@ -157,33 +159,51 @@ def generate_response(form: GenerateForm, answers: Sequence[RowAnswer], names: T
 
 
 def _result(form: GenerateForm, b: int, answer: RowAnswer, names: TokenNames, request_id: str) -> dict[str, Any]:
-    def triple(logprob: float | None, token: int) -> list[Any]:
-        text = names.name(token) if form.text_in_logprobs else None
-        return [None if logprob is None else json_logprob(logprob), token, text]
-
     generated = [] if answer.next_id is None else [answer.next_id]
     meta: dict[str, Any] = {
         "id": form.rid if form.rid is not None and not form.batched else f"{request_id}-{b}",
         "finish_reason": {"type": "length", "length": form.max_new_tokens},
         "prompt_tokens": len(answer.ids), "completion_tokens": len(generated), "cached_tokens": 0,
     }
-    if form.return_logprob[b]:
-        ids, lps, start, k = answer.ids.tolist(), answer.logprobs.tolist(), form.start[b], form.top_k[b]
-        meta["input_token_logprobs"] = json_list([triple(None if i == 0 else lps[i], ids[i])
-                                                  for i in range(start, len(ids))])
-        top_ids = answer.top_ids.tolist() if answer.top_ids is not None else None
-        top_lps = answer.top_logprobs.tolist() if answer.top_logprobs is not None else None
-        meta["input_top_logprobs"] = json_list([
-            None if i == 0 else [triple(lp, t) for t, lp in zip(top_ids[i][:k], top_lps[i][:k], strict=True)]
-            if top_ids is not None and top_lps is not None else [] for i in range(start, len(ids))])
-        meta["output_token_logprobs"] = [triple(answer.next_logprob, t) for t in generated]
-        meta["output_top_logprobs"] = [
-            [triple(lp, t) for t, lp in zip(answer.next_top_ids.tolist()[:k], answer.next_top_logprobs.tolist()[:k],
-                                            strict=True)]
-            for _ in generated if answer.next_top_ids is not None and answer.next_top_logprobs is not None]
-        if form.call.candidates is not None and answer.candidate_logprobs is not None:
-            support, values = form.call.candidates[b], answer.candidate_logprobs.tolist()
-            meta["input_token_ids_logprobs"] = json_list([
-                None if i == 0 else [triple(lp, t) for t, lp in zip(support, values[i], strict=True)]
-                for i in range(start, len(ids))])
+    if not form.return_logprob[b]:
+        return {"text": names.text(generated), "output_ids": generated, "meta_info": meta}
+    start, k = form.start[b], form.top_k[b]
+    text = names if form.text_in_logprobs else None
+    # SGLang answers no logprob at the first answered position, whatever logprob_start_len: its
+    # triple's logprob is null, its top and given-support lists are null
+    first_id = int(answer.ids[start])
+    first = f"[null,{first_id},{'null' if text is None else text.json_names([first_id])[0]}]"
+    rest = _triples(answer.ids[start + 1:, None], answer.logprobs[start + 1:, None], text, open_="", close="")
+    meta["input_token_logprobs"] = RawJSON("[" + ",".join([first, *rest]) + "]")
+    meta["output_token_logprobs"] = RawJSON("[" + ",".join(_triples(
+        np.array([generated], dtype=np.int64).reshape(1, -1),
+        np.array([[answer.next_logprob]] if generated else [[]], dtype=np.float32), text, open_="", close="")) + "]")
+    if k:  # SGLang writes the top lists only for top_logprobs_num > 0
+        top_ids = answer.top_ids if answer.top_ids is not None else np.zeros((len(answer.ids), 0), dtype=np.int64)
+        top_lps = answer.top_logprobs if answer.top_logprobs is not None else np.zeros(top_ids.shape, np.float32)
+        meta["input_top_logprobs"] = _null_first(_triples(top_ids[start:, :k], top_lps[start:, :k], text))
+        next_top = [] if answer.next_top_ids is None or answer.next_top_logprobs is None else _triples(
+            answer.next_top_ids[None, :k], answer.next_top_logprobs[None, :k], text)
+        meta["output_top_logprobs"] = RawJSON("[" + ",".join(next_top if generated else []) + "]")
+    if form.call.candidates is not None and answer.candidate_logprobs is not None:
+        values = answer.candidate_logprobs[start:]
+        support = np.broadcast_to(np.asarray(form.call.candidates[b], dtype=np.int64), values.shape)
+        meta["input_token_ids_logprobs"] = _null_first(_triples(support, values, text))
     return {"text": names.text(generated), "output_ids": generated, "meta_info": meta}
+
+
+def _triples(ids: np.ndarray, logprobs: np.ndarray, names: TokenNames | None, *, open_: str = "[",
+             close: str = "]") -> list[str]:
+    """Per row of ``ids`` / ``logprobs`` (``[rows, width]``), SGLang's ``[logprob, token_id, text]``
+    triples as JSON text (``text``: the token's name, or ``null`` without ``names``)."""
+    if not ids.size:
+        return [open_ + close] * len(ids)
+    if names is None:
+        return format_rows("[%r,%d,null]", [logprobs, ids], open_=open_, close=close)
+    text = np.array(names.json_names(ids.ravel().tolist()), dtype=object).reshape(ids.shape)
+    return format_rows("[%r,%d,%s]", [logprobs, ids, text], open_=open_, close=close)
+
+
+def _null_first(rows: list[str]) -> RawJSON:
+    """``rows`` as a JSON list, the first (the first answered position: SGLang's padding) null."""
+    return RawJSON("[" + ",".join(["null", *rows[1:]]) + "]")

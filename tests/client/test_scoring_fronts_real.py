@@ -16,19 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import openai
 import pytest
-import torch
-from fixtures.checkpoints import hf_oracle_log_softmax
 from harness.lifecycle import Teacher
 from harness.run import LLAMA, make_run
+from harness.scoring_oracle import (
+    check_echo_logprobs,
+    check_generate,
+    check_prompt_logprobs,
+    next_token_oracle,
+    oracle,
+)
 
 from podium.protocol.names import OPENAI_BASE, SGLANG_GENERATE
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
-ATOL = 1e-4
 VOCAB = 256
 PROMPTS = [[5, 17, 99, 3, 200, 41, 7], [12, 250, 33, 90], [1, 2]]
 MAX_TOP_K = 8
@@ -40,36 +43,6 @@ def teacher(tmp_path_factory: pytest.TempPathFactory, llama_group: Any) -> Itera
     served = Teacher(llama_group, layout, LLAMA, token, server_settings={"max_top_k": MAX_TOP_K}).start()
     yield served, token
     served.stop()
-
-
-def oracle(checkpoint: Path, rows: list[list[int]], temperature: float) -> list[torch.Tensor]:
-    """Each row's log-softmax ``[n, V]`` (row i: the distribution token i came from)."""
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, :len(row)] = torch.tensor(row)
-    full = hf_oracle_log_softmax(checkpoint, ids, torch.tensor([len(r) for r in rows]), temperature)
-    return [full[b, :len(row)] for b, row in enumerate(rows)]
-
-
-def next_token_oracle(checkpoint: Path, row: list[int], temperature: float) -> int:
-    """The argmax after ``row``: the distribution at the position of a token appended to it."""
-    return int(oracle(checkpoint, [[*row, 0]], temperature)[0][len(row)].argmax())
-
-
-def check_prompt_logprobs(got: list[Any], expected: torch.Tensor, row: list[int], k: int) -> None:
-    assert len(got) == len(row) and got[0] is None
-    for i in range(1, len(row)):
-        entry = {int(t): v for t, v in got[i].items()}
-        own = entry[row[i]]
-        assert abs(own["logprob"] - float(expected[i, row[i]])) < ATOL
-        assert own["rank"] == int((expected[i] > expected[i, row[i]]).sum()) + 1
-        assert own["decoded_token"] == f"token_id:{row[i]}"  # the tiny checkpoint has no tokenizer
-        values, ids = torch.topk(expected[i], k)
-        for j in range(k):  # the top k by id (robust to near-ties in order), each with its value and rank
-            tid = int(ids[j])
-            assert tid in entry and abs(entry[tid]["logprob"] - float(values[j])) < ATOL
-        assert sorted(v["rank"] for t, v in entry.items() if t != row[i] or v["rank"] <= k)[:k] == list(range(1, k + 1))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -94,14 +67,7 @@ def test_echo_form_equals_the_oracle(teacher: tuple[Teacher, str], tiny_llama_ch
     served, token = teacher
     client = openai.OpenAI(base_url=served.url + OPENAI_BASE, api_key=token)
     out = client.completions.create(model="llama", prompt=PROMPTS[1], max_tokens=0, echo=True, logprobs=3)
-    lp = out.choices[0].logprobs
-    expected = oracle(tiny_llama_checkpoint, [PROMPTS[1]], 1.0)[0]
-    assert lp.tokens == [f"token_id:{t}" for t in PROMPTS[1]] and lp.token_logprobs[0] is None
-    for i in range(1, len(PROMPTS[1])):
-        assert abs(lp.token_logprobs[i] - float(expected[i, PROMPTS[1][i]])) < ATOL
-        values, ids = torch.topk(expected[i], 3)
-        for value, tid in zip(values.tolist(), ids.tolist(), strict=True):
-            assert abs(lp.top_logprobs[i][f"token_id:{tid}"] - value) < ATOL
+    check_echo_logprobs(out.choices[0].logprobs, oracle(tiny_llama_checkpoint, [PROMPTS[1]], 1.0)[0], PROMPTS[1], 3)
 
 
 def test_sglang_generate_as_slime_sends_it(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path) -> None:
@@ -118,15 +84,7 @@ def test_sglang_generate_as_slime_sends_it(teacher: tuple[Teacher, str], tiny_ll
     results = asyncio.run(call())
     expected = oracle(tiny_llama_checkpoint, PROMPTS, 1.0)  # temperature 0: greedy, logits unscaled
     for result, row, exp in zip(results, PROMPTS, expected, strict=True):
-        triples = result["meta_info"]["input_token_logprobs"]
-        assert [t[1] for t in triples] == row and triples[0][0] is None
-        got = np.array([t[0] for t in triples[1:]])
-        np.testing.assert_allclose(got, exp[np.arange(1, len(row)), row[1:]].numpy(), atol=ATOL)
-        tops = result["meta_info"]["input_top_logprobs"]
-        for i in range(1, len(row)):
-            values, ids = torch.topk(exp[i], 3)
-            np.testing.assert_allclose([t[0] for t in tops[i]], values.numpy(), atol=ATOL)
-            assert {t[1] for t in tops[i]} == set(ids.tolist())
+        check_generate(result, exp, row, 3)
 
 
 def test_refusals(teacher: tuple[Teacher, str]) -> None:

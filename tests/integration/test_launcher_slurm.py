@@ -82,6 +82,49 @@ def test_status_shows_both(two_teachers) -> None:
     assert len({r["url"] for r in rows.values()}) == 2
 
 
+def test_scoring_fronts_of_a_teachers_file_equal_transformers(two_teachers, checkpoints) -> None:
+    """Issue 30's done-when: a teacher brought up from a teachers file answers, at the base URL
+    ``podium status --json`` gives, vLLM's ``prompt_logprobs`` (single and batched prompts, T = 1 and
+    T = 0.7) and echo forms through the real ``openai`` client and SGLang's ``/generate`` by plain
+    HTTP, equal to transformers fp32; 401 without the run's token."""
+    import openai
+    import requests
+    from harness.scoring_oracle import check_echo_logprobs, check_generate, check_prompt_logprobs, oracle
+
+    from podium.protocol.names import OPENAI_COMPLETIONS, SGLANG_GENERATE
+    from podium.rendezvous.token import read_token
+
+    _, run_dir = two_teachers
+    row = {r["name"]: r for r in json.loads(podium("status", str(run_dir), "--json").stdout)}["math"]
+    token, ckpt, k = read_token(run_dir / "auth_token"), checkpoints["llama"], 3
+    prompts = [[5, 17, 99, 3, 200, 41, 7], [12, 250, 33, 90]]
+    client = openai.OpenAI(base_url=row["base_url"], api_key=token, max_retries=0)
+    for temperature in (1.0, 0.7):
+        expected = oracle(ckpt, prompts, temperature)
+        batched = client.completions.create(model="code", prompt=prompts, max_tokens=1, temperature=temperature,
+                                            extra_body={"prompt_logprobs": k})
+        for choice, prompt, exp in zip(batched.choices, prompts, expected, strict=True):
+            check_prompt_logprobs(choice.model_extra["prompt_logprobs"], exp, prompt, k)
+        single = client.completions.create(model="math", prompt=prompts[1], max_tokens=1, temperature=temperature,
+                                           extra_body={"prompt_logprobs": k})
+        check_prompt_logprobs(single.choices[0].model_extra["prompt_logprobs"], expected[1], prompts[1], k)
+    expected = oracle(ckpt, prompts, 1.0)
+    echo = client.completions.create(model="math", prompt=prompts[0], max_tokens=0, echo=True, logprobs=k)
+    check_echo_logprobs(echo.choices[0].logprobs, expected[0], prompts[0], k)
+    body = {"input_ids": prompts, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": k,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 0}}
+    answer = requests.post(row["url"] + SGLANG_GENERATE, json=body, timeout=60,
+                           headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
+    for result, prompt, exp in zip(answer.json(), prompts, expected, strict=True):
+        check_generate(result, exp, prompt, k)
+    for path, request in ((OPENAI_COMPLETIONS, {"prompt": prompts[0], "max_tokens": 0}), (SGLANG_GENERATE, body)):
+        assert requests.post(row["url"] + path, json=request, timeout=30).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=row["base_url"], api_key="not-the-token", max_retries=0).completions.create(
+            model="math", prompt=prompts[0], max_tokens=0)
+
+
 def test_second_up_reattaches(two_teachers) -> None:
     recipe, run_dir = two_teachers
     before = job_ids(run_dir)

@@ -100,7 +100,9 @@ def test_sglang_generate_single_and_batch(server: Any) -> None:
                                           "token_ids_logprob": [1, 2, 3]}).json()
     assert isinstance(many, list) and len(many) == 2
     assert [t[1] for t in many[1]["meta_info"]["input_token_logprobs"]] == [8]
-    support = many[0]["meta_info"]["input_token_ids_logprobs"][0]  # position 1 (logprob_start_len)
+    # from logprob_start_len, SGLang answers null at the first position (its padding), then the lists
+    first, support = many[0]["meta_info"]["input_token_ids_logprobs"]  # positions 1 and 2
+    assert first is None and many[0]["meta_info"]["input_token_logprobs"][0][0] is None
     assert [t[1] for t in support] == [1, 2, 3] and [t[0] for t in support] == pytest.approx([-0.1, -0.2, -0.3])
 
 
