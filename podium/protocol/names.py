@@ -111,6 +111,8 @@ OPENAI_BASE = "/v1"
 OPENAI_COMPLETIONS = OPENAI_BASE + "/completions"
 OPENAI_MODELS = OPENAI_BASE + "/models"
 SGLANG_GENERATE = "/generate"
+# vLLM's and SGLang's readiness probe: TRL's client polls it, without a token, before its first call.
+PLAIN_HEALTH = "/health"
 
 
 def model_path(name: str) -> str:

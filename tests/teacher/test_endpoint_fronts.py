@@ -142,3 +142,19 @@ def test_token_required_and_generation_refused_through_the_client(server: Any) -
     with pytest.raises(openai.BadRequestError, match="does not generate"):
         openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN).completions.create(
             model="m", prompt=[1, 2], max_tokens=16)
+
+
+def test_plain_health_is_open_and_says_whether_the_teacher_serves(server: Any) -> None:
+    """``GET /health`` (vLLM's and SGLang's probe; TRL polls it without a token before its first call):
+    200 while the teacher serves, 503 with Retry-After while it does not; never 401."""
+    from podium.protocol.names import PLAIN_HEALTH
+
+    assert requests.get(server.url + PLAIN_HEALTH, timeout=10).status_code == 200
+    server.set_ready(False, "loading")
+    try:
+        answer = requests.get(server.url + PLAIN_HEALTH, timeout=10)
+        assert answer.status_code == 503 and "Retry-After" in answer.headers
+        assert "not ready (loading)" in answer.json()["error"]["message"]
+    finally:
+        server.set_ready(True)
+    assert requests.get(server.url + PLAIN_HEALTH, timeout=10).status_code == 200

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from podium.protocol import oip
 from podium.protocol.batch import Batch, BatchError
-from podium.protocol.names import OPENAI_COMPLETIONS, OPENAI_MODELS, SGLANG_GENERATE
+from podium.protocol.names import OPENAI_COMPLETIONS, OPENAI_MODELS, PLAIN_HEALTH, SGLANG_GENERATE
 from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
 from podium.protocol.query import Query
 from podium.protocol.scoring import ScoringCall, TokenNames, row_answers
@@ -58,6 +58,11 @@ class ScoringServer(Protocol):
     @property
     def codec(self) -> concurrent.futures.Executor: ...
 
+    @property
+    def ready(self) -> bool: ...
+
+    def not_ready(self) -> RequestError: ...
+
     async def admit(self, request: web.Request, handle: Handler) -> web.StreamResponse: ...
 
     async def score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, RowBlocks]: ...
@@ -74,6 +79,7 @@ class ScoringFronts:
         app.router.add_post(OPENAI_COMPLETIONS, self._completions)
         app.router.add_get(OPENAI_MODELS, self._models)
         app.router.add_post(SGLANG_GENERATE, self._generate)
+        app.router.add_get(PLAIN_HEALTH, self._health)
 
     # ------------------------------------------------------------------ who the teacher is
 
@@ -100,6 +106,14 @@ class ScoringFronts:
             return self._names
 
     # ------------------------------------------------------------------ routes
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """vLLM's and SGLang's ``GET /health``, open as theirs are (TRL polls it without a token until
+        its teacher answers): 200 while the teacher serves, else the 503 (``Retry-After``) every
+        route answers then. It says no more than ``/v2/health/live`` does to anyone who asks."""
+        if not self.server.ready:
+            return openai_error(self.server.not_ready())
+        return web.Response(body=b"", status=200)
 
     async def _models(self, request: web.Request) -> web.Response:
         facts = self.server.facts

@@ -30,6 +30,7 @@ from podium.protocol.names import (
     HEALTH_LIVE,
     METRICS,
     OPENAI_COMPLETIONS,
+    PLAIN_HEALTH,
     REQUEST_ID_HEADER,
     SGLANG_GENERATE,
 )
@@ -104,9 +105,9 @@ def body_bytes(response: web.StreamResponse) -> int:
 
 
 def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
-    """401 for a request without the bearer ``token`` (liveness needs none, nor metrics unless
-    ``metrics_need_token``)."""
-    open_paths = (HEALTH_LIVE,) if metrics_need_token else (HEALTH_LIVE, METRICS)
+    """401 for a request without the bearer ``token`` (liveness and the plain readiness probe need
+    none, nor metrics unless ``metrics_need_token``)."""
+    open_paths = (HEALTH_LIVE, PLAIN_HEALTH) if metrics_need_token else (HEALTH_LIVE, PLAIN_HEALTH, METRICS)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -278,7 +278,8 @@ class EndpointServer:
     def _retry_after(self) -> dict[str, str]:
         return {RETRY_AFTER: str(self.config.retry_after_s)}
 
-    def _not_ready(self) -> RequestError:
+    def not_ready(self) -> RequestError:
+        """The 503 a route that needs a serving teacher answers while it does not serve."""
         why = self._why_not_ready()
         what = "draining" if why == "draining" else f"not ready ({why})"
         # Never computed: the client goes elsewhere and counts no crash against this request.
@@ -328,7 +329,7 @@ class EndpointServer:
 
     async def _ready_route(self, request: web.Request) -> web.Response:
         if not self.ready:
-            raise self._not_ready()
+            raise self.not_ready()
         generation = str(self.config.generation) if self.config.generation else None
         return web.json_response({"ready": True, "generation": generation})
 
@@ -352,7 +353,7 @@ class EndpointServer:
         """A request through admission (every route that computes: OIP's infer, the scoring fronts):
         ready, its body read within bounds, then a queue slot while ``handle`` answers it."""
         if not self.ready:
-            raise self._not_ready()
+            raise self.not_ready()
         limit = self.config.server.max_queue
         if self._reading >= READING_PER_SLOT * limit:  # bodies being read at once (each bounded in time)
             raise self._queue_full(f"{self._reading} request bodies being read ({READING_PER_SLOT} × max_queue "
