@@ -7,8 +7,10 @@ numpy views without copying. A failed exchange closes its connection and raises
 :class:`TransportError` (``dropped`` when the connection died with the whole request sent: the
 server died with it in hand); a kept-alive connection the server has closed is not reused, and a
 request whose sending failed on a reused one is sent once more on a fresh one. An answer is received
-straight into fresh, uninitialised memory (``numpy.empty``: zero-filling 100 MB costs more than a
-loopback moves it in), one buffer per answer, so arrays handed out earlier are never overwritten. An exchange given
+straight into uninitialised memory (zero-filling 100 MB costs more than a loopback moves it in), one
+buffer per answer: a large one into the memory of an earlier answer its caller has let go of
+(:mod:`~podium.client.buffers`: fresh memory costs its page faults), so arrays a caller still holds
+are never overwritten. An exchange given
 ``timeout_s`` never waits longer than that in all (connect, proof, send, each read), and sockets
 have TCP keepalive on, so a head node that vanished without closing its connections is noticed
 while a long call computes.
@@ -34,8 +36,7 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import urlsplit
 
-import numpy as np
-
+from podium.client.buffers import RECEIVE_BUFFERS
 from podium.client.errors import ServerProofError, TransportError
 from podium.protocol.names import PROOF, PROOF_NONCE
 from podium.protocol.pieces import Buffer
@@ -80,6 +81,43 @@ class ServerIdentity:
 
     generation: str
     teacher_key: str
+
+
+class AnswerCutOff(http.client.IncompleteRead):
+    """An answer's body ended (or its connection was reset) before its ``Content-Length``: never
+    handed over in part (the teacher went away, or cut the answer off, mid-answer)."""
+
+    def __init__(self, got: int, size: int, cause: BaseException | None = None) -> None:
+        super().__init__(b"", size - got)
+        self.got, self.size = got, size
+        self.cause = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+
+    def __str__(self) -> str:
+        return (f"the answer ended after {self.got} of its {self.size} bytes{self.cause}: the teacher cut it off "
+                f"or went away while it was being sent")
+
+    __repr__ = __str__
+
+
+def _read_body(resp: http.client.HTTPResponse, size: int, bound: Callable[[], None],
+               watch: BodyWatch | None) -> memoryview:
+    """The ``size`` bytes of ``resp``'s body, read straight into memory of their own
+    (:data:`~podium.client.buffers.RECEIVE_BUFFERS`); :class:`AnswerCutOff` when it stops short."""
+    view = RECEIVE_BUFFERS.take(size)  # not zero-filled: every byte is read into it
+    got = 0
+    while got < size:
+        bound()
+        try:
+            n = resp.readinto(view[got:got + _READ_CHUNK])
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise AnswerCutOff(got, size, exc) from exc
+        if not n:
+            raise AnswerCutOff(got, size)
+        got += n
+        if watch is not None:
+            watch(view, got, resp.headers)
+    resp.read()  # lets http.client mark the response complete (keeps the connection)
+    return view
 
 
 @dataclass
@@ -267,18 +305,7 @@ class HTTPTransport:
         headers_at = time.monotonic()
         length = resp.getheader("Content-Length")
         if length is not None:
-            size = int(length)
-            view = np.empty(size, dtype=np.uint8).data  # not zero-filled: every byte is read into it
-            got = 0
-            while got < size:
-                bound()
-                n = resp.readinto(view[got:got + _READ_CHUNK])
-                if not n:
-                    raise http.client.IncompleteRead(bytes(view[:got]), size - got)
-                got += n
-                if watch is not None:
-                    watch(view, got, resp.headers)
-            resp.read()  # lets http.client mark the response complete (keeps the connection)
+            view = _read_body(resp, int(length), bound, watch)
         else:
             view = memoryview(bytearray(resp.read()))
         if resp.will_close:
