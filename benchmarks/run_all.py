@@ -16,6 +16,9 @@ benchmark runs on a clean machine). Charts:
 - ``replica_scaling.png``: tokens/s by replica count beside R x tokens/s of one, with the scaling
   efficiency, and tokens/s per replica over time while one drains, stops and comes back (bench_replicas).
 
+With no chart of their own (their numbers in the JSON): bench_payload (a full-vocabulary payload
+against a raw loopback receiver) and bench_fronts (the scoring fronts' JSON against binary OIP).
+
 What cannot run here is skipped with a printed notice, not an error: bench_faults without a
 reachable Slurm (``--faults-json`` charts a saved run instead), gpu_check's measurement without
 CUDA (its ``--dry-run`` runs), bench_shared where the script is absent.
@@ -110,7 +113,7 @@ def _shared(args: argparse.Namespace) -> list[str] | str:
     return ["--quick"] if args.quick else []
 
 
-def _replicas(args: argparse.Namespace) -> list[str]:
+def _quick_or_full(args: argparse.Namespace) -> list[str]:
     return ["--quick"] if args.quick else []
 
 
@@ -122,7 +125,9 @@ BENCHMARKS = (
     Bench("gpu_check", "gpu_check.py", _gpu_check),
     Bench("faults", "bench_faults.py", _faults),
     Bench("shared", "bench_shared.py", _shared),
-    Bench("replicas", "bench_replicas.py", _replicas),
+    Bench("replicas", "bench_replicas.py", _quick_or_full),
+    Bench("payload", "bench_payload.py", _quick_or_full),
+    Bench("fronts", "bench_fronts.py", _quick_or_full),
 )
 
 
