@@ -111,6 +111,7 @@ OPENAI_BASE = "/v1"
 OPENAI_COMPLETIONS = OPENAI_BASE + "/completions"
 OPENAI_MODELS = OPENAI_BASE + "/models"
 SGLANG_GENERATE = "/generate"
+VLLM_TOKEN_GENERATE = "/inference/v1/generate"  # vLLM's token-in route (prime-rl's teacher scoring)
 # vLLM's and SGLang's readiness probe: TRL's client polls it, without a token, before its first call.
 PLAIN_HEALTH = "/health"
 

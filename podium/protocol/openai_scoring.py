@@ -1,7 +1,7 @@
 """vLLM's OpenAI-compatible ``POST /v1/completions`` as scoring trainers send it: the request parsed
 into a :class:`~podium.protocol.scoring.ScoringCall`, the answer shaped as vLLM writes it.
 
-What is served (verl's, TRL's and prime-rl's teacher calls):
+What is served (verl's and TRL's teacher calls, and prime-rl's before its token-in route):
 
 - ``prompt``: token ids, a batch of them, or text (a batch of texts) where the teacher's checkpoint
   has a tokenizer (``add_special_tokens``, default true, as vLLM); one choice per prompt, in order;
@@ -18,6 +18,9 @@ What is served (verl's, TRL's and prime-rl's teacher calls):
 - tokens are written ``token_id:<id>`` where the checkpoint has no tokenizer or the request asks
   (``return_tokens_as_token_ids``); ``return_token_ids`` adds ``prompt_token_ids`` / ``token_ids``;
 - ``temperature``: see :mod:`podium.protocol.scoring`.
+
+vLLM's token-in ``POST /inference/v1/generate`` (prime-rl's teacher call) is the same scoring in
+another request shape: :mod:`podium.protocol.vllm_generate`.
 
 Refused (400, naming the field): ``n``/``best_of`` other than 1, ``stream``, ``suffix``, a
 non-empty ``logit_bias`` (it would change the processed logprobs). Sampling fields that cannot
@@ -70,6 +73,15 @@ class CompletionForm:
     texts: Sequence[str] | None  # the prompts as sent, when text
 
 
+def check_max_tokens(value: int, field: str, default: str | None) -> None:
+    """podium scores and does not generate: ``max_tokens`` 0 or 1 (a :class:`FieldError` naming
+    ``field``; ``default``: whose default the value is, when the request did not send it)."""
+    if value > 1:
+        raise FieldError(field, f"{value}{f' ({default})' if default else ''}: podium scores and does not "
+                                "generate; send max_tokens 0 (score the prompt) or 1 (and answer the most likely next "
+                                "token)")
+
+
 def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | None) -> CompletionForm:
     """A ``/v1/completions`` request as a :class:`CompletionForm` (a :class:`FieldError` naming the
     field at fault). ``tokenize(text, add_special_tokens)``: the teacher's tokenizer, or None."""
@@ -80,13 +92,8 @@ def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | Non
         raise FieldError("model", f"must be a string, got {brief(model)}")
     max_tokens = int_field(body, "max_tokens", OPENAI_DEFAULT_MAX_TOKENS, lo=0)
     assert max_tokens is not None
-    if max_tokens > 1:
-        raise FieldError("max_tokens", f"{max_tokens}{' (OpenAI default)' if 'max_tokens' not in body else ''}: "
-                                       "podium scores and does not generate; send max_tokens 0 (score the prompt) or "
-                                       "1 (and answer the most likely next token)")
-    for field in ("n", "best_of"):
-        if int_field(body, field, 1) != 1:
-            raise FieldError(field, "must be 1: podium answers one choice per prompt")
+    check_max_tokens(max_tokens, "max_tokens", None if "max_tokens" in body else "OpenAI default")
+    check_one_choice(body)
     for field, why in REFUSED.items():
         if body.get(field):
             raise FieldError(field, why)
@@ -111,6 +118,17 @@ def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | Non
         texts = [prompt] if isinstance(prompt, str) else list(prompt)
     return CompletionForm(call=call, model=model, prompt_logprobs=prompt_k, logprobs=legacy_k, echo=echo,
                           max_tokens=max_tokens, as_ids=as_ids, return_token_ids=want_ids, texts=texts)
+
+
+def check_one_choice(body: Mapping[str, Any], prefix: str = "") -> None:
+    """``n`` / ``best_of`` of 1 only (a :class:`FieldError` naming ``prefix + field``)."""
+    for field in ("n", "best_of"):
+        try:
+            n = int_field(body, field, 1)
+        except FieldError as exc:
+            raise FieldError(prefix + field, str(exc).split(": ", 1)[1]) from None
+        if n != 1:
+            raise FieldError(prefix + field, "must be 1: podium answers one choice per prompt")
 
 
 def _bool(body: Mapping[str, Any], field: str, default: bool) -> bool:
@@ -146,13 +164,13 @@ def _choice(form: CompletionForm, index: int, answer: RowAnswer, names: TokenNam
         "index": index, "text": text,
         "logprobs": _legacy_logprobs(form, answer, names) if form.logprobs is not None else None,
         "finish_reason": "length", "stop_reason": None,
-        "prompt_logprobs": _prompt_logprobs(form, answer, names) if form.prompt_logprobs is not None else None,
+        "prompt_logprobs": prompt_logprobs_json(form, answer, names) if form.prompt_logprobs is not None else None,
         "prompt_token_ids": json_list(answer.ids.tolist()) if form.return_token_ids else None,
         "token_ids": generated if form.return_token_ids else None,
     }
 
 
-def _prompt_logprobs(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> RawJSON:
+def prompt_logprobs_json(form: CompletionForm, answer: RowAnswer, names: TokenNames) -> RawJSON:
     """vLLM's ``prompt_logprobs``: ``null``, then per position a map holding the prompt's own token
     first, then the top k (the own token once: left out of the top k where it is among them)."""
     k = form.prompt_logprobs or 0

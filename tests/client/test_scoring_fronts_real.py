@@ -4,6 +4,9 @@ tokenizer), in the shapes trainers send, against the HF ``transformers`` fp32 or
 - the ``openai`` client's ``completions.create`` with vLLM's ``prompt_logprobs`` (verl, TRL,
   prime-rl), single and batched prompts, at T = 1 and T = 0.7: logprobs, top-k ids and ranks equal
   the oracle's; ``max_tokens: 1`` answers the oracle's argmax; the legacy ``echo`` form;
+- vLLM's token-in ``/inference/v1/generate`` as prime-rl sends it (its ``AsyncOpenAI`` client's
+  own ``post``, so with the token), at T = 1 and T = 0.7: the top-level ``prompt_logprobs`` and the
+  next token;
 - SGLang's ``/generate`` as slime sends it (plain aiohttp), input and top logprobs;
 - 401 without the token, a 4xx for generation, ids past the vocabulary and k past max_top_k.
 """
@@ -28,7 +31,7 @@ from harness.scoring_oracle import (
     oracle,
 )
 
-from podium.protocol.names import OPENAI_BASE, SGLANG_GENERATE
+from podium.protocol.names import OPENAI_BASE, SGLANG_GENERATE, VLLM_TOKEN_GENERATE
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
@@ -61,6 +64,39 @@ def test_openai_client_prompt_logprobs_equal_the_oracle(teacher: tuple[Teacher, 
     check_prompt_logprobs(single.choices[0].model_extra["prompt_logprobs"], expected[0], PROMPTS[0], k)
     assert single.choices[0].model_extra["token_ids"] == [next_token_oracle(tiny_llama_checkpoint, PROMPTS[0],
                                                                             temperature)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_in_generate_as_prime_rl_sends_it(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path,
+                                                temperature: float) -> None:
+    """prime-rl's ``prefill_logprobs``: ``AsyncOpenAI.post`` of the base URL without ``/v1`` +
+    ``/inference/v1/generate``, one sequence, ``max_tokens: 1``, ``top_p: 1``, ``prompt_logprobs: k``."""
+    try:  # the HTTP package of the installed openai: httpx2 from openai 3, httpx before (prime-rl's)
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+
+    served, token = teacher
+    client = openai.AsyncOpenAI(base_url=served.url + OPENAI_BASE, api_key=token, max_retries=0)
+    url = str(client.base_url).rstrip("/").removesuffix(OPENAI_BASE) + VLLM_TOKEN_GENERATE
+    k = 2
+
+    async def post(row: list[int]) -> Any:
+        body = {"model": "math", "token_ids": row,
+                "sampling_params": {"max_tokens": 1, "temperature": temperature, "top_p": 1.0, "prompt_logprobs": k}}
+        response = await client.post(url, cast_to=httpx.Response, body=body)
+        return response.json()
+
+    async def both() -> list[Any]:
+        try:
+            return list(await asyncio.gather(*(post(row) for row in PROMPTS)))
+        finally:
+            await client.close()
+
+    expected = oracle(tiny_llama_checkpoint, PROMPTS, temperature)
+    for answer, row, exp in zip(asyncio.run(both()), PROMPTS, expected, strict=True):
+        check_prompt_logprobs(answer["prompt_logprobs"], exp, row, k)
+        assert answer["choices"][0]["token_ids"] == [next_token_oracle(tiny_llama_checkpoint, row, temperature)]
 
 
 def test_echo_form_equals_the_oracle(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path) -> None:

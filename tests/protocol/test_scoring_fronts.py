@@ -1,11 +1,13 @@
 """The scoring fronts' parsing and shaping, without a server (:mod:`podium.protocol.scoring`,
-:mod:`podium.protocol.openai_scoring`, :mod:`podium.protocol.sglang_scoring`):
+:mod:`podium.protocol.openai_scoring`, :mod:`podium.protocol.vllm_generate`,
+:mod:`podium.protocol.sglang_scoring`):
 
 - every bad field is a :class:`~podium.protocol.scoring.FieldError` naming that field;
 - the answers in the shapes vLLM and SGLang write them: vLLM's ``prompt_logprobs`` (``null``, then
   per position a map from the token id as a JSON string key to ``{logprob, rank, decoded_token}``,
   the prompt's own token first, the top k after it, once each) read by the real ``openai``
-  client's types; the legacy echo form; SGLang's ``meta_info`` triples ``[logprob, id, text]``
+  client's types; the legacy echo form; vLLM's token-in generate answer as prime-rl reads it;
+  SGLang's ``meta_info`` triples ``[logprob, id, text]``
   whose first answered position is ``null`` whatever ``logprob_start_len`` (SGLang pads it so),
   ``-1`` answering the last prompt position only, ``input_top_logprobs`` only for
   ``top_logprobs_num > 0``;
@@ -26,6 +28,7 @@ from podium.protocol.names import CANDIDATE_LOGPROBS, LOGPROBS, TARGET_RANK, TOP
 from podium.protocol.openai_scoring import completion_response, parse_completion
 from podium.protocol.scoring import MIN_JSON_LOGPROB, FieldError, ScoringCall, TokenNames, row_answers
 from podium.protocol.sglang_scoring import generate_response, parse_generate
+from podium.protocol.vllm_generate import parse_token_generate, token_generate_response
 
 VOCAB = 64
 
@@ -300,3 +303,68 @@ def test_generate_batch_next_token_and_given_support() -> None:
         assert [t[1] for t in support[1]] == [1, 6]
         assert [t[0] for t in support[1]] == outputs[CANDIDATE_LOGPROBS][b, 0].tolist()
         assert meta["id"] == f"r-{b}"
+
+
+# ------------------------------------------------------------------ vLLM's token-in /inference/v1/generate
+
+TOKENS = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1, "prompt_logprobs": 2}}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("ids", "body"),
+    ({**TOKENS, "model": 7}, "model"),
+    ({**TOKENS, "stream": True}, "stream"),
+    ({**TOKENS, "features": "mm"}, "features"),
+    ({"sampling_params": {"max_tokens": 1}}, "token_ids"),
+    ({**TOKENS, "token_ids": []}, "token_ids"),
+    ({**TOKENS, "token_ids": [[1, 2], [3]]}, "token_ids"),
+    ({**TOKENS, "token_ids": [[1, 2]]}, "token_ids"),
+    ({**TOKENS, "token_ids": "text"}, "token_ids"),
+    ({**TOKENS, "token_ids": [1, 2.5]}, "token_ids"),
+    ({"token_ids": [1, 2]}, "sampling_params"),
+    ({**TOKENS, "sampling_params": [1]}, "sampling_params"),
+    ({**TOKENS, "sampling_params": {"prompt_logprobs": 2}}, "sampling_params.max_tokens"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
+    ({**TOKENS, "sampling_params": {"max_tokens": "1"}}, "sampling_params.max_tokens"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 1, "n": 2}}, "sampling_params.n"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 1, "best_of": "2"}}, "sampling_params.best_of"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 1, "logit_bias": {"1": 3}}}, "sampling_params.logit_bias"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 1, "logprobs": 1}}, "sampling_params.logprobs"),
+    ({**TOKENS, "sampling_params": {"max_tokens": 1, "prompt_logprobs": -1}}, "sampling_params.prompt_logprobs"),
+])
+def test_token_generate_refusals_name_the_field(body: Any, field: str) -> None:
+    refused(parse_token_generate, body, field)
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"max_tokens": 0, "prompt_logprobs": VOCAB + 1}, "sampling_params.prompt_logprobs"),
+    ({"max_tokens": 0, "temperature": -1}, "sampling_params.temperature"),
+])
+def test_token_generate_checks_name_the_sampling_field(params: Any, field: str) -> None:
+    refused(lambda b: checked(parse_token_generate(b)), {"token_ids": [1, 2, 3], "sampling_params": params}, field)
+
+
+def test_token_generate_answers_as_prime_rl_reads_it() -> None:
+    """prime-rl's ``prefill_logprobs``: the top-level ``prompt_logprobs``, ``null`` first, each later
+    position's map holding the prompt's own token (its logprob what prime-rl keeps) and the top k."""
+    row = [5, 9, 2, 7]
+    body = {"model": "m", "token_ids": row,
+            "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "prompt_logprobs": 2}}
+    form = parse_token_generate(body)
+    outputs = teacher_outputs(form.call, 2)
+    answer = json.loads(token_generate_response(form, row_answers(form.call, outputs), TokenNames(None),
+                                                request_id="r1"))
+    assert set(answer) == {"request_id", "choices", "prompt_logprobs", "kv_transfer_params"}
+    assert answer["request_id"] == "r1"
+    (choice,) = answer["choices"]
+    assert choice["token_ids"] == [int(outputs[TOPK_INDICES][0, len(row), 0])]
+    got = answer["prompt_logprobs"]
+    assert len(got) == len(row) and got[0] is None
+    for i in range(1, len(row)):
+        assert got[i][str(row[i])]["logprob"] == float(outputs[LOGPROBS][0, i])
+        assert got[i][str(row[i])]["rank"] == int(outputs[TARGET_RANK][0, i])
+        assert {int(t) for t in got[i]} == {row[i], *outputs[TOPK_INDICES][0, i, :2].tolist()}
+    score_only = parse_token_generate({**body, "sampling_params": {"max_tokens": 0}})
+    quiet = json.loads(token_generate_response(score_only, row_answers(score_only.call, teacher_outputs(
+        score_only.call, 0)), TokenNames(None), request_id="r2"))
+    assert quiet["choices"][0]["token_ids"] == [] and quiet["prompt_logprobs"] is None

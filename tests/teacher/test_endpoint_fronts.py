@@ -16,7 +16,14 @@ import torch
 from harness.endpoint import AUTH, TOKEN, start_server
 from harness.fake_group import FakeGroup, fake_logprobs
 
-from podium.protocol.names import CANDIDATE_LOGPROBS, OPENAI_COMPLETIONS, OPENAI_MODELS, SGLANG_GENERATE, TARGET_RANK
+from podium.protocol.names import (
+    CANDIDATE_LOGPROBS,
+    OPENAI_COMPLETIONS,
+    OPENAI_MODELS,
+    SGLANG_GENERATE,
+    TARGET_RANK,
+    VLLM_TOKEN_GENERATE,
+)
 
 VOCAB = 50
 
@@ -133,7 +140,7 @@ def test_bad_fields_are_refused_by_name(server: Any, path: str, body: dict[str, 
 
 
 def test_token_required_and_generation_refused_through_the_client(server: Any) -> None:
-    for path in (OPENAI_COMPLETIONS, SGLANG_GENERATE):
+    for path in (OPENAI_COMPLETIONS, SGLANG_GENERATE, VLLM_TOKEN_GENERATE):
         assert post(server, path, {"prompt": [1, 2], "max_tokens": 0}, headers={}).status_code == 401
     assert requests.get(server.url + OPENAI_MODELS, timeout=10).status_code == 401
     with pytest.raises(openai.AuthenticationError):
@@ -158,3 +165,20 @@ def test_plain_health_is_open_and_says_whether_the_teacher_serves(server: Any) -
     finally:
         server.set_ready(True)
     assert requests.get(server.url + PLAIN_HEALTH, timeout=10).status_code == 200
+
+
+def test_token_in_generate_over_http(server: Any) -> None:
+    """vLLM's ``/inference/v1/generate``: the group's logprobs at the prompt's own tokens, the next
+    token; a refusal in OpenAI's error shape naming the sampling field."""
+    row = [3, 4, 5, 6]
+    answer = post(server, VLLM_TOKEN_GENERATE, {"model": "math", "token_ids": row,
+                                                "sampling_params": {"max_tokens": 1, "prompt_logprobs": 1}})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    expected = fake_logprobs(np.array([[*row, 0]]), np.array([len(row) + 1]))[0]
+    assert got["prompt_logprobs"][0] is None
+    for i in range(1, len(row)):
+        assert got["prompt_logprobs"][i][str(row[i])]["logprob"] == pytest.approx(float(expected[i]))
+    assert len(got["choices"][0]["token_ids"]) == 1
+    bad = post(server, VLLM_TOKEN_GENERATE, {"token_ids": row, "sampling_params": {"prompt_logprobs": 1}})
+    assert bad.status_code == 400 and "'sampling_params.max_tokens'" in bad.json()["error"]["message"]

@@ -1,6 +1,6 @@
 """The scoring fronts on every teacher's endpoint: vLLM's OpenAI-compatible ``POST /v1/completions``
-and ``GET /v1/models``, SGLang's ``POST /generate`` (what verl, TRL, prime-rl, slime and miles
-send their teachers).
+and ``GET /v1/models``, vLLM's token-in ``POST /inference/v1/generate``, SGLang's ``POST /generate``
+and the open ``GET /health`` (what verl, TRL, prime-rl, slime and miles send their teachers).
 
 Each is the Open Inference Protocol's route in another dress: the same token auth (an OpenAI
 client's ``api_key`` is the run's token, sent as ``Authorization: Bearer``), admission and body
@@ -28,12 +28,19 @@ from aiohttp import web
 
 from podium.protocol import oip
 from podium.protocol.batch import Batch, BatchError
-from podium.protocol.names import OPENAI_COMPLETIONS, OPENAI_MODELS, PLAIN_HEALTH, SGLANG_GENERATE
+from podium.protocol.names import (
+    OPENAI_COMPLETIONS,
+    OPENAI_MODELS,
+    PLAIN_HEALTH,
+    SGLANG_GENERATE,
+    VLLM_TOKEN_GENERATE,
+)
 from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
 from podium.protocol.query import Query
 from podium.protocol.scoring import ScoringCall, TokenNames, row_answers
 from podium.protocol.sglang_scoring import GenerateForm, generate_response, parse_generate
 from podium.protocol.tokenizer import load_tokenizer
+from podium.protocol.vllm_generate import parse_token_generate, token_generate_response
 from podium.teacher.endpoint.batching import RowBlocks
 from podium.teacher.endpoint.body import RawRequest
 from podium.teacher.endpoint.config import EndpointConfig
@@ -79,6 +86,7 @@ class ScoringFronts:
         app.router.add_post(OPENAI_COMPLETIONS, self._completions)
         app.router.add_get(OPENAI_MODELS, self._models)
         app.router.add_post(SGLANG_GENERATE, self._generate)
+        app.router.add_post(VLLM_TOKEN_GENERATE, self._token_generate)
         app.router.add_get(PLAIN_HEALTH, self._health)
 
     # ------------------------------------------------------------------ who the teacher is
@@ -133,11 +141,25 @@ class ScoringFronts:
         except RequestError as exc:
             return openai_error(exc)
 
+    async def _token_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self.server.admit(request, self._token_generate_admitted)
+        except RequestError as exc:
+            return openai_error(exc)
+
     async def _completions_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_completion, raw)
         outputs = await self._score(batch, query, request)
         body = await loop.run_in_executor(self.server.codec, self._shape_completion, form, outputs, request[REQUEST_ID])
+        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
+
+    async def _token_generate_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_token_generate, raw)
+        outputs = await self._score(batch, query, request)
+        body = await loop.run_in_executor(self.server.codec, lambda: token_generate_response(
+            form, row_answers(form.call, outputs), self.token_names(), request_id=request[REQUEST_ID]))
         return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
 
     async def _generate_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
@@ -164,6 +186,11 @@ class ScoringFronts:
         tokenize = None if tokenizer is None else (
             lambda text, special: list(tokenizer(text, add_special_tokens=special)["input_ids"]))
         form = self._parsed(raw, lambda body: parse_completion(body, tokenize))
+        self._check_model_field(form.model)
+        return (form, *self._checked(form.call))
+
+    def _parse_token_generate(self, raw: RawRequest) -> tuple[CompletionForm, Batch, Query]:
+        form = self._parsed(raw, parse_token_generate)
         self._check_model_field(form.model)
         return (form, *self._checked(form.call))
 

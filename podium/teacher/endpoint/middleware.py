@@ -33,6 +33,7 @@ from podium.protocol.names import (
     PLAIN_HEALTH,
     REQUEST_ID_HEADER,
     SGLANG_GENERATE,
+    VLLM_TOKEN_GENERATE,
 )
 from podium.rendezvous.token import tokens_equal
 from podium.teacher.endpoint.config import EndpointConfig
@@ -41,7 +42,8 @@ from podium.teacher.endpoint.metrics import EndpointMetrics
 
 logger = logging.getLogger(__name__)
 
-SCORING_ROUTES = (OPENAI_COMPLETIONS, SGLANG_GENERATE)  # the scoring fronts' computing routes, counted as infer
+# the scoring fronts' computing routes, counted as infer
+SCORING_ROUTES = (OPENAI_COMPLETIONS, SGLANG_GENERATE, VLLM_TOKEN_GENERATE)
 
 # Per-request storage key for the request id (typed key where aiohttp has them).
 REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
