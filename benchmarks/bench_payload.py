@@ -85,7 +85,7 @@ def client_main(rendezvous: str) -> None:
         if cmd["op"] == "raw":
             times = _raw_receive(cmd)
         elif cmd["op"] == "raw_fresh":
-            times = _raw_receive_fresh(cmd)
+            times = _raw_receive(cmd, fresh=True)
         else:
             b, s, h = cmd["shape"]
             ids = np.ones((b, s), dtype=np.int64)
@@ -103,33 +103,6 @@ def client_main(rendezvous: str) -> None:
                     times.append(elapsed)
         sys.stdout.write(json.dumps({"times": times}) + "\n")
         sys.stdout.flush()
-
-
-def _raw_receive_fresh(cmd: dict[str, Any]) -> list[float]:
-    """As :func:`bench_topk._raw_receive`, into fresh memory each time (``numpy.empty``)."""
-    import socket
-
-    import numpy as np
-
-    n = cmd["nbytes"]
-    times = []
-    with socket.create_connection(("127.0.0.1", cmd["port"])) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(n.to_bytes(8, "little"))
-        for i in range(cmd["warmup"] + cmd["reps"]):
-            t0 = time.perf_counter()
-            view = memoryview(np.empty(n, dtype=np.uint8))
-            sock.sendall(b"g")
-            got = 0
-            while got < n:
-                k = sock.recv_into(view[got:], n - got)
-                if not k:
-                    raise RuntimeError("the raw sender closed the connection")
-                got += k
-            if i >= cmd["warmup"]:
-                times.append(time.perf_counter() - t0)
-            del view
-    return times
 
 
 class PeakRss:

@@ -74,20 +74,23 @@ def _topk_call(client: Any, cmd: dict[str, Any], data: dict[str, Any]) -> Any:
                                   indices_datatype=cmd["indices"])
 
 
-def _raw_receive(cmd: dict[str, Any]) -> list[float]:
+def _raw_receive(cmd: dict[str, Any], fresh: bool = False) -> list[float]:
     """The loopback's own speed: ``nbytes`` from the benchmark's :class:`RawSender` into a buffer
-    allocated (and touched) once, one ``recv_into`` loop per transfer."""
+    allocated (and touched) once, one ``recv_into`` loop per transfer; ``fresh``: into memory
+    allocated for each transfer (its page faults paid, as a receiver handing each answer over in
+    memory of its own pays them)."""
     import numpy as np
 
     n = cmd["nbytes"]
-    buf = np.ones(n, dtype=np.uint8)
-    view = memoryview(buf)
+    view = memoryview(np.ones(n, dtype=np.uint8))
     times = []
     with socket.create_connection(("127.0.0.1", cmd["port"])) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(n.to_bytes(8, "little"))
         for i in range(cmd["warmup"] + cmd["reps"]):
             t0 = time.perf_counter()
+            if fresh:
+                view = memoryview(np.empty(n, dtype=np.uint8))
             sock.sendall(b"g")
             got = 0
             while got < n:
