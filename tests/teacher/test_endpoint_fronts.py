@@ -182,3 +182,30 @@ def test_token_in_generate_over_http(server: Any) -> None:
     assert len(got["choices"][0]["token_ids"]) == 1
     bad = post(server, VLLM_TOKEN_GENERATE, {"token_ids": row, "sampling_params": {"prompt_logprobs": 1}})
     assert bad.status_code == 400 and "'sampling_params.max_tokens'" in bad.json()["error"]["message"]
+
+
+def test_text_prompts_through_the_checkpoints_tokenizer(tokenizers: tuple[Any, Any, Any]) -> None:
+    """A teacher whose checkpoint has a tokenizer takes text: tokenized as the checkpoint's tokenizer
+    does (batched texts one row each), its tokens named by their text in the answers of both fronts."""
+    teacher_tok, _, saved = tokenizers
+    served = start_server(RankingGroup(vocab_size=64, max_sequence_length=64, checkpoint_path=str(saved)),
+                          teacher_key="k2", aliases=("chat",))
+    try:
+        texts = ["w3 w7 w9", "w11 w2"]
+        rows = [teacher_tok(t)["input_ids"] for t in texts]
+        assert rows == [[4, 8, 10], [12, 3]]  # [UNK] is id 0, w<i> is i + 1
+        out = post(served, OPENAI_COMPLETIONS, {"prompt": texts, "max_tokens": 0, "prompt_logprobs": 1,
+                                                "return_token_ids": True})
+        assert out.status_code == 200, out.text
+        for choice, row in zip(out.json()["choices"], rows, strict=True):
+            assert choice["prompt_token_ids"] == row
+            assert choice["prompt_logprobs"][1][str(row[1])]["decoded_token"] == f"w{row[1] - 1}"
+        echo = post(served, OPENAI_COMPLETIONS, {"prompt": texts[0], "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert echo.json()["choices"][0]["logprobs"]["tokens"] == ["w3", "w7", "w9"]
+        assert echo.json()["choices"][0]["text"] == texts[0]
+        sglang = post(served, SGLANG_GENERATE, {"text": texts[1], "return_logprob": True, "logprob_start_len": 0,
+                                                "return_text_in_logprobs": True,
+                                                "sampling_params": {"max_new_tokens": 0}})
+        assert [t[1:] for t in sglang.json()["meta_info"]["input_token_logprobs"]] == [[12, "w11"], [3, "w2"]]
+    finally:
+        served.stop()
