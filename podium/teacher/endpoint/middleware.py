@@ -117,7 +117,10 @@ def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
             header = request.headers.get(AUTHORIZATION, "")
             scheme, _, given = header.partition(" ")
             if not header:
-                raise RequestError(401, "missing Authorization: Bearer <token> header", {"WWW-Authenticate": "Bearer"})
+                # the callers who meet this are other frameworks' clients that send no token: say where it is
+                raise RequestError(401, "missing Authorization: Bearer <token> header (the token is the run's: "
+                                        "<run_dir>/auth_token; an OpenAI client's api_key)",
+                                   {"WWW-Authenticate": "Bearer"})
             if scheme.lower() != "bearer" or not tokens_equal(given.strip(), token):
                 raise RequestError(401, "invalid bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
         return await handler(request)
