@@ -112,6 +112,10 @@ OPENAI_COMPLETIONS = OPENAI_BASE + "/completions"
 OPENAI_MODELS = OPENAI_BASE + "/models"
 SGLANG_GENERATE = "/generate"
 VLLM_TOKEN_GENERATE = "/inference/v1/generate"  # vLLM's token-in route (prime-rl's teacher scoring)
+# A base URL that carries the run's token in its path, for clients that send no Authorization header
+# (TRL's, slime's, miles'): <url>/token/<token>/v1/completions is /v1/completions with the token.
+# Only the scoring fronts' routes take it.
+TOKEN_PATH = "/token"
 # vLLM's and SGLang's readiness probe: TRL's client polls it, without a token, before its first call.
 PLAIN_HEALTH = "/health"
 

@@ -57,7 +57,6 @@ EXPECTED_SKIPS = sorted([
     ("docs/nemo_rl.md", "needs NeMo RL's trainer (setup, async_grpo_train)"),
     ("docs/nemo_rl.md", "needs NeMo RL's distillation setup"),
     ("docs/nemo_rl.md", "needs NeMo RL's SingleController setup"),
-    ("docs/scoring_fronts.md", "needs TRL's trainer (trl.generation.vllm_client)"),
 ])
 TEST_SITE = """\
 podium:

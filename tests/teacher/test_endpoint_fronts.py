@@ -209,3 +209,28 @@ def test_text_prompts_through_the_checkpoints_tokenizer(tokenizers: tuple[Any, A
         assert [t[1:] for t in sglang.json()["meta_info"]["input_token_logprobs"]] == [[12, "w11"], [3, "w2"]]
     finally:
         served.stop()
+
+
+def test_a_token_url_authenticates_clients_that_send_no_header(server: Any) -> None:
+    """``<url>/token/<token>`` is a base URL for clients that send no Authorization header (TRL's
+    VLLMClient, slime's reward function): every front's route under it, with the token in the path
+    and no header; another token is a 401; the OIP routes are not under it; errors never echo it."""
+    from podium.protocol.names import PLAIN_HEALTH, TOKEN_PATH
+
+    base = f"{server.url}{TOKEN_PATH}/{TOKEN}"
+    assert requests.get(base + PLAIN_HEALTH, timeout=10).status_code == 200
+    assert requests.get(base + OPENAI_MODELS, timeout=10).json()["data"]
+    body = {"model": "math", "prompt": [[3, 4, 5]], "max_tokens": 1, "prompt_logprobs": 2}
+    answer = requests.post(base + OPENAI_COMPLETIONS, json=body, timeout=30)
+    assert answer.status_code == 200 and len(answer.json()["choices"][0]["prompt_logprobs"]) == 3
+    slime = {"input_ids": [3, 4, 5], "return_logprob": True, "logprob_start_len": 0,
+             "sampling_params": {"max_new_tokens": 0}}
+    assert requests.post(base + SGLANG_GENERATE, json=slime, timeout=30).status_code == 200
+    prime = {"token_ids": [3, 4, 5], "sampling_params": {"max_tokens": 0, "prompt_logprobs": 1}}
+    assert requests.post(base + VLLM_TOKEN_GENERATE, json=prime, timeout=30).status_code == 200
+    wrong = requests.post(f"{server.url}{TOKEN_PATH}/not-the-token{OPENAI_COMPLETIONS}", json=body, timeout=30)
+    assert wrong.status_code == 401 and "not-the-token" not in wrong.text
+    oip = requests.post(f"{base}/v2/models/m/infer", json={}, timeout=30)
+    assert oip.status_code == 401 and TOKEN not in oip.text  # no such route under a token URL: the header is asked
+    missing = requests.post(f"{base}/v1/nothing", json={}, headers=AUTH, timeout=30)
+    assert missing.status_code == 404 and TOKEN not in missing.text and "/token/<token>/v1/nothing" in missing.text

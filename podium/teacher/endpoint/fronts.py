@@ -33,6 +33,7 @@ from podium.protocol.names import (
     OPENAI_MODELS,
     PLAIN_HEALTH,
     SGLANG_GENERATE,
+    TOKEN_PATH,
     VLLM_TOKEN_GENERATE,
 )
 from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
@@ -46,7 +47,7 @@ from podium.teacher.endpoint.body import RawRequest
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
-from podium.teacher.endpoint.middleware import REQUEST_ID
+from podium.teacher.endpoint.middleware import REQUEST_ID, TOKEN_MATCH
 from podium.teacher.seam import GroupFacts
 
 logger = logging.getLogger(__name__)
@@ -83,11 +84,14 @@ class ScoringFronts:
         self._lock = threading.Lock()
 
     def install(self, app: web.Application) -> None:
-        app.router.add_post(OPENAI_COMPLETIONS, self._completions)
-        app.router.add_get(OPENAI_MODELS, self._models)
-        app.router.add_post(SGLANG_GENERATE, self._generate)
-        app.router.add_post(VLLM_TOKEN_GENERATE, self._token_generate)
-        app.router.add_get(PLAIN_HEALTH, self._health)
+        """The routes, each also under a token URL (``TOKEN_PATH/{token}``: the token in the path, for
+        clients that send no Authorization header; the auth middleware checks it)."""
+        routes = ((OPENAI_COMPLETIONS, "POST", self._completions), (OPENAI_MODELS, "GET", self._models),
+                  (SGLANG_GENERATE, "POST", self._generate), (VLLM_TOKEN_GENERATE, "POST", self._token_generate),
+                  (PLAIN_HEALTH, "GET", self._health))
+        for path, method, handler in routes:
+            for prefix in ("", f"{TOKEN_PATH}/{{{TOKEN_MATCH}}}"):
+                app.router.add_route(method, prefix + path, handler)
 
     # ------------------------------------------------------------------ who the teacher is
 

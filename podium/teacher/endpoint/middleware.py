@@ -33,6 +33,7 @@ from podium.protocol.names import (
     PLAIN_HEALTH,
     REQUEST_ID_HEADER,
     SGLANG_GENERATE,
+    TOKEN_PATH,
     VLLM_TOKEN_GENERATE,
 )
 from podium.rendezvous.token import tokens_equal
@@ -44,6 +45,21 @@ logger = logging.getLogger(__name__)
 
 # the scoring fronts' computing routes, counted as infer
 SCORING_ROUTES = (OPENAI_COMPLETIONS, SGLANG_GENERATE, VLLM_TOKEN_GENERATE)
+
+TOKEN_MATCH = "token"  # the path segment of a token URL's routes (``TOKEN_PATH/{token}/...``)
+
+
+def without_token(path: str) -> str:
+    """The route ``path`` names: a token URL's ``/token/<token>`` prefix removed."""
+    if path.startswith(TOKEN_PATH + "/"):
+        return "/" + path[len(TOKEN_PATH) + 1:].partition("/")[2]
+    return path
+
+
+def shown_path(path: str) -> str:
+    """``path`` as errors and logs show it: never the token a token URL carries."""
+    return f"{TOKEN_PATH}/<token>{without_token(path)}" if path.startswith(TOKEN_PATH + "/") else path
+
 
 # Per-request storage key for the request id (typed key where aiohttp has them).
 REQUEST_ID: Any = web.RequestKey("podium_request_id", str) if hasattr(web, "RequestKey") else "podium_request_id"
@@ -69,21 +85,22 @@ def error_middleware(config: EndpointConfig, metrics: EndpointMetrics) -> Middle
             if exc.status >= 400:
                 detail = exc.reason
                 if exc.status == 404:
-                    detail = f"no route {request.method} {request.path}"
+                    detail = f"no route {request.method} {shown_path(request.path)}"
                 elif exc.status == 405:
-                    detail = f"method {request.method} not allowed on {request.path}"
+                    detail = f"method {request.method} not allowed on {shown_path(request.path)}"
                 response = json_error(exc.status, detail)
             else:
                 raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never let one request take the server down
-            logger.exception("request %s %s failed", request.method, request.path)
+            logger.exception("request %s %s failed", request.method, shown_path(request.path))
             response = json_error(500, f"internal error: {type(exc).__name__}: {exc}")
         if response.status >= 400 and ERROR_KIND_HEADER not in response.headers and response.status != 503:
             # every refusal says so; an unexpected failure is this request's (a 503 names its own kind)
             response.headers[ERROR_KIND_HEADER] = ERROR_REFUSED if response.status < 500 else ERROR_REQUEST_FAILED
-        if request.method == "POST" and (request.path.endswith("/infer") or request.path in SCORING_ROUTES):
+        route = without_token(request.path)
+        if request.method == "POST" and (route.endswith("/infer") or route in SCORING_ROUTES):
             metrics.answered(response.status)
             metrics.sent(body_bytes(response))
         response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
@@ -108,12 +125,17 @@ def body_bytes(response: web.StreamResponse) -> int:
 
 def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
     """401 for a request without the bearer ``token`` (liveness and the plain readiness probe need
-    none, nor metrics unless ``metrics_need_token``)."""
+    none, nor metrics unless ``metrics_need_token``), or, on a token URL's route, with another token
+    in its path."""
     open_paths = (HEALTH_LIVE, PLAIN_HEALTH) if metrics_need_token else (HEALTH_LIVE, PLAIN_HEALTH, METRICS)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in open_paths:
+        in_path = request.match_info.get(TOKEN_MATCH)
+        if in_path is not None:
+            if not tokens_equal(in_path, token):
+                raise RequestError(401, f"invalid token in the URL ({TOKEN_PATH}/<token>/...)")
+        elif request.path not in open_paths:
             header = request.headers.get(AUTHORIZATION, "")
             scheme, _, given = header.partition(" ")
             if not header:
