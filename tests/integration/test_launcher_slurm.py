@@ -86,12 +86,13 @@ def test_scoring_fronts_of_a_teachers_file_equal_transformers(two_teachers, chec
     """Issue 30's done-when: a teacher brought up from a teachers file answers, at the base URL
     ``podium status --json`` gives, vLLM's ``prompt_logprobs`` (single and batched prompts, T = 1 and
     T = 0.7) and echo forms through the real ``openai`` client and SGLang's ``/generate`` by plain
-    HTTP, equal to transformers fp32; 401 without the run's token."""
+    HTTP, equal to transformers fp32; the same through the teacher's token URL without a header (as
+    TRL and slime call); 401 without the run's token."""
     import openai
     import requests
     from harness.scoring_oracle import check_echo_logprobs, check_generate, check_prompt_logprobs, oracle
 
-    from podium.protocol.names import OPENAI_COMPLETIONS, SGLANG_GENERATE
+    from podium.protocol.names import OPENAI_COMPLETIONS, PLAIN_HEALTH, SGLANG_GENERATE, TOKEN_PATH
     from podium.rendezvous.token import read_token
 
     _, run_dir = two_teachers
@@ -118,8 +119,21 @@ def test_scoring_fronts_of_a_teachers_file_equal_transformers(two_teachers, chec
     assert answer.status_code == 200, answer.text
     for result, prompt, exp in zip(answer.json(), prompts, expected, strict=True):
         check_generate(result, exp, prompt, k)
+    # TRL's and slime's clients send no header: through the teacher's token URL
+    token_url = f"{row['url']}{TOKEN_PATH}/{token}"
+    assert requests.get(token_url + PLAIN_HEALTH, timeout=30).status_code == 200
+    trl = requests.post(token_url + OPENAI_COMPLETIONS, timeout=60, json={
+        "model": "math", "prompt": prompts, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": k})
+    assert trl.status_code == 200, trl.text
+    for choice, prompt, exp in zip(trl.json()["choices"], prompts, expected, strict=True):
+        check_prompt_logprobs(choice["prompt_logprobs"], exp, prompt, k)
+    slime = requests.post(token_url + SGLANG_GENERATE, json=body, timeout=60)
+    assert slime.status_code == 200, slime.text
+    check_generate(slime.json()[0], expected[0], prompts[0], k)
     for path, request in ((OPENAI_COMPLETIONS, {"prompt": prompts[0], "max_tokens": 0}), (SGLANG_GENERATE, body)):
         assert requests.post(row["url"] + path, json=request, timeout=30).status_code == 401
+        assert requests.post(f"{row['url']}{TOKEN_PATH}/not-the-token{path}", json=request,
+                             timeout=30).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=row["base_url"], api_key="not-the-token", max_retries=0).completions.create(
             model="math", prompt=prompts[0], max_tokens=0)
