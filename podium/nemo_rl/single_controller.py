@@ -28,7 +28,7 @@ from typing import Any
 
 from podium.client.options import ClientOptions
 from podium.nemo_rl.tq_group import FullPayload, RemoteTQTeacherGroup, nemo_rl_data_plane_client
-from podium.nemo_rl.wiring import MAPPING_KEY, SECTION, NemoRLWiringError, _plain, ready_teachers
+from podium.nemo_rl.wiring import MAPPING_KEY, SECTION, NemoRLWiringError, plain_dict, ready_teachers
 from podium.protocol.names import HIDDEN_STATES, PAYLOAD_DATATYPE, PAYLOAD_DATATYPES
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def _opd_section(master_config: Any) -> dict[str, Any]:
     if section is None:
         raise NemoRLWiringError(f"{SECTION}: the master config has none; podium's SingleController teachers "
                                 "serve on-policy distillation")
-    return _plain(section)
+    return plain_dict(section)
 
 
 def _policy_section(master_config: Any) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def _policy_section(master_config: Any) -> dict[str, Any]:
         policy = master_config.get("policy")
     else:
         policy = getattr(master_config, "policy", None)
-    return _plain(policy) if policy is not None else {}
+    return plain_dict(policy) if policy is not None else {}
 
 
 def check_payload_offered(alias: str, metadata: Mapping[str, Any], full: FullPayload) -> None:

@@ -40,7 +40,7 @@ class NemoRLWiringError(ValueError):
     """The run and the trainer's recipe do not fit; the message names the key and the fix."""
 
 
-def _plain(cfg: Any) -> dict[str, Any]:
+def plain_dict(cfg: Any) -> dict[str, Any]:
     """A plain dict of a dict, an OmegaConf node (interpolations resolved) or a pydantic model
     (NeMo RL's ``OnPolicyDistillationConfig``, dumped as its ``opd._opd_cfg`` dumps it)."""
     if hasattr(cfg, "model_dump"):
@@ -95,7 +95,7 @@ def ready_teachers(
     model info once it is ready (None if its record carries none); every alias mapped to its
     primary alias; the client options used. Checks that the run serves every alias with the
     checkpoint the recipe names."""
-    cfg = _plain(opd_cfg)
+    cfg = plain_dict(opd_cfg)
     mapping = cfg.get(MAPPING_KEY)
     if not isinstance(mapping, Mapping) or not mapping:
         raise NemoRLWiringError(f"{SECTION}.{MAPPING_KEY}: missing or empty; pass the recipe's "

@@ -23,7 +23,7 @@ from podium.launcher.common.stop_request import request_stop
 from podium.launcher.login.selection import resolve
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.atomic import FileReadError
-from podium.rendezvous.records import RecordWriter, StaleGenerationError, Status, read_record
+from podium.rendezvous.records import STOPPED_BY_DOWN, RecordWriter, StaleGenerationError, Status, read_record
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,6 @@ def _mark_stopped(files: TeacherFiles, job_ids: set[str] | None = None) -> None:
     if job_ids is not None and str(record.generation.job_id) not in job_ids:
         return
     try:
-        RecordWriter.resume(files.endpoint, record).publish(Status.STOPPED, reason="podium down")
+        RecordWriter.resume(files.endpoint, record).publish(Status.STOPPED, reason=STOPPED_BY_DOWN)
     except (StaleGenerationError, ValueError) as exc:
         logger.info("left %s alone: %s", files.endpoint, exc)
