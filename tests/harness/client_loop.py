@@ -26,8 +26,12 @@ class Call:
 class ClientLoop:
     """A trainer's view: one client, ``get_logprobs`` in a loop, every answer checked."""
 
-    def __init__(self, run_dir: Path, alias: str, data: dict, expected: np.ndarray) -> None:
+    def __init__(self, run_dir: Path, alias: str, data: dict, expected: np.ndarray,
+                 patience_s: float = COMEBACK_S + 60) -> None:
+        """``patience_s``: how long a call waits for a ready generation (podium's own default is 30
+        minutes; a test bounds it by how long its teacher may be away)."""
         self.run_dir, self.alias, self.data, self.expected = run_dir, alias, data, expected
+        self.patience_s = patience_s
         self.calls: list[Call] = []
         self.retries = 0  # requests the client sent again (the teacher was restarting)
         self._stop = threading.Event()
@@ -37,17 +41,17 @@ class ClientLoop:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 2 * COMEBACK_S + 30) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._thread.join(timeout_s if timeout_s is not None else self._call_timeout_s() + 30)
         assert not self._thread.is_alive(), "the client loop did not end"
 
     def _run(self) -> None:
         import podium.client as pc
 
         # A call in flight when the loop is told to stop may wait for a restarting teacher: bounded.
-        with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=COMEBACK_S + 60,
-                        call_timeout_s=2 * COMEBACK_S) as client:
+        with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=self.patience_s,
+                        call_timeout_s=self._call_timeout_s()) as client:
             while not self._stop.is_set():
                 t0 = time.time()
                 try:
@@ -56,6 +60,9 @@ class ClientLoop:
                 except Exception as exc:  # recorded, asserted on by the test
                     self.calls.append(Call(t0, time.time(), exception=f"{type(exc).__name__}: {exc}"))
                 self.retries = client.teacher(self.alias).retries
+
+    def _call_timeout_s(self) -> float:
+        return max(2 * COMEBACK_S, self.patience_s)
 
     def answered_after(self, t: float) -> int:
         return sum(1 for c in self.calls if c.start > t and c.exception is None)

@@ -123,8 +123,9 @@ class Served:
 
 
 def serve_with_client(recipe: Path, run_dir: Path, alias: str, checkpoint: Path, *, up: bool = True,
-                      first_answers: bool = True) -> Served:
-    """Bring ``alias`` up (unless ``up`` is false) and start a checked client loop on it; with
+                      first_answers: bool = True, patience_s: float | None = None) -> Served:
+    """Bring ``alias`` up (unless ``up`` is false) and start a checked client loop on it (its calls
+    waiting up to ``patience_s`` for a ready generation: the loop's default when None); with
     ``first_answers``, wait for its first two answers."""
     if up:
         podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", str(COMEBACK_S))
@@ -132,7 +133,8 @@ def serve_with_client(recipe: Path, run_dir: Path, alias: str, checkpoint: Path,
     data = random_batch(256, [6, 11, 3], seed=7)
     expected = hf_oracle_logprobs(checkpoint, data["input_ids"], data["input_lengths"]).numpy()
     served = Served(run_dir, files, job_ids(run_dir)[alias], RecordWatcher(files.endpoint).start(),
-                    ClientLoop(run_dir, alias, data, expected).start())
+                    ClientLoop(run_dir, alias, data, expected,
+                               **({} if patience_s is None else {"patience_s": patience_s})).start())
     if first_answers:
         wait_for(lambda: served.client.answered_after(0) >= 2,
                  f"the first answers of {alias} (records seen: {served.watcher.summary()})",

@@ -53,11 +53,12 @@ def test_time_limit_requeues_with_user_signal_and_with_term(slurm_cluster, tiny_
         podium("up", str(recipe), "--run-dir", str(run_dir))
         # The warning may come before a client's first answer (a slow start leaves little of the
         # 140 s): the loops only start here, each waiting for its teacher; every call they make,
-        # before or after, is checked.
-        served["usr2"] = serve_with_client(recipe, run_dir, "usr2", tiny_llama_checkpoint, up=False,
-                                           first_answers=False)
-        served["term"] = serve_with_client(recipe, run_dir, "term", tiny_qwen2_checkpoint, up=False,
-                                           first_answers=False)
+        # before or after, is checked. A call waits as long as the test waits for a generation (on
+        # a loaded machine a teacher warned, requeued and restarted, its first `ray start` retried,
+        # was away 4 min; podium's own client waits 30).
+        for alias, checkpoint in (("usr2", tiny_llama_checkpoint), ("term", tiny_qwen2_checkpoint)):
+            served[alias] = serve_with_client(recipe, run_dir, alias, checkpoint, up=False, first_answers=False,
+                                              patience_s=COMEBACK_S * 3)
         measured = {}
         for alias, s in served.items():
             # A generation that served is warned, requeues and the next one serves. Which generation
