@@ -249,20 +249,21 @@ def test_trainer_sbatch_at_its_time_limit_leaves_no_teacher(slurm_cluster, slurm
     run_dir = tmp_path / "run"
     out = tmp_path / "trainer.out"
     env = {**os.environ, "PODIUM": f"{sys.executable} -m podium.cli", "TRAINER": "sleep 600"}
-    # A 1-minute limit, its warning 30 s ahead: the trainer is still waiting for its teacher or
-    # "training" (sleep) when it comes.
-    sub = subprocess.run(["sbatch", "--parsable", "--time=1", "--signal=B:USR1@30", f"--output={out}",
+    # A 2-minute limit, its warning 60 s ahead: the trainer is still waiting for its teacher or
+    # "training" (sleep) when it comes. (With 1 minute and 30 s, a machine at load 70 had not
+    # finished importing `podium up` when the warning came: no teacher was ever submitted.)
+    sub = subprocess.run(["sbatch", "--parsable", "--time=2", "--signal=B:USR1@60", f"--output={out}",
                           f"--export=ALL,RECIPE={recipe},RUN_DIR={run_dir}", str(repo / "sbatch" / "trainer.sbatch")],
                          capture_output=True, text=True, env=env, timeout=30)
     assert sub.returncode == 0, sub.stderr
     trainer = sub.stdout.strip().split(";")[0]
     slurm_jobs.append(trainer)
     try:
-        teacher = poll_until(lambda: job_ids(run_dir).get("inner"), timeout_s=60, interval_s=1,
+        teacher = poll_until(lambda: job_ids(run_dir).get("inner"), timeout_s=120, interval_s=1,
                              what="the trainer's teacher job")
         slurm_jobs.append(teacher)
         poll_until(lambda: trainer in query_states([trainer]) and not query_states([trainer])[trainer].alive,
-                   timeout_s=150, interval_s=1, what=f"trainer job {trainer} to end")
+                   timeout_s=210, interval_s=1, what=f"trainer job {trainer} to end")
         states = query_states([teacher])
         assert teacher in states and not states[teacher].alive, (states, out.read_text()[-3000:])
     finally:
