@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 from fixtures.checkpoints import hf_oracle_logprobs
+from harness.head_model import HeadModel
 from harness.teacher_groups import ragged_batch, start_group
 
 from podium.teacher.compute.head import HeadCall, HeadInputs, LogprobHead
@@ -49,15 +50,8 @@ def test_an_fp32_teachers_head_is_the_same_with_or_without_it():
     assert torch.equal(OutputGemm(weight, "tf32")(rows), OutputGemm(weight, False)(rows))
 
 
-class _Layer:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
-        self.forward = None
 
 
-class _Model:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.output_layer = _Layer(weight)
 
 
 def test_the_logprob_head_takes_the_setting_to_its_gemm():
@@ -68,7 +62,7 @@ def test_the_logprob_head_takes_the_setting_to_its_gemm():
     out = {}
     for setting in (False, True):
         head = LogprobHead(vocab_size=40, tp_group=None, tp_rank=0, tp_size=1, fp32_lm_head=setting)
-        model = _Model(weight)
+        model = HeadModel(weight)
         head.install(model)
         captured, _ = model.output_layer.forward(hidden)
         with head.serving(HeadCall(), [HeadInputs()]):

@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness.head_model import HeadModel
 
 from podium.teacher.compute.head import HeadCall, HeadInputs, LogprobHead, ties_by_id
-
-
-class _FakeLayer:
-    def __init__(self, weight):
-        self.weight = weight
-        self.forward = None
-
-
-class _FakeModel:
-    def __init__(self, weight):
-        self.output_layer = _FakeLayer(weight)
 
 
 @pytest.mark.parametrize("chunk_elements", [7, 1 << 21])
@@ -29,7 +19,7 @@ def test_head_matches_log_softmax_and_skips_padded_rows(chunk_elements):
     h = torch.randn(seq, batch, hidden, generator=gen)
     labels = torch.randint(0, vocab, (batch, seq), generator=gen)
     head = LogprobHead(vocab_size=vocab, tp_group=None, tp_rank=0, tp_size=1, chunk_elements=chunk_elements)
-    model = _FakeModel(weight)
+    model = HeadModel(weight)
     head.install(model)
     hidden_out, _ = model.output_layer.forward(h)
     call = HeadCall(top_k=4)
@@ -58,7 +48,7 @@ def test_head_at_a_temperature_gives_lse_and_candidate_logprobs():
     labels = torch.randint(0, vocab, (batch, seq), generator=gen)
     cands = torch.randint(0, vocab, (batch, seq, 3), generator=gen)
     head = LogprobHead(vocab_size=vocab, tp_group=None, tp_rank=0, tp_size=1)
-    model = _FakeModel(weight)
+    model = HeadModel(weight)
     head.install(model)
     hidden_out, _ = model.output_layer.forward(h)
     with head.serving(HeadCall(temperature=t, top_k=5, want_lse=True), [HeadInputs(candidates=cands)]):
@@ -79,7 +69,7 @@ def test_exact_ties_in_the_head_come_by_ascending_id():
     weight[7] = weight[2] = weight[5] = 3.0 * torch.ones(6)  # three ids with the same, largest logit
     h = torch.ones(1, 1, 6)
     head = LogprobHead(vocab_size=10, tp_group=None, tp_rank=0, tp_size=1)
-    model = _FakeModel(weight)
+    model = HeadModel(weight)
     head.install(model)
     model.output_layer.forward(h)
     with head.serving(HeadCall(top_k=4), [HeadInputs()]):

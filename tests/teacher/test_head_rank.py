@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from harness.head_model import HeadModel
 
 from podium.teacher.compute.alignment import shifted_ranks
 from podium.teacher.compute.head import HeadCall, HeadInputs, LogprobHead
@@ -16,15 +17,8 @@ from podium.teacher.compute.head import HeadCall, HeadInputs, LogprobHead
 SEQ, BATCH, HIDDEN, VOCAB, PADDED = 6, 3, 8, 13, 16
 
 
-class _Layer:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
-        self.forward = None
 
 
-class _Model:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.output_layer = _Layer(weight)
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -44,7 +38,7 @@ def _expected(weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor, 
 
 def _run(head: LogprobHead, weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
          call: HeadCall, wanted: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    model = _Model(weight)
+    model = HeadModel(weight)
     head.install(model)
     out, _ = model.output_layer.forward(hidden)
     with head.serving(call, [HeadInputs(wanted=wanted)]):
