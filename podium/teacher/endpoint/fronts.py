@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 
 Handler = Callable[[web.Request, RawRequest], Awaitable[web.StreamResponse]]  # a route's work once admitted
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ScoringServer(Protocol):
@@ -86,9 +87,11 @@ class ScoringFronts:
     def install(self, app: web.Application) -> None:
         """The routes, each also under a token URL (``TOKEN_PATH/{token}``: the token in the path, for
         clients that send no Authorization header; the auth middleware checks it)."""
-        routes = ((OPENAI_COMPLETIONS, "POST", self._completions), (OPENAI_MODELS, "GET", self._models),
-                  (SGLANG_GENERATE, "POST", self._generate), (VLLM_TOKEN_GENERATE, "POST", self._token_generate),
-                  (PLAIN_HEALTH, "GET", self._health))
+        routes = ((OPENAI_COMPLETIONS, "POST", self._scoring_route(self._parse_completion, self._shape_completion)),
+                  (SGLANG_GENERATE, "POST", self._scoring_route(self._parse_generate, self._shape_generate)),
+                  (VLLM_TOKEN_GENERATE, "POST", self._scoring_route(self._parse_token_generate,
+                                                                    self._shape_token_generate)),
+                  (OPENAI_MODELS, "GET", self._models), (PLAIN_HEALTH, "GET", self._health))
         for path, method, handler in routes:
             for prefix in ("", f"{TOKEN_PATH}/{{{TOKEN_MATCH}}}"):
                 app.router.add_route(method, prefix + path, handler)
@@ -133,47 +136,25 @@ class ScoringFronts:
                                vocab_size=facts.vocab_size, created=int(time.time()))
         return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            return await self.server.admit(request, self._completions_admitted)
-        except RequestError as exc:
-            return openai_error(exc)
+    def _scoring_route(self, parse: Callable[[RawRequest], tuple[Any, Batch, Query]],
+                       shape: Callable[[Any, Mapping[str, np.ndarray], str], bytes]) -> RouteHandler:
+        """A computing route: admitted as the OIP route is, the request parsed and checked
+        (``parse``) and its answer shaped (``shape(form, outputs, request_id)``) on the codec threads,
+        the teacher's group between; a refusal in OpenAI's error shape."""
+        async def admitted(request: web.Request, raw: RawRequest) -> web.StreamResponse:
+            loop = asyncio.get_running_loop()
+            form, batch, query = await loop.run_in_executor(self.server.codec, parse, raw)
+            outputs = await self._score(batch, query, request)
+            body = await loop.run_in_executor(self.server.codec, shape, form, outputs, request[REQUEST_ID])
+            return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        try:
-            return await self.server.admit(request, self._generate_admitted)
-        except RequestError as exc:
-            return openai_error(exc)
+        async def route(request: web.Request) -> web.StreamResponse:
+            try:
+                return await self.server.admit(request, admitted)
+            except RequestError as exc:
+                return openai_error(exc)
 
-    async def _token_generate(self, request: web.Request) -> web.StreamResponse:
-        try:
-            return await self.server.admit(request, self._token_generate_admitted)
-        except RequestError as exc:
-            return openai_error(exc)
-
-    async def _completions_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_completion, raw)
-        outputs = await self._score(batch, query, request)
-        body = await loop.run_in_executor(self.server.codec, self._shape_completion, form, outputs, request[REQUEST_ID])
-        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
-
-    async def _token_generate_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_token_generate, raw)
-        outputs = await self._score(batch, query, request)
-        body = await loop.run_in_executor(self.server.codec, lambda: token_generate_response(
-            form, row_answers(form.call, outputs), self.token_names(), request_id=request[REQUEST_ID]))
-        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
-
-    async def _generate_admitted(self, request: web.Request, raw: RawRequest) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        form, batch, query = await loop.run_in_executor(self.server.codec, self._parse_generate, raw)
-        outputs = await self._score(batch, query, request)
-        answers = row_answers(form.call, outputs)
-        body = await loop.run_in_executor(self.server.codec, lambda: generate_response(
-            form, answers, self.token_names(), request_id=request[REQUEST_ID]))
-        return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
+        return route
 
     async def _score(self, batch: Batch, query: Query, request: web.Request) -> dict[str, np.ndarray]:
         result = await self.server.score(batch, query, request)
@@ -208,6 +189,13 @@ class ScoringFronts:
         return completion_response(form, row_answers(form.call, outputs), self.token_names(),
                                    model=form.model or self.server.config.served_name, request_id=request_id,
                                    created=int(time.time()))
+
+    def _shape_token_generate(self, form: CompletionForm, outputs: Mapping[str, np.ndarray], request_id: str) -> bytes:
+        return token_generate_response(form, row_answers(form.call, outputs), self.token_names(),
+                                       request_id=request_id)
+
+    def _shape_generate(self, form: GenerateForm, outputs: Mapping[str, np.ndarray], request_id: str) -> bytes:
+        return generate_response(form, row_answers(form.call, outputs), self.token_names(), request_id=request_id)
 
     def _parsed(self, raw: RawRequest, parse: Callable[[Any], Any]) -> Any:
         if raw.json is None:
