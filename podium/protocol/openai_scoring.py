@@ -123,11 +123,7 @@ def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | Non
 def check_one_choice(body: Mapping[str, Any], prefix: str = "") -> None:
     """``n`` / ``best_of`` of 1 only (a :class:`FieldError` naming ``prefix + field``)."""
     for field in ("n", "best_of"):
-        try:
-            n = int_field(body, field, 1)
-        except FieldError as exc:
-            raise FieldError(prefix + field, str(exc).split(": ", 1)[1]) from None
-        if n != 1:
+        if int_field(body, field, 1, named=prefix + field) != 1:
             raise FieldError(prefix + field, "must be 1: podium answers one choice per prompt")
 
 

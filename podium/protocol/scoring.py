@@ -175,11 +175,12 @@ def format_rows(entry: str, columns: Sequence[np.ndarray], *, open_: str = "[", 
 
 
 def int_field(body: Mapping[str, Any], field: str, default: int | None = None, *, lo: int | None = None,
-              hi: int | None = None, bool_as_int: bool = False) -> int | None:
+              hi: int | None = None, bool_as_int: bool = False, named: str | None = None) -> int | None:
     """``body[field]`` as an integer in ``lo..hi`` (None / absent: ``default``); a :class:`FieldError`
-    otherwise. ``bool_as_int``: ``true`` counts as 1 and ``false`` as absent (what vLLM's own
-    parsing takes for ``prompt_logprobs``)."""
+    otherwise, naming ``named`` (default: ``field``; the path of a nested field). ``bool_as_int``:
+    ``true`` counts as 1 and ``false`` as absent (what vLLM's own parsing takes for ``prompt_logprobs``)."""
     value = body.get(field)
+    field = named or field
     if value is None:
         return default
     if isinstance(value, bool):

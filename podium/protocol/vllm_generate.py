@@ -78,10 +78,7 @@ def parse_token_generate(body: Any) -> CompletionForm:
 
 
 def _param(params: Mapping[str, Any], field: str, default: int | None, *, bool_as_int: bool = False) -> int | None:
-    try:
-        return int_field(params, field, default, lo=0, bool_as_int=bool_as_int)
-    except FieldError as exc:
-        raise FieldError(f"{PARAMS}.{field}", str(exc).split(": ", 1)[1]) from None
+    return int_field(params, field, default, lo=0, bool_as_int=bool_as_int, named=f"{PARAMS}.{field}")
 
 
 def token_generate_response(form: CompletionForm, answers: Sequence[RowAnswer], names: TokenNames, *,
