@@ -140,7 +140,7 @@ def podium_run(root: Path, cluster: str, timeout_s: float) -> dict[str, Any]:
             "nodes": llama_nodes if row["name"] != "chat" else 1,
             "submit_s": round(t["task_start"] - row["submitted_at"], 2),
             "ray_s": round(t["ray_ready"] - t["task_start"], 2),
-            "ray_gcs_up_s": round(t["gcs_up"] - t["task_start"], 2),
+            "ray_started_s": round(t["ray_started"] - t["task_start"], 2),
             "model_s": round(t["model_loaded"] - t["ray_ready"], 2),
             "endpoint_s": round(t["ready"] - t["model_loaded"], 2),
         }

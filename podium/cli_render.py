@@ -241,8 +241,14 @@ class WaitView:
                 self._last[r.display] = r.phase
                 if self._live is None:
                     gen = f", generation {r.generation}" if r.generation and not r.superseded else ""
+                    # one line each, never cut at the console's width: a script's log is read by grep
                     self.console.print(f"[{elapsed:6.1f}s] {r.display}: {r.phase}"
-                                       + (f" (job {r.job_id}{gen})" if r.job_id else ""), highlight=False)
+                                       + (f" (job {r.job_id}{gen})" if r.job_id else ""), highlight=False,
+                                       soft_wrap=True)
+                    if r.status == "failed" and r.final is False and r.reason and not r.superseded:
+                        # why it failed, as the record says (a retry's line alone does not; a
+                        # failure for good is said once, in up's error)
+                        self.console.print(f"{'':9}why: {r.reason}", highlight=False, markup=False, soft_wrap=True)
         if self._live is not None:
             table = Table(title=f"waiting for teachers ({elapsed:.0f}s)", title_justify="left")
             for col in ("teacher", "job", "generation", "phase", "since"):

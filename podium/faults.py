@@ -6,22 +6,26 @@ value. It is JSON (``{"fail_node_rank": 1}``) or comma-separated ``key=value`` p
 (``fail_node_rank=1,delay_start_s=5``; a bare key is true: ``exit_after_submit``). Use JSON for a
 value with a comma in it. An unknown key or a bad value is an error that names the variable.
 
-=====================  ===========  ==================================================================
-key                    read by      what it does
-=====================  ===========  ==================================================================
-``exit_after_submit``  ``up``       ends ``up`` with ``os._exit(17)`` right after the scheduler
-                                    returned a job id, before ``job.json`` is written (a crash, a kill
-                                    or a lost login session at the worst moment)
-``fail_node_rank``     node tasks   that rank's start fails (before its Ray starts), naming the fault
-``delay_start_s``      node tasks   every task waits that long before it installs its signal
-                                    handlers (a stop signal then finds none of podium's yet)
-``ray_start_args``     node tasks   these arguments (shell words) are appended to every node's
-                                    ``ray start`` (a bad one makes it die: what the head must notice
-                                    at once, and report by its log's cause)
-``fail_call_token``    workers      every rank of the teacher's group raises in a call whose first
-                                    row starts with this token id (a request whose own computation
-                                    fails, as an out-of-memory would: the group must survive it)
-=====================  ===========  ==================================================================
+=======================  ===========  ==================================================================
+key                      read by      what it does
+=======================  ===========  ==================================================================
+``exit_after_submit``    ``up``       ends ``up`` with ``os._exit(17)`` right after the scheduler
+                                      returned a job id, before ``job.json`` is written (a crash, a kill
+                                      or a lost login session at the worst moment)
+``fail_node_rank``       node tasks   that rank's start fails (before its Ray starts), naming the fault
+``delay_start_s``        node tasks   every task waits that long before it installs its signal
+                                      handlers (a stop signal then finds none of podium's yet)
+``ray_start_args``       node tasks   these arguments (shell words) are appended to every node's
+                                      ``ray start`` (a bad one makes it die: what the head must notice
+                                      at once, and report by its log's cause)
+``slow_ray_agent_rank``  node tasks   that rank's first ``ray start`` has a dashboard agent that waits
+                                      :data:`SLOW_AGENT_S` before it starts (a starved node's): the raylet
+                                      gives up on it after Ray's fixed 15 s and ``ray start`` fails as
+                                      Ray's start limits make it fail, which the node must try again
+``fail_call_token``      workers      every rank of the teacher's group raises in a call whose first
+                                      row starts with this token id (a request whose own computation
+                                      fails, as an out-of-memory would: the group must survive it)
+=======================  ===========  ==================================================================
 
 Light (pydantic and the standard library): the launcher and the teacher's workers both read it.
 """
@@ -37,6 +41,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FAULTS_ENV = "PODIUM_FAULTS"
+SLOW_AGENT_S = 20.0  # past the raylet's fixed 15 s wait for its dashboard agent
+SLOW_AGENT_DELAY_ENV = "PODIUM_FAULT_AGENT_DELAY_S"  # read by podium.faults_site's sitecustomize
 
 
 class Faults(BaseModel):
@@ -49,6 +55,7 @@ class Faults(BaseModel):
     delay_start_s: float = Field(default=0.0, ge=0)
     ray_start_args: str = ""
     fail_call_token: int | None = Field(default=None, ge=0)
+    slow_ray_agent_rank: int | None = Field(default=None, ge=0)
 
     def injected(self, key: str) -> str:
         """How logs and errors name one injected fault: ``PODIUM_FAULTS fail_node_rank=1``."""
@@ -57,6 +64,18 @@ class Faults(BaseModel):
 
     def ray_start_words(self) -> list[str]:
         return shlex.split(self.ray_start_args)
+
+    def ray_start_env(self, rank: int, attempt: int) -> dict[str, str]:
+        """What the environment of node ``rank``'s ``ray start`` (try ``attempt``, from 1) adds:
+        under ``slow_ray_agent_rank``, that rank's first try imports :mod:`podium.faults_site`'s
+        ``sitecustomize``, which holds Ray's dashboard agent back."""
+        if self.slow_ray_agent_rank != rank or attempt != 1:
+            return {}
+        import podium.faults_site
+
+        site = os.path.dirname(podium.faults_site.__file__)
+        path = os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))
+        return {"PYTHONPATH": path, SLOW_AGENT_DELAY_ENV: str(SLOW_AGENT_S)}
 
 
 def parse_faults(text: str) -> Faults:

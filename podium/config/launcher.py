@@ -8,7 +8,7 @@ podium:
   slurm:  {partition, account, qos, time, constraint, exclusive, cpus_per_task, mem,
            gpus, gpu_request, extra_sbatch, setup, container_image, container_mounts,
            requeue, signal, signal_lead_s, python}
-  ray:    {port_range, temp_dir_root, interface, object_store_memory_mb, nodes_timeout_s}
+  ray:    {port_range, temp_dir_root, interface, object_store_memory_mb, nodes_timeout_s, start_attempts}
   server: {port_range, interface, max_body_mb, heartbeat_s, stale_after_s, drain_s, max_queue,
            max_tokens_per_microbatch, max_queue_delay_ms, batch_requests, max_top_k,
            max_request_tokens, max_response_mb, max_json_body_mb, header_timeout_s, idle_timeout_s,
@@ -106,6 +106,11 @@ class RaySettings(_Strict):
     # its Ray (and for its own `ray start`), a worker's wait for the head's address. Past it, the
     # start fails (a failure for the restart policy) naming what was missing.
     nodes_timeout_s: float = Field(default=300.0, gt=0)
+    # How many times a node's `ray start` is tried when it missed one of Ray's fixed start limits
+    # (a starved or slow node: its dashboard agent not up within the raylet's 15 s, its raylet not
+    # registered within `ray start`'s 30 s), before the start fails the generation. Other deaths
+    # of `ray start` (a bad argument, a port taken) fail it at the first.
+    start_attempts: int = Field(default=3, ge=1)
 
     @field_validator("port_range")
     @classmethod

@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 import podium.nemo_rl
 from podium.launcher.common.cleanup import run_processes
 from podium.launcher.common.devices import cuda_device_count
+from podium.launcher.job.ray_bootstrap import START_LIMIT_MARK, STARTED_MARK
 from podium.launcher.login.run_dir import known_teachers
 from podium.rendezvous.token import read_token
 
@@ -243,6 +244,50 @@ podium:
         assert "within" not in error and "timed out" not in error.lower()
         (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
         assert row["status"] == "failed" and cause in row["reason"] and "\n" not in row["reason"]
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}
+
+
+def test_a_head_whose_ray_missed_rays_start_limits_starts_it_again(tiny_llama_checkpoint: Path,
+                                                                   tmp_path: Path) -> None:
+    """The head's first ``ray start`` has a dashboard agent too slow for the raylet's fixed 15 s
+    wait (a starved node's, injected: the agent sleeps 20 s before it starts), and so ends as Ray's
+    start limits end it. The node ends that try and starts Ray again, in the same generation (no
+    requeue, no failure counted), and serves; its log says why in one line, naming the raylet's
+    cause that ``ray start`` alone hides."""
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""\
+on_policy_distillation:
+  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}}}
+  non_colocated_teachers:
+    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
+podium:
+  cluster: local
+  run_dir: {run_dir}
+  slurm: {{gpus: false}}
+  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
+""")
+    env = {**os.environ, "PODIUM_FAULTS": "slow_ray_agent_rank=0"}
+    try:
+        up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "400"],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr[-3000:]
+        (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
+        assert row["ready"] and not row["restarts"] and row["generation"].endswith(":0"), row
+        (generation,) = run_dir.glob("teachers/*/nodes/*-0")
+        assert json.loads((generation / "0.json").read_text())["ray_attempt"] == 2
+        assert START_LIMIT_MARK in (generation / "0.ray-start.log").read_text()
+        assert STARTED_MARK in (generation / "0.ray-start-2.log").read_text()
+        logs = "".join(path.read_text(errors="replace") for path in run_dir.glob("teachers/*/**/*_0_log.*"))
+        (line,) = [line for line in logs.splitlines() if "starting its Ray again" in line]
+        print(line)  # what a user reads in the task's log (shown with -rP)
+        assert "(try 2 of 3)" in line and "Exception: The current node timed out during startup" in line
+        assert "its raylet gave up waiting for the node's dashboard agent" in line
+        assert f"log {generation / '0.ray-start.log'}" in line
     finally:
         down = podium_cli("down", str(run_dir))
     assert down.returncode == 0, down.stderr

@@ -23,6 +23,10 @@ DATA = Path(__file__).parent / "data" / "ray_start"
     # `CUDA_VISIBLE_DEVICES= ray start --num-gpus=2` (a first run on a machine without GPUs)
     ("gpus_not_visible.log",
      "ValueError: Attempting to start raylet with 2 GPU, but CUDA_VISIBLE_DEVICES contains []."),
+    # `ray start --head` on 2 cores at load 40: its raylet gave up on the dashboard agent
+    ("node_start_timed_out.log",
+     "Exception: The current node timed out during startup. This could happen because some of the raylet "
+     "failed to startup or the GCS has become overloaded."),
 ])
 def test_first_cause_of_captured_ray_start_logs(log: str, cause: str) -> None:
     assert first_cause((DATA / log).read_text()) == cause

@@ -85,5 +85,10 @@ def test_podium_faults_one_setting() -> None:
         "--object-store-memory=1048576"]
     assert parse_faults('{"ray_start_args": "--a=1,2 --b"}').ray_start_words() == ["--a=1,2", "--b"]
     assert parse_faults("fail_node_rank=1").injected("fail_node_rank") == "PODIUM_FAULTS fail_node_rank=1"
+    slow = parse_faults("slow_ray_agent_rank=1")
+    assert slow.ray_start_env(0, 1) == {} and slow.ray_start_env(1, 2) == {} and Faults().ray_start_env(1, 1) == {}
+    env = slow.ray_start_env(1, 1)  # that rank's first try only: its agent held back by the sitecustomize
+    site = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(site) / "sitecustomize.py").is_file() and float(env["PODIUM_FAULT_AGENT_DELAY_S"]) > 15
     with pytest.raises(ValueError, match=r"PODIUM_FAULTS='fail_rank=1': fail_rank: .*keys: exit_after_submit"):
         parse_faults("fail_rank=1")

@@ -126,3 +126,28 @@ def test_watch_is_a_flag_with_a_default_interval_and_still_takes_seconds() -> No
     assert with_watch_default(["status", "run", "--watch", "--json"]) == ["status", "run", "--watch", "2", "--json"]
     for kept in (["status", "run", "--watch", "5"], ["status", "run", "--watch=0.5"], ["status", "run"]):
         assert with_watch_default(kept) == kept
+
+
+def test_up_wait_says_why_a_teacher_that_retries_failed_and_a_failure_for_good_once() -> None:
+    """``up --wait`` from a script (plain lines): a generation that failed and is retried shows its
+    cause on the line below its phase (the phase alone says only when it comes back); a failure for
+    good does not (``up``'s error says it, once)."""
+    from podium.cli_render import WaitView
+
+    cause = "NodeStartError: node n2 (rank 1): `ray start` (pid 7) exited with 1: Exception: ...; log /run/x.log"
+    retrying = TeacherStatus(name="math", key="m" * 12, aliases=("math",), job_id="16", slurm_state="RUNNING",
+                             job_kind="running", restarts=0, generation="16:0", status="failed", reason=cause,
+                             final=False, restart={"why": "failure 1 of at most 3 in a row: requeued after 30s"})
+    for_good = TeacherStatus(name="chat", key="c" * 12, aliases=("chat",), job_id="17", slurm_state="FAILED",
+                             job_kind="done", status="failed", reason="ValueError: bad checkpoint", final=True,
+                             generation="17:0")
+    console = Console(width=100, record=True, force_terminal=False)
+    with WaitView(console) as view:
+        view.update([retrying, for_good], 55.2)
+        view.update([retrying, for_good], 56.0)  # unchanged: not said again
+    lines = console.export_text().splitlines()
+    print("\n".join(lines))  # what a script captures (shown with -rP)
+    assert lines[0].startswith("[  55.2s] math: failed, retrying (failure 1 of at most 3")
+    assert " ".join(lines[1].split()) == f"why: {cause}"
+    assert lines[2].startswith("[  55.2s] chat: failed") and "why:" not in "\n".join(lines[2:])
+    assert len([line for line in lines if "why:" in line]) == 1

@@ -93,6 +93,7 @@ class NodeState(VersionedFile):
     temp: str | None = None  # its Ray temp dir
     log: str | None = None  # the task's log
     ray: RecordedProc | None = None  # its `ray start` session's leader
+    ray_attempt: int | None = None  # which try of its `ray start` that is (ray.start_attempts)
     url: str | None = None  # rank 0, serving: the endpoint
     error: str | None = None  # failed: what failed, naming the node
     stop: str | None = None  # torn down after a stop: why it stopped

@@ -30,7 +30,8 @@ _ERROR_LEVEL = re.compile(r"\b(ERROR|FATAL|CRITICAL)\b")
 LEVEL_WITHIN = 60  # a log record's level comes after its timestamp, within this many characters
 
 
-def _clean(line: str) -> str:
+def clean_cause(line: str) -> str:
+    """``line`` stripped and cut to :data:`MAX_CAUSE_CHARS`."""
     line = line.strip()
     return line if len(line) <= MAX_CAUSE_CHARS else line[: MAX_CAUSE_CHARS - 1] + "…"
 
@@ -51,13 +52,13 @@ def first_cause(text: str) -> str | None:
         if line.strip() == _TRACEBACK:
             in_traceback = True
         elif in_traceback and line.strip() and not line[:1].isspace():
-            return _clean(line)  # the first unindented line after the frames: the exception
+            return clean_cause(line)  # the first unindented line after the frames: the exception
         elif not in_traceback and error_line is None and _is_error(line):
             error_line = line
     if error_line is not None:
-        return _clean(error_line)
+        return clean_cause(error_line)
     rest = [line for line in lines if line.strip()]
-    return _clean(rest[-1]) if rest else None
+    return clean_cause(rest[-1]) if rest else None
 
 
 def read_tail(path: Path) -> str:
@@ -83,7 +84,9 @@ def exit_status(returncode: int | None) -> str:
     return f"exited with {returncode}"
 
 
-def describe_death(what: str, pid: int, returncode: int | None, log: Path) -> str:
-    """One line: ``<what> (pid N) exited with 1: <the first line that says why>; log <path>``."""
+def describe_death(what: str, pid: int, returncode: int | None, log: Path, detail: str | None = None) -> str:
+    """One line: ``<what> (pid N) exited with 1: <the first line that says why>[; <detail>]; log
+    <path>`` (``detail``: what another log of the process's children adds)."""
     cause = first_cause(read_tail(log))
-    return f"{what} (pid {pid}) {exit_status(returncode)}: {cause or 'its log is empty'}; log {log}"
+    more = f"; {detail}" if detail else ""
+    return f"{what} (pid {pid}) {exit_status(returncode)}: {cause or 'its log is empty'}{more}; log {log}"

@@ -30,14 +30,13 @@ from podium.launcher.common.ray_ports import RayStartError, node_ip
 from podium.launcher.common.restarts import Decision, Outcome, RestartLedger, decide, excluded_after
 from podium.launcher.job.lifecycle import TeacherLifecycle
 from podium.launcher.job.node_run import MissingPackagesError, NodeRun, NodeStartError, RayLaunch
-from podium.launcher.job.ray_bootstrap import RayNodeProcess, use_ray_env, wait_port, write_auth_token
+from podium.launcher.job.ray_bootstrap import RayNodeProcess, use_ray_env, write_auth_token
 from podium.launcher.job.watchdog import Watchdog, WatchedNode, watched_nodes
 from podium.poll import PollTimeout, poll_until
 from podium.rendezvous.records import Status
 
 logger = logging.getLogger(__name__)
 
-GCS_PORT_TIMEOUT_S = 120.0  # the head's `ray start` opens its GCS port within this
 NODES_POLL_S = 0.1  # the head counts Ray's nodes this often while they join
 REQUEUE_REFUSED_WAIT_S = 600.0  # requeue refused: stay (Slurm ends and requeues a preempted job)
 # A stop's outcome by the stop's kind (any other kind: "stopped").
@@ -166,16 +165,16 @@ class HeadRun:
         self.files.generation_dir(job_id, restart).mkdir(parents=True, exist_ok=True)
         self.token_path = write_auth_token(self.files.ray_token(job_id, restart))
         ray_proc = self.ray_proc = self.node.start_ray(self.launch, token_path=self.token_path)
-        wait_port(ip, ports.gcs, timeout_s=GCS_PORT_TIMEOUT_S, alive=ray_proc)
+        if ray_proc is None:  # a stop came first
+            return
         address = f"{ip}:{ports.gcs}"
-        self.lifecycle.stamp("gcs_up")
+        self.lifecycle.stamp("ray_started")
+        # Only a head that runs is announced: a worker never joins a try of the head's `ray start`
+        # that is then ended and started again (NodeRun.start_ray).
         write_head(self.files.head(job_id, restart),
                    HeadFile(address=address, generation=str(self.ctx.generation), host=self.ctx.host,
                             ports=ports.to_dict(), token_path=str(self.token_path), time=time.time()))
         self.node.state.write(NodeStatus.STARTED)
-        if self.signals.stop.is_set():
-            return
-        ray_proc.wait_started(self.nodes_timeout_s)  # workers join meanwhile: head.json is out
         use_ray_env(os.environ, token_path=self.token_path)  # before `import ray`: Ray reads it once
         import ray
 

@@ -7,10 +7,12 @@ generation) and requeues the job; this module installs the signal handlers, read
 dispatches on the rank (:mod:`podium.launcher.job.node_run` is every node's part, and a worker rank's
 role; :mod:`podium.launcher.job.head_run` rank 0's):
 
-- rank 0 starts the Ray head, writes the head address file of this generation (atomic, once the
-  GCS port answers), waits until Ray counts all nodes (by condition, within ``ray.nodes_timeout_s``; a node task
-  that reports a failed start, or a head that dies, ends the wait at once with the node's name and
-  log), then builds the teacher group and serves it; its :class:`~podium.launcher.job.lifecycle.TeacherLifecycle`
+- rank 0 starts the Ray head, writes the head address file of this generation (atomic, once its
+  ``ray start`` says the node runs: a try that missed one of Ray's fixed start limits is ended and
+  started again first, on any rank, :meth:`~podium.launcher.job.node_run.NodeRun.start_ray`), waits
+  until Ray counts all nodes (by condition, within ``ray.nodes_timeout_s``; a node task that reports
+  a failed start, or a head that dies, ends the wait at once with the node's name and log), then
+  builds the teacher group and serves it; its :class:`~podium.launcher.job.lifecycle.TeacherLifecycle`
   is the one publisher of the endpoint record;
 - the other ranks wait for that head file and start a Ray worker node that joins it.
 

@@ -24,7 +24,7 @@ from podium.launcher.common.cleanup import sweep_temp_dirs
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
 from podium.launcher.common.packages import TEACHER_INSTALL, TEACHER_PACKAGES, missing_message, missing_modules
-from podium.launcher.common.ray_ports import RayPorts, choose_ports
+from podium.launcher.common.ray_ports import RayPorts, RayStartError, choose_ports
 from podium.launcher.job.ray_bootstrap import RayNodeProcess, private_temp_root, start_command, temp_dir
 from podium.launcher.job.signals import Signals
 from podium.poll import PollTimeout, poll_until
@@ -120,13 +120,30 @@ class NodeRun:
         return launch
 
     def start_ray(self, launch: RayLaunch, *, head_address: str | None = None,
-                  token_path: Path | None = None) -> RayNodeProcess:
-        """Start this node's ``ray start`` (the head's without ``head_address``); it is ended by
-        :meth:`teardown`."""
-        ray_log = self.files.generation_dir(self.ctx.job_id, self.ctx.restart) / f"{self.ctx.rank}.ray-start.log"
-        self.ray_proc = RayNodeProcess(launch.command(head_address), ray_log, token_path=token_path)
-        self.state.write(NodeStatus.RAY_STARTING, ray=self.ray_proc.ref.to_dict())
-        return self.ray_proc
+                  token_path: Path | None = None) -> RayNodeProcess | None:
+        """This node's Ray (the head's without ``head_address``) once ``ray start`` says it runs;
+        None when a stop came first. A start that missed one of Ray's fixed start limits (a starved
+        or slow node) is tried again, up to ``ray.start_attempts`` tries, each failed one logged with
+        its cause; RayStartError when ``ray start`` dies of anything else, or on the last try, or
+        says nothing within ``ray.nodes_timeout_s``. Ended by :meth:`teardown`."""
+        ctx, ray_cfg = self.ctx, self.spec.launcher.ray
+        folder = self.files.generation_dir(ctx.job_id, ctx.restart)
+        for attempt in range(1, ray_cfg.start_attempts + 1):
+            log = folder / (f"{ctx.rank}.ray-start.log" if attempt == 1 else f"{ctx.rank}.ray-start-{attempt}.log")
+            ray_proc = self.ray_proc = RayNodeProcess(launch.command(head_address), log, token_path=token_path,
+                                                      temp=launch.temp,
+                                                      extra_env=self.faults.ray_start_env(ctx.rank, attempt))
+            self.state.write(NodeStatus.RAY_STARTING, ray=ray_proc.ref.to_dict(), ray_attempt=attempt)
+            try:
+                ray_proc.wait_started(ray_cfg.nodes_timeout_s, stop=self.signals.stop)
+                return None if self.signals.stop.is_set() else ray_proc
+            except RayStartError:
+                if attempt == ray_cfg.start_attempts or not ray_proc.missed_start_limit():
+                    raise
+            logger.warning("node %s (rank %d): %s; starting its Ray again (try %d of %d)", ctx.host, ctx.rank,
+                           ray_proc.describe_exit(), attempt + 1, ray_cfg.start_attempts)
+            ray_proc.stop()  # whatever of that try still runs (its GCS, its agents), by session
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def failed(self, exc: BaseException) -> None:
         """Record in this node's state that its task failed (the other ranks watch it)."""
@@ -177,6 +194,8 @@ class NodeRun:
         if head is None:
             return
         ray_proc = self.start_ray(launch, head_address=head.address, token_path=Path(head.token_path))
+        if ray_proc is None:  # a stop came first
+            return
         self.state.write(NodeStatus.STARTED)
         while not self.signals.stop.wait(RAY_CHECK_S):
             if not ray_proc.alive():

@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
-import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from podium.launcher.common.procs import ProcRef, kill_session, stop_signals_blocked
 from podium.launcher.common.ray_ports import RayPorts, RayStartError
-from podium.launcher.job.exits import describe_death
+from podium.launcher.job.exits import clean_cause, describe_death, read_tail
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ RAY_ENV = {
 }
 AUTH_TOKEN_BYTES = 32
 STARTED_MARK = "Ray runtime started."  # what `ray start` logs once the node's daemons are up
+# What `ray start` says when its node missed one of Ray's fixed start limits: its raylet not
+# registered with the GCS within 30 s (ray/_private/node.py). A raylet that gave up first, after
+# its own fixed 15 s wait for the dashboard agent's ports, ends the same way (`ray start` names
+# only the 30 s): both are a starved or slow node (an agent's Python imports on 2 loaded cores or
+# from a slow shared filesystem), not a bad setting, and a second try usually starts.
+START_LIMIT_MARK = "The current node timed out during startup"
+# The raylet's fatal log line (``[<time> C <pid> <tid>] (raylet) <where>: <message>``) and the
+# frame that says it was the wait for the agent.
+_RAYLET_FATAL = re.compile(r"^\[[^\]]* C \d+ \d+\] \(raylet\) (.*)$", re.MULTILINE)
+_AGENT_PORTS_WAIT = "WaitForDashboardAgentPorts"
 
 
 def write_auth_token(path: Path) -> Path:
@@ -162,12 +173,27 @@ def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = Non
     return env
 
 
+def raylet_cause(temp: Path) -> str | None:
+    """Why the raylet of the newest Ray session under ``temp`` died, in a phrase, when its log has
+    a fatal line (``ray start`` itself only reports that the node did not register in time)."""
+    text = read_tail(temp / "session_latest" / "logs" / "raylet.out")
+    found = _RAYLET_FATAL.search(text)
+    if found is None:
+        return None
+    if _AGENT_PORTS_WAIT in text[found.start():]:
+        return ("its raylet gave up waiting for the node's dashboard agent (Ray's fixed 15 s: a starved "
+                "or slow node)")
+    return f"its raylet died: {clean_cause(found.group(1))}"
+
+
 class RayNodeProcess:
     """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
 
-    def __init__(self, cmd: list[str], log_path: Path, token_path: Path | None = None) -> None:
+    def __init__(self, cmd: list[str], log_path: Path, token_path: Path | None = None,
+                 temp: Path | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         self.cmd = cmd
         self.log_path = log_path
+        self.temp = temp  # its --temp-dir, where the raylet's own log says why it died
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: the log names the node's address and ports
         self._log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
@@ -175,7 +201,8 @@ class RayNodeProcess:
         with stop_signals_blocked():  # inherited by every Ray process of this node
             # stdin from /dev/null, output to its log: Ray holds nothing of whoever started the task
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=ray_env(token_path=token_path), start_new_session=True)
+                                         env={**ray_env(token_path=token_path), **(extra_env or {})},
+                                         start_new_session=True)
         self.ref = ProcRef.of(self.proc.pid)
 
     @property
@@ -186,16 +213,23 @@ class RayNodeProcess:
         return self.proc.poll() is None
 
     def describe_exit(self) -> str:
-        """One line: how ``ray start`` ended, the first line of its log that says why, the log."""
-        return describe_death("`ray start`", self.pid, self.proc.returncode, self.log_path)
+        """One line: how ``ray start`` ended, the first line of its log that says why (and its
+        raylet's, when that one died), the log."""
+        detail = raylet_cause(self.temp) if self.temp is not None else None
+        return describe_death("`ray start`", self.pid, self.proc.returncode, self.log_path, detail=detail)
 
-    def wait_started(self, timeout_s: float) -> float:
+    def missed_start_limit(self) -> bool:
+        """Whether ``ray start`` ended because its node missed one of Ray's fixed start limits
+        (:data:`START_LIMIT_MARK`): worth another try, unlike any other death."""
+        return not self.alive() and START_LIMIT_MARK in read_tail(self.log_path)
+
+    def wait_started(self, timeout_s: float, stop: threading.Event | None = None) -> float:
         """Seconds until ``ray start`` says the node runs (every daemon of it up, the raylet
-        registered): a driver that connects earlier gives up after Ray's own 60 s, which a
-        loaded node's start can take (seen on the 2-core test machine). ``RayStartError`` when
-        ``ray start`` dies first or the time runs out."""
+        registered), or until ``stop`` is set: a driver that connects earlier gives up after Ray's
+        own 60 s, which a loaded node's start can take (seen on the 2-core test machine).
+        ``RayStartError`` when ``ray start`` dies first or the time runs out."""
         t0 = time.monotonic()
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 if STARTED_MARK in self.log_path.read_text(errors="replace"):
                     return time.monotonic() - t0
@@ -207,6 +241,7 @@ class RayNodeProcess:
                 raise RayStartError(f"`ray start` (pid {self.pid}) did not report the node started within "
                                     f"{timeout_s:.0f}s; log {self.log_path}")
             time.sleep(0.1)
+        return time.monotonic() - t0
 
     def stop(self, timeout_s: float = 10.0) -> list[int]:
         """End every Ray process of this node (SIGKILL by session); returns PIDs that survived.
@@ -224,19 +259,3 @@ class RayNodeProcess:
         logger.info("Ray (session %d) ended in %.2fs%s", self.pid, time.monotonic() - t0,
                     f"; still alive: {survivors}" if survivors else "")
         return survivors
-
-
-def wait_port(host: str, port: int, timeout_s: float, alive: RayNodeProcess | None = None) -> float:
-    """Seconds until ``host:port`` accepts a TCP connection; RayStartError on timeout or death."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return time.monotonic() - t0
-        except OSError:
-            pass
-        if alive is not None and not alive.alive():
-            raise RayStartError(alive.describe_exit())
-        if time.monotonic() - t0 > timeout_s:
-            raise RayStartError(f"{host}:{port} did not answer within {timeout_s:.0f}s")
-        time.sleep(0.05)
