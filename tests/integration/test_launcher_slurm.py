@@ -178,7 +178,8 @@ def test_concurrent_up_submit_once_and_two_runs_side_by_side(two_teachers, check
     run_b = tmp_path / "run"
     results: list[subprocess.CompletedProcess] = []
     threads = [threading.Thread(target=lambda: results.append(
-        podium("up", str(recipe), "--run-dir", str(run_b), "--wait", "--timeout", "180"))) for _ in range(2)]
+        podium("up", str(recipe), "--run-dir", str(run_b), "--wait", "--timeout", "420", timeout=480)))
+        for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -245,19 +246,19 @@ def test_up_from_inside_sbatch_and_plain_sbatch_teacher(slurm_cluster, checkpoin
     plain_job = plain.stdout.strip().splitlines()[-1]
     out = tmp_path / "trainer.out"
     sub = subprocess.run(["sbatch", "--parsable", f"--output={out}",
-                          f"--export=ALL,RECIPE={recipe},RUN_DIR={run_dir},PODIUM_WAIT_S=180",
+                          f"--export=ALL,RECIPE={recipe},RUN_DIR={run_dir},PODIUM_WAIT_S=420",
                           str(repo / "sbatch" / "trainer.sbatch")],
                          capture_output=True, text=True, env=env, timeout=30)
     assert sub.returncode == 0, sub.stderr
     trainer_job = sub.stdout.strip()
     try:
-        slurm_cluster.wait_for_state(trainer_job, "COMPLETED", timeout_s=200)
+        slurm_cluster.wait_for_state(trainer_job, "COMPLETED", timeout_s=480)
         text = out.read_text()
         assert '"toy_trainer"' in text and "inner" in text, text[-3000:]
         inner_job = job_ids(run_dir)["inner"]
         assert inner_job != trainer_job
         slurm_cluster.wait_for_state(inner_job, "CANCELLED", timeout_s=60)  # the trainer took it down
-        podium("wait", str(plain_run), "--timeout", "120")
+        podium("wait", str(plain_run), "--timeout", "420", timeout=480)
         check_logprobs(plain_run, {"plain": checkpoints["llama"]})
     finally:
         podium("down", str(plain_run), check=False)
