@@ -71,9 +71,7 @@ class Faults(BaseModel):
         ``sitecustomize``, which holds Ray's dashboard agent back."""
         if self.slow_ray_agent_rank != rank or attempt != 1:
             return {}
-        import podium.faults_site
-
-        site = os.path.dirname(podium.faults_site.__file__)
+        site = os.path.join(os.path.dirname(__file__), "faults_site")  # (not imported: it imports this)
         path = os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))
         return {"PYTHONPATH": path, SLOW_AGENT_DELAY_ENV: str(SLOW_AGENT_S)}
 
