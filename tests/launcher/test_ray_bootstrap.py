@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 from podium.launcher.job import ray_bootstrap
@@ -77,6 +78,7 @@ def test_raylet_cause_names_the_agent_wait_or_the_fatal_line(tmp_path: Path) -> 
              "*** StackTrace Information ***\nray::ObjectManager::Start()\n")
     temp = _session_with_raylet_log(tmp_path / "other", other)
     assert ray_bootstrap.raylet_cause(temp) == "its raylet died: object_manager.cc:12: Check failed: plasma store died"
+    assert ray_bootstrap.raylet_cause(temp, since=time.time() + 60) is None  # an earlier try's session
     temp = _session_with_raylet_log(tmp_path / "fine", captured.split(" C ")[0])
     assert ray_bootstrap.raylet_cause(temp) is None
     assert ray_bootstrap.raylet_cause(tmp_path / "no-session") is None
@@ -87,12 +89,12 @@ def test_a_missed_start_limit_is_told_from_other_deaths(tmp_path: Path) -> None:
     try, and says why in one line with its raylet's cause; one that died of anything else, or
     still runs, is not."""
     captured = (RAY_START_LOGS / "node_start_timed_out.log").read_text()
-    temp = _session_with_raylet_log(tmp_path / "temp",
-                                    (RAY_START_LOGS / "node_start_timed_out.raylet.out").read_text())
+    raylet_log = (RAY_START_LOGS / "node_start_timed_out.raylet.out").read_text()
 
     def ended(text: str, name: str, code: int = 1) -> ray_bootstrap.RayNodeProcess:
         cmd = [sys.executable, "-c", f"import sys; sys.stdout.write({text!r}); sys.exit({code})"]
-        proc = ray_bootstrap.RayNodeProcess(cmd, tmp_path / name, temp=temp)
+        proc = ray_bootstrap.RayNodeProcess(cmd, tmp_path / name, temp=tmp_path / f"{name}.temp")
+        _session_with_raylet_log(tmp_path / f"{name}.temp", raylet_log)  # the session this try made
         proc.proc.wait(60)
         return proc
 

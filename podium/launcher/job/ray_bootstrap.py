@@ -173,10 +173,17 @@ def ray_env(base: Mapping[str, str] | None = None, token_path: Path | None = Non
     return env
 
 
-def raylet_cause(temp: Path) -> str | None:
+def raylet_cause(temp: Path, since: float = 0.0) -> str | None:
     """Why the raylet of the newest Ray session under ``temp`` died, in a phrase, when its log has
-    a fatal line (``ray start`` itself only reports that the node did not register in time)."""
-    text = read_tail(temp / "session_latest" / "logs" / "raylet.out")
+    a fatal line (``ray start`` itself only reports that the node did not register in time). Only
+    a session made at or after ``since`` (a time): an earlier try's is not this one's cause."""
+    session = temp / "session_latest"
+    try:
+        if session.stat().st_mtime < since:
+            return None
+    except OSError:
+        return None
+    text = read_tail(session / "logs" / "raylet.out")
     found = _RAYLET_FATAL.search(text)
     if found is None:
         return None
@@ -194,6 +201,7 @@ class RayNodeProcess:
         self.cmd = cmd
         self.log_path = log_path
         self.temp = temp  # its --temp-dir, where the raylet's own log says why it died
+        self.started_at = time.time()  # a session in ``temp`` older than this is another try's
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: the log names the node's address and ports
         self._log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
@@ -215,7 +223,7 @@ class RayNodeProcess:
     def describe_exit(self) -> str:
         """One line: how ``ray start`` ended, the first line of its log that says why (and its
         raylet's, when that one died), the log."""
-        detail = raylet_cause(self.temp) if self.temp is not None else None
+        detail = raylet_cause(self.temp, since=self.started_at) if self.temp is not None else None
         return describe_death("`ray start`", self.pid, self.proc.returncode, self.log_path, detail=detail)
 
     def missed_start_limit(self) -> bool:
