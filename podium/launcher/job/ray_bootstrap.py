@@ -60,6 +60,7 @@ START_LIMIT_MARK = "The current node timed out during startup"
 # frame that says it was the wait for the agent.
 _RAYLET_FATAL = re.compile(r"^\[[^\]]* C \d+ \d+\] \(raylet\) (.*)$", re.MULTILINE)
 _AGENT_PORTS_WAIT = "WaitForDashboardAgentPorts"
+FS_CLOCK_SLACK_S = 1.0
 
 
 def write_auth_token(path: Path) -> Path:
@@ -179,7 +180,9 @@ def raylet_cause(temp: Path, since: float = 0.0) -> str | None:
     a session made at or after ``since`` (a time): an earlier try's is not this one's cause."""
     session = temp / "session_latest"
     try:
-        if session.stat().st_mtime < since:
+        # A file's times come from the kernel's coarse clock, a tick behind time.time(): a session
+        # made just after ``since`` can read as made just before it.
+        if session.stat().st_mtime < since - FS_CLOCK_SLACK_S:
             return None
     except OSError:
         return None
