@@ -212,15 +212,11 @@ podium:
         assert run_processes(files) == {}
 
 
-def test_local_ray_start_dies_up_prints_its_cause_and_log(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
-    """The head's own ``ray start`` dies (an argument it refuses, injected): the head notices at
-    once, and what ``up --wait`` prints in one line is the cause from that process's log with the
-    log's path, not a timeout."""
-    run_dir = tmp_path / "run"
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"""\
+def _math_recipe(path: Path, checkpoint: Path, run_dir: Path) -> Path:
+    """A one-teacher local recipe (alias ``math``, one node, CPU) with its run dir."""
+    path.write_text(f"""\
 on_policy_distillation:
-  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}}}
+  teacher_model_by_agent_name: {{math: {checkpoint}}}
   non_colocated_teachers:
     default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
 podium:
@@ -229,6 +225,15 @@ podium:
   slurm: {{gpus: false}}
   ray: {{port_range: {RAY_PORTS}}}
 """)
+    return path
+
+
+def test_local_ray_start_dies_up_prints_its_cause_and_log(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """The head's own ``ray start`` dies (an argument it refuses, injected): the head notices at
+    once, and what ``up --wait`` prints in one line is the cause from that process's log with the
+    log's path, not a timeout."""
+    run_dir = tmp_path / "run"
+    recipe = _math_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint, run_dir)
     # Ray's own refusal of a 1 MiB object store, from deep in a traceback of `ray start`
     cause = "ValueError: Attempting to cap object store memory usage at 1048576 bytes"
     env = {**os.environ, "PODIUM_FAULTS": "ray_start_args=--object-store-memory=1048576"}
@@ -259,18 +264,7 @@ def test_a_head_whose_ray_missed_rays_start_limits_starts_it_again(tiny_llama_ch
     requeue, no failure counted), and serves; its log says why in one line, naming the raylet's
     cause that ``ray start`` alone hides."""
     run_dir = tmp_path / "run"
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"""\
-on_policy_distillation:
-  teacher_model_by_agent_name: {{math: {tiny_llama_checkpoint}}}
-  non_colocated_teachers:
-    default_teacher_cfg: {{num_nodes: 1, gpus_per_node: 1, precision: fp32}}
-podium:
-  cluster: local
-  run_dir: {run_dir}
-  slurm: {{gpus: false}}
-  ray: {{port_range: {RAY_PORTS}, object_store_memory_mb: 100}}
-""")
+    recipe = _math_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint, run_dir)
     env = {**os.environ, "PODIUM_FAULTS": "slow_ray_agent_rank=0"}
     try:
         up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "400"],
