@@ -22,6 +22,10 @@ key                      read by      what it does
                                       :data:`SLOW_AGENT_S` before it starts (a starved node's): the raylet
                                       gives up on it after Ray's fixed 15 s and ``ray start`` fails as
                                       Ray's start limits make it fail, which the node must try again
+``take_ray_port_rank``   node tasks   that rank's first ``ray start`` finds its block's node-manager port taken (a
+                                      socket of the task holds it, as another user's process could
+                                      between the block's check and Ray's bind): the node must start
+                                      its Ray again on another block
 ``fail_call_token``      workers      every rank of the teacher's group raises in a call whose first
                                       row starts with this token id (a request whose own computation
                                       fails, as an out-of-memory would: the group must survive it)
@@ -56,6 +60,7 @@ class Faults(BaseModel):
     ray_start_args: str = ""
     fail_call_token: int | None = Field(default=None, ge=0)
     slow_ray_agent_rank: int | None = Field(default=None, ge=0)
+    take_ray_port_rank: int | None = Field(default=None, ge=0)
 
     def injected(self, key: str) -> str:
         """How logs and errors name one injected fault: ``PODIUM_FAULTS fail_node_rank=1``."""

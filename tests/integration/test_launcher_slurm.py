@@ -53,10 +53,12 @@ def two_teachers(slurm_cluster, checkpoints, tmp_path_factory) -> Iterator[tuple
     try:
         # The 2-node teacher's worker gets a first `ray start` that misses Ray's start limits (a
         # starved node's, injected; the node starts its Ray again): what a loaded node does at
-        # random, here on purpose. The wait allows that and a requeue or two of a node that misses
-        # them on every try (the CI machine's load, 2 cores, reaches 30-70).
+        # random, here on purpose. Every head's first `ray start` finds a port of its block taken
+        # (another user's process could take one after the block's check; injected): the head
+        # starts its Ray again on another block. The wait allows that and a requeue or two of a
+        # node that misses Ray's limits on every try (the CI machine's load, 2 cores, reaches 30-70).
         podium("up", str(recipe), "--run-dir", str(run_dir), "--wait", "--timeout", "420",
-               env={"PODIUM_FAULTS": "slow_ray_agent_rank=1"}, timeout=480)
+               env={"PODIUM_FAULTS": "slow_ray_agent_rank=1,take_ray_port_rank=0"}, timeout=480)
         yield recipe, run_dir
     finally:
         podium("down", str(run_dir), check=False)
@@ -103,6 +105,24 @@ def test_a_worker_node_whose_ray_missed_rays_start_limits_started_it_again(two_t
     logs = "".join(path.read_text(errors="replace") for path in run_dir.glob(f"teachers/*/**/{job}_1_log.*"))
     lines = [line for line in logs.splitlines() if "(rank 1)" in line and "starting its Ray again (try 2 of" in line]
     assert lines and "its raylet gave up waiting for the node's dashboard agent" in lines[-1], logs[-3000:]
+
+
+def test_a_head_whose_port_was_taken_under_ray_started_it_on_another_block(two_teachers) -> None:
+    """Each teacher's serving generation: its head's first ``ray start`` found its node-manager port
+    taken (injected), and the head started Ray again on another block of ports, which its record,
+    its head file and the Ray it serves on name (the teachers serve: the tests above)."""
+    _, run_dir = two_teachers
+    for row in json.loads(podium("status", str(run_dir), "--json").stdout):
+        job, restart = row["generation"].split(":")
+        (generation,) = run_dir.glob(f"teachers/*/nodes/{job}-{restart}")
+        head = json.loads((generation / "0.json").read_text())
+        assert head["ray_attempt"] >= 2, head
+        first = generation / "0.ray-start.log"
+        assert f"--node-manager-port={head['ports']['node_manager']}" not in first.read_text()
+        assert json.loads((generation / "head.json").read_text())["ports"] == head["ports"]
+        logs = "".join(path.read_text(errors="replace") for path in run_dir.glob(f"teachers/*/**/{job}_0_log.*"))
+        lines = [line for line in logs.splitlines() if "starting its Ray again on another block of ports" in line]
+        assert lines and "a port of its block was taken" in lines[0], logs[-3000:]
 
 
 def test_scoring_fronts_of_a_teachers_file_equal_transformers(two_teachers, checkpoints) -> None:

@@ -160,13 +160,15 @@ class HeadRun:
             self._disconnect()
 
     def _start(self) -> None:
-        ports, ip = self.launch.ports, self.launch.ip
         job_id, restart = self.ctx.job_id, self.ctx.restart
         self.files.generation_dir(job_id, restart).mkdir(parents=True, exist_ok=True)
         self.token_path = write_auth_token(self.files.ray_token(job_id, restart))
         ray_proc = self.ray_proc = self.node.start_ray(self.launch, token_path=self.token_path)
         if ray_proc is None:  # a stop came first
             return
+        assert self.node.launch is not None
+        self.launch = self.node.launch  # its ports are another block's when a port was taken under Ray
+        ports, ip = self.launch.ports, self.launch.ip
         address = f"{ip}:{ports.gcs}"
         self.lifecycle.stamp("ray_started")
         # Only a head that runs is announced: a worker never joins a try of the head's `ray start`

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from podium.config.spec import TeacherSpec
@@ -24,7 +25,7 @@ from podium.launcher.common.cleanup import sweep_temp_dirs
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.common.node_files import HeadFile, NodeStateWriter, NodeStatus, try_read_head, try_read_node_state
 from podium.launcher.common.packages import TEACHER_INSTALL, TEACHER_PACKAGES, missing_message, missing_modules
-from podium.launcher.common.ray_ports import RayPorts, RayStartError, choose_ports
+from podium.launcher.common.ray_ports import LOCK_DIR_NAME, PortClaim, RayPorts, RayStartError, claim_ports
 from podium.launcher.job.ray_bootstrap import RayNodeProcess, private_temp_root, start_command, temp_dir
 from podium.launcher.job.signals import Signals
 from podium.poll import PollTimeout, poll_until
@@ -89,6 +90,9 @@ class NodeRun:
                                      generation=str(ctx.generation))
         self.log_path = files.task_log(ctx.log_job_id or ctx.job_id, ctx.rank)
         self.ray_proc: RayNodeProcess | None = None
+        self.launch: RayLaunch | None = None  # what this node's Ray runs with (its ports change on a retry)
+        self._claim: PortClaim | None = None  # this node's block of ports, held until the teardown
+        self._skip_blocks: set[int] = set()  # blocks whose ports another process took under Ray
         self._temp: Path | None = None
 
     def prepare(self) -> RayLaunch:
@@ -107,10 +111,11 @@ class NodeRun:
         if spec.launcher.slurm.gpus and gpus < spec.gpus_per_node:
             logger.warning("no CUDA device for gpus_per_node=%d on %s: the workers run on CPU",
                            spec.gpus_per_node, ctx.host)
-        launch = RayLaunch(ip=self.job_env.node_address(ray_cfg.interface),
-                           ports=choose_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank),
-                           temp=temp_dir(private_temp_root(ray_cfg.temp_dir_root), ctx.job_id,
-                                         ctx.restart, ctx.rank),
+        private = private_temp_root(ray_cfg.temp_dir_root)
+        self._claim = claim_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank, private / LOCK_DIR_NAME)
+        launch = self.launch = RayLaunch(ip=self.job_env.node_address(ray_cfg.interface),
+                           ports=self._claim.ports,
+                           temp=temp_dir(private, ctx.job_id, ctx.restart, ctx.rank),
                            num_cpus=self.job_env.node_cpus(spec),
                            num_gpus=gpus, object_store_memory_mb=ray_cfg.object_store_memory_mb,
                            extra_args=tuple(self.faults.ray_start_words()))
@@ -123,27 +128,63 @@ class NodeRun:
                   token_path: Path | None = None) -> RayNodeProcess | None:
         """This node's Ray (the head's without ``head_address``) once ``ray start`` says it runs;
         None when a stop came first. A start that missed one of Ray's fixed start limits (a starved
-        or slow node) is tried again, up to ``ray.start_attempts`` tries, each failed one logged with
-        its cause; RayStartError when ``ray start`` dies of anything else, or on the last try, or
-        says nothing within ``ray.nodes_timeout_s``. Ended by :meth:`teardown`."""
+        or slow node) is tried again, and one whose ports another process took between the check
+        and Ray's bind is tried again on another block (:attr:`launch` then names it), up to
+        ``ray.start_attempts`` tries, each failed one logged with its cause; RayStartError when
+        ``ray start`` dies of anything else, or on the last try, or says nothing within
+        ``ray.nodes_timeout_s``. Ended by :meth:`teardown`."""
         ctx, ray_cfg = self.ctx, self.spec.launcher.ray
         folder = self.files.generation_dir(ctx.job_id, ctx.restart)
+        self.launch = launch
         for attempt in range(1, ray_cfg.start_attempts + 1):
             log = folder / (f"{ctx.rank}.ray-start.log" if attempt == 1 else f"{ctx.rank}.ray-start-{attempt}.log")
-            ray_proc = self.ray_proc = RayNodeProcess(launch.command(head_address), log, token_path=token_path,
-                                                      temp=launch.temp,
+            held = self._port_taken_by_fault(attempt)
+            ray_proc = self.ray_proc = RayNodeProcess(self.launch.command(head_address), log, token_path=token_path,
+                                                      temp=self.launch.temp,
                                                       extra_env=self.faults.ray_start_env(ctx.rank, attempt))
             self.state.write(NodeStatus.RAY_STARTING, ray=ray_proc.ref.to_dict(), ray_attempt=attempt)
             try:
                 ray_proc.wait_started(ray_cfg.nodes_timeout_s, stop=self.signals.stop)
                 return None if self.signals.stop.is_set() else ray_proc
-            except RayStartError:
-                if attempt == ray_cfg.start_attempts or not ray_proc.missed_start_limit():
+            except RayStartError as exc:
+                taken = ray_proc.ports_taken()
+                if attempt == ray_cfg.start_attempts or not (taken or ray_proc.missed_start_limit()):
                     raise
-            logger.warning("node %s (rank %d): %s; starting its Ray again (try %d of %d)", ctx.host, ctx.rank,
-                           ray_proc.describe_exit(), attempt + 1, ray_cfg.start_attempts)
+                cause = str(exc)
+            finally:
+                if held is not None:
+                    held.close()
+            logger.warning("node %s (rank %d): %s; starting its Ray again%s (try %d of %d)", ctx.host, ctx.rank,
+                           cause, " on another block of ports" if taken else "", attempt + 1, ray_cfg.start_attempts)
             ray_proc.stop()  # whatever of that try still runs (its GCS, its agents), by session
+            if taken:
+                self._claim_another_block()
         raise AssertionError("unreachable: the last try returns or raises")
+
+    def _port_taken_by_fault(self, attempt: int) -> socket.socket | None:
+        """Under ``take_ray_port_rank``, this rank's first try: a socket holding its node-manager port."""
+        if self.faults.take_ray_port_rank != self.ctx.rank or attempt != 1:
+            return None
+        assert self.launch is not None
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.bind(("", self.launch.ports.node_manager))
+        held.listen(1)
+        logger.warning("port %d taken by %s", self.launch.ports.node_manager,
+                       self.faults.injected("take_ray_port_rank"))
+        return held
+
+    def _claim_another_block(self) -> None:
+        """After a block's port was taken under Ray: the next free, unclaimed block, recorded."""
+        assert self.launch is not None and self._claim is not None, "prepare() claimed a block"
+        ctx, ray_cfg = self.ctx, self.spec.launcher.ray
+        taken = self.launch.ports.base
+        self._skip_blocks.add(taken)
+        lock_dir = self._claim.lock_dir
+        self._claim.release()
+        self._claim = claim_ports(ray_cfg.port_range, ctx.job_id, ctx.restart, ctx.rank, lock_dir,
+                                  skip=self._skip_blocks)
+        self.launch = replace(self.launch, ports=self._claim.ports)
+        self.state.write(NodeStatus.RAY_STARTING, ports=self.launch.ports.to_dict())
 
     def failed(self, exc: BaseException) -> None:
         """Record in this node's state that its task failed (the other ranks watch it)."""
@@ -163,6 +204,8 @@ class NodeRun:
         if self._temp is not None and not survivors:
             shutil.rmtree(self._temp, ignore_errors=True)
         procs.reap_orphans(exclude=[self.ray_proc.pid] if self.ray_proc is not None else [])
+        if self._claim is not None and not survivors:  # a survivor may still hold its ports
+            self._claim.release()
         state = NodeStatus.FAILED if self.state.error else NodeStatus.ENDED
         try:
             self.state.write(state, ended_at=time.time(), teardown_s=round(time.monotonic() - t0, 3),

@@ -31,7 +31,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from podium.launcher.common.procs import ProcRef, kill_session, stop_signals_blocked
-from podium.launcher.common.ray_ports import RayPorts, RayStartError
+from podium.launcher.common.ray_ports import RayPorts, RayStartError, bind_failed
 from podium.launcher.job.exits import clean_cause, describe_death, read_tail
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ START_LIMIT_MARK = "The current node timed out during startup"
 _RAYLET_FATAL = re.compile(r"^\[[^\]]* C \d+ \d+\] \(raylet\) (.*)$", re.MULTILINE)
 _AGENT_PORTS_WAIT = "WaitForDashboardAgentPorts"
 FS_CLOCK_SLACK_S = 1.0
+BIND_CHECK_S = 1.0  # how often a starting node reads its daemons' logs for a port taken under them
 
 
 def write_auth_token(path: Path) -> Path:
@@ -196,6 +197,22 @@ def raylet_cause(temp: Path, since: float = 0.0) -> str | None:
     return f"its raylet died: {clean_cause(found.group(1))}"
 
 
+# The session logs of the daemons that bind the block's ports (the GCS on the head, the raylet).
+BINDING_LOGS = ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err")
+
+
+def session_logs(temp: Path, since: float = 0.0) -> str:
+    """The tails of :data:`BINDING_LOGS` of the newest Ray session under ``temp``, when it was made
+    at or after ``since`` (another try's session is not this one's)."""
+    session = temp / "session_latest"
+    try:
+        if session.stat().st_mtime < since - FS_CLOCK_SLACK_S:
+            return ""
+    except OSError:
+        return ""
+    return "\n".join(read_tail(session / "logs" / name) for name in BINDING_LOGS)
+
+
 class RayNodeProcess:
     """One ``ray start --block`` child of this node task (own session, stop signals blocked)."""
 
@@ -234,12 +251,22 @@ class RayNodeProcess:
         (:data:`START_LIMIT_MARK`): worth another try, unlike any other death."""
         return not self.alive() and START_LIMIT_MARK in read_tail(self.log_path)
 
+    def ports_taken(self) -> bool:
+        """Whether a port of its block was taken under this ``ray start`` (by another user's
+        process, between the block's check and the bind): worth another try on another block.
+        Its daemon says so in its log at once; ``ray start`` itself only after Ray's 30 s."""
+        logs = read_tail(self.log_path)
+        if self.temp is not None:
+            logs += session_logs(self.temp, since=self.started_at)
+        return bind_failed(logs)
+
     def wait_started(self, timeout_s: float, stop: threading.Event | None = None) -> float:
         """Seconds until ``ray start`` says the node runs (every daemon of it up, the raylet
         registered), or until ``stop`` is set: a driver that connects earlier gives up after Ray's
         own 60 s, which a loaded node's start can take (seen on the 2-core test machine).
         ``RayStartError`` when ``ray start`` dies first or the time runs out."""
         t0 = time.monotonic()
+        next_bind_check = t0 + BIND_CHECK_S
         while stop is None or not stop.is_set():
             try:
                 if STARTED_MARK in self.log_path.read_text(errors="replace"):
@@ -248,6 +275,11 @@ class RayNodeProcess:
                 pass
             if not self.alive():
                 raise RayStartError(self.describe_exit())
+            if time.monotonic() >= next_bind_check:
+                next_bind_check = time.monotonic() + BIND_CHECK_S
+                if self.ports_taken():
+                    raise RayStartError(f"`ray start` (pid {self.pid}): a port of its block was taken before its "
+                                        f"daemons bound it; log {self.log_path}")
             if time.monotonic() - t0 > timeout_s:
                 raise RayStartError(f"`ray start` (pid {self.pid}) did not report the node started within "
                                     f"{timeout_s:.0f}s; log {self.log_path}")
