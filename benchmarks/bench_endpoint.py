@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_common import ALLOCATOR_ENV, add_common_args, emit  # noqa: E402
 from bench_common import reexec_with_allocator as _reexec  # noqa: E402
 
-from podium.teacher.seam import GroupFacts  # noqa: E402
+from podium.teacher.seam import GroupFacts, Liveness  # noqa: E402
 
 PORTS = (23000, 23999)
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "shapes": "2x32,4x32"}
@@ -142,6 +142,7 @@ class InstantGroup:
 
     broken = None
     last_batch = None
+    liveness = Liveness()
 
     def __init__(self, vocab_size: int, delay_s: float = 0.0) -> None:
         self.facts = GroupFacts(vocab_size=vocab_size)
@@ -176,6 +177,7 @@ class HFInProcessGroup:
                                 checkpoint_path=str(path))
         self.broken = None
         self.last_batch = None
+        self.liveness = Liveness()
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
 
     def get_logprobs(self, data: Any, micro_batch_size: int | None = None, top_k: int | None = None, **kw: Any) -> dict:

@@ -37,7 +37,7 @@ from podium.config.launcher import ServerSettings  # noqa: E402
 from podium.protocol import oip  # noqa: E402
 from podium.protocol.names import OPENAI_COMPLETIONS, TARGET_RANK, TOPK_INDICES, TOPK_LOGPROBS  # noqa: E402
 from podium.teacher.endpoint import EndpointConfig, ServerThread  # noqa: E402
-from podium.teacher.seam import GroupFacts  # noqa: E402
+from podium.teacher.seam import GroupFacts, Liveness  # noqa: E402
 
 TOKEN = "bench-token"
 VOCAB = 32000
@@ -48,6 +48,7 @@ class FixedAnswerGroup:
 
     broken = None
     last_batch = None
+    liveness = Liveness()
 
     def __init__(self) -> None:
         self.facts = GroupFacts(vocab_size=VOCAB)

@@ -48,7 +48,7 @@ from bench_topk import RawSender, _raw_receive  # noqa: E402
 
 from podium.protocol.batch import Batch  # noqa: E402
 from podium.protocol.query import Query  # noqa: E402
-from podium.teacher.seam import BatchStats, GroupFacts  # noqa: E402
+from podium.teacher.seam import BatchStats, GroupFacts, Liveness  # noqa: E402
 
 QUICK = {"shape": "4x256x512", "reps": 2}
 VOCAB = 1024
@@ -63,6 +63,7 @@ class PayloadGroup:
         self.facts = GroupFacts(vocab_size=VOCAB, max_tokens_per_microbatch=rows * width, hidden_size=hidden)
         self.broken: str | None = None
         self.last_batch: BatchStats | None = None
+        self.liveness = Liveness()
         self.buffer = torch.randn(rows, width, hidden).to(torch.bfloat16)
 
     def compute(self, batch: Batch, query: Query) -> dict[str, Any]:

@@ -71,7 +71,7 @@ import podium  # noqa: E402
 from podium.rendezvous import Generation  # noqa: E402
 from podium.teacher.compute.microbatch import bucket_length  # noqa: E402
 from podium.teacher.endpoint.batching import BATCH_MICROBATCHES  # noqa: E402
-from podium.teacher.seam import GroupFacts  # noqa: E402
+from podium.teacher.seam import GroupFacts, Liveness  # noqa: E402
 
 logger = logging.getLogger("bench_replicas")
 
@@ -103,6 +103,7 @@ class SleepingGroup:
 
     broken = None
     last_batch = None
+    liveness = Liveness()
 
     def __init__(self, call_s: float, token_s: float, max_tokens_per_microbatch: int) -> None:
         # the endpoint's batches: BATCH_MICROBATCHES of this budget

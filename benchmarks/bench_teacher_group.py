@@ -10,6 +10,9 @@ What it measures, in one run on one model (Llama-like, default 4 layers × 512 h
   is Ray: arguments, scheduling, results). ``ratio_of_fastest`` compares the best call of each side
   (on a machine shared with other work, interference only adds time). Both sides compute the same
   numbers (checked: ``max_abs_diff``).
+- ``watch``: tokens/s of the same call with the group's watch of its calls (progress polls, the
+  stuck verdict: :mod:`podium.teacher.compute.liveness`) on and off, alternating; ``ratio`` =
+  watched / unwatched (goal >= 0.98);
 - ``load``: group construction time (placement, actor start, imports, model build, checkpoint read)
   and the checkpoint read itself per worker, at TP1 and TP2;
 - ``memory``: per worker, RSS after loading and peak RSS after a call, parameter bytes and checkpoint
@@ -99,6 +102,27 @@ def _memory_row(group: Any, label: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _watch_cost(group: Any, batch: dict, tokens: int, reps: int) -> dict[str, Any]:
+    """Tokens/s of the same call with the group's watch of its calls on and off, alternating (what
+    the watch costs; ``ratio`` = watched / unwatched, goal >= 0.98)."""
+    import dataclasses
+
+    watched, times = group.options, {True: [], False: []}
+    try:
+        for _ in range(reps):
+            for flag in (True, False):
+                group.options = dataclasses.replace(watched, watch_calls=flag)
+                t0 = time.perf_counter()
+                group.get_logprobs(batch)
+                times[flag].append(time.perf_counter() - t0)
+    finally:
+        group.options = watched
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {"watched_tokens_per_s": round(tokens / on, 1), "unwatched_tokens_per_s": round(tokens / off, 1),
+            "ratio": round(off / on, 3), "watched_s": [round(t, 3) for t in times[True]],
+            "unwatched_s": [round(t, 3) for t in times[False]]}
+
+
 def main() -> None:
     reexec_with_allocator()
     args = _args()
@@ -168,6 +192,7 @@ def main() -> None:
             "hf_s": [round(t, 3) for t in hf_times],
             "max_abs_diff": float((out["logprobs"] - ref).abs().max()),
         }
+        result["watch"] = _watch_cost(tp1, batch, tokens, max(args.reps, 5))
         mem_rows += _memory_row(tp1, "TP1 after calls")
         tp1.shutdown()
         del hf

@@ -59,7 +59,7 @@ from bench_common import add_common_args, emit  # noqa: E402
 from bench_endpoint import ClientProcess, bench_run, build_megatron_group, reexec_with_allocator, serve  # noqa: E402
 
 from podium.protocol.query import Query, ask  # noqa: E402
-from podium.teacher.seam import GroupFacts  # noqa: E402
+from podium.teacher.seam import GroupFacts, Liveness  # noqa: E402
 
 QUICK = {"layers": 1, "hidden": 64, "vocab": 512, "reps": 1, "wire_reps": 2, "k": 8, "shapes": "2x32,4x64",
          "callers": "1,2", "request_shape": "4x256"}
@@ -251,6 +251,7 @@ class InstantTopkGroup:
 
     broken = None
     last_batch = None
+    liveness = Liveness()
     max_tokens_per_microbatch: int | None = None
 
     def __init__(self, vocab_size: int) -> None:

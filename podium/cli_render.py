@@ -106,6 +106,8 @@ UNLIMITED = 100_000  # a width no table reaches: a table measured against it is 
 def _status_word(r: Any) -> str:
     """The status cell: the record's status and what comes of it (the reason goes below the table)."""
     status = r.status
+    if (r.load or {}).get("stuck"):  # the watch fired: the record says ready until it fails the generation
+        status = "[red]stuck[/red]"
     if r.superseded:
         status += " [dim](earlier run; requeued)[/dim]"
     elif r.status == "failed" and r.restart:
@@ -170,6 +172,21 @@ class StatusView:
         for r in self.rows:
             if r.reason and r.status in ("failed", "stopped", "draining"):
                 yield Text(f"{r.display}: {r.status}: {r.reason}")
+        for r in self.rows:
+            line = _liveness_line(r.load or {})
+            if line:
+                yield Text(f"{r.display}: {line}")
+
+
+def _liveness_line(load: dict) -> str | None:
+    """What a serving replica's watch says (its /metrics): the oldest request's age, the slowest
+    rank of the last call; None before any call."""
+    if load.get("slowest_rank", -1) < 0 and not load.get("oldest_request_s"):
+        return None
+    parts = [f"oldest request {load.get('oldest_request_s', 0.0):.0f}s"]
+    if load.get("slowest_rank", -1) >= 0:
+        parts.append(f"slowest rank {load['slowest_rank']:.0f} ({load['slowest_rank_s']:.2f}s in the last call)")
+    return ", ".join(parts)
 
 
 def status_table(rows: list, title: str = "podium status") -> StatusView:

@@ -26,6 +26,9 @@ key                      read by      what it does
                                       socket of the task holds it, as another user's process could
                                       between the block's check and Ray's bind): the node must start
                                       its Ray again on another block
+``freeze_call_rank``     workers      that rank of the teacher's group stops itself (SIGSTOP) at the start of its
+                                      first call (the warm-up forward before ready): a frozen process,
+                                      which the group's watch must find and name
 ``fail_call_token``      workers      every rank of the teacher's group raises in a call whose first
                                       row starts with this token id (a request whose own computation
                                       fails, as an out-of-memory would: the group must survive it)
@@ -59,6 +62,7 @@ class Faults(BaseModel):
     delay_start_s: float = Field(default=0.0, ge=0)
     ray_start_args: str = ""
     fail_call_token: int | None = Field(default=None, ge=0)
+    freeze_call_rank: int | None = Field(default=None, ge=0)
     slow_ray_agent_rank: int | None = Field(default=None, ge=0)
     take_ray_port_rank: int | None = Field(default=None, ge=0)
 

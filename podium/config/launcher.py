@@ -40,6 +40,8 @@ from podium.config.recipe import merge_with_override
 SECTION = "podium"
 
 
+DEFAULT_STUCK_AFTER_S = 300.0  # server.stuck_after_s (the teacher group's watch takes it as its default too)
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -155,6 +157,11 @@ class ServerSettings(_Strict):
     # /metrics: aggregate load figures, open to scrapers like Triton's and vLLM's; true: it needs
     # the bearer token like every route but liveness (the generation's job id is in it).
     metrics_need_token: bool = False
+    # A call (or the warm-up forward that comes before ready) whose ranks finish no micro-batch for
+    # this long, or for 10x what the teacher's measured speed says its largest micro-batch takes if
+    # that is longer, is stuck: the generation fails and the restart policy brings the teacher back.
+    # Above what a cold first forward of the model takes (a lazy collective init, a compile).
+    stuck_after_s: float = Field(default=DEFAULT_STUCK_AFTER_S, gt=0)
 
     @field_validator("port_range")
     @classmethod

@@ -52,6 +52,33 @@ class BatchStats:
     dp_tokens: tuple[int, ...] = ()  # the token positions each data-parallel copy of the model computed
 
 
+@dataclass(frozen=True)
+class RankLiveness:
+    """One rank as the watch saw it: when its task of a call last returned (wall clock), and how
+    long its task of the last call took."""
+
+    rank: int
+    where: str  # its node's address and its process: "127.0.0.12, pid 4242"
+    last_forward_end: float | None = None
+    last_call_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What a group's watch knows now: how long the call computing has run (None: idle), why the
+    watch fired (None: it has not), and each rank (:class:`RankLiveness`)."""
+
+    call_age_s: float | None = None
+    stuck: str | None = None
+    ranks: tuple[RankLiveness, ...] = ()
+
+    @property
+    def slowest(self) -> RankLiveness | None:
+        """The rank whose task of the last call took longest (None before any call)."""
+        timed = [r for r in self.ranks if r.last_call_seconds is not None]
+        return max(timed, key=lambda r: (r.last_call_seconds, -r.rank)) if timed else None
+
+
 class ServedGroup(Protocol):
     """What the endpoint serves (see the module doc).
 
@@ -59,7 +86,8 @@ class ServedGroup(Protocol):
     :class:`~podium.protocol.query.Query` (trusted: checked once, by the endpoint) and returns the
     query's outputs ``[rows, width, ...]``. ``broken``: ``None``, or why the group can serve no
     more (a worker died); the endpoint then answers not ready, and a failed batch 503.
-    ``last_batch``: the stats of the group's last batch, or None."""
+    ``last_batch``: the stats of the group's last batch, or None. ``liveness``: what the group's
+    watch of its calls knows (:class:`Liveness`; a stand-in without a watch says ``Liveness()``)."""
 
     @property
     def facts(self) -> GroupFacts: ...
@@ -69,5 +97,8 @@ class ServedGroup(Protocol):
 
     @property
     def last_batch(self) -> BatchStats | None: ...
+
+    @property
+    def liveness(self) -> Liveness: ...
 
     def compute(self, batch: Batch, query: Query) -> Mapping[str, Any]: ...

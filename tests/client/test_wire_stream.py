@@ -44,7 +44,7 @@ from podium.protocol.names import (
 )
 from podium.protocol.query import Query
 from podium.teacher.endpoint.stream import STREAM_FROM
-from podium.teacher.seam import GroupFacts
+from podium.teacher.seam import GroupFacts, Liveness
 
 WIRE = TeacherDef("c3c3c3c3c3c3", "wire", ("wire",))
 VOCAB = 151_936  # a real vocabulary (Qwen's): ids past 65535
@@ -77,6 +77,7 @@ class WireGroup:
     facts = GroupFacts(vocab_size=VOCAB, max_sequence_length=8192)
     broken = None
     last_batch = None
+    liveness = Liveness()
 
     def compute(self, data: Batch, query: Query) -> dict[str, Any]:
         out = answer(data.input_ids, data.input_lengths, int(query.top_k or 1))

@@ -21,7 +21,7 @@ import torch
 
 from podium.protocol.batch import Batch
 from podium.protocol.query import Query
-from podium.teacher.seam import BatchStats, GroupFacts
+from podium.teacher.seam import BatchStats, GroupFacts, Liveness
 
 
 def fake_logprobs(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -64,6 +64,7 @@ class FakeGroup:
         self.facts = GroupFacts(vocab_size=vocab_size, max_sequence_length=max_sequence_length, **facts)
         self.broken: str | None = None
         self.last_batch: BatchStats | None = None
+        self.liveness = Liveness()  # no watch
         self.delay_s = delay_s
         self.calls: list[Any] = []  # ids[0, 0] of each call, in the order the calls arrived
         self.received: list[dict[str, np.ndarray]] = []  # copies of each call's input_ids and input_lengths

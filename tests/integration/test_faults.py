@@ -8,7 +8,10 @@ answer compared with the HF oracle) through, in order:
 2. a worker node's processes killed (its task and its Ray session, by recorded PID): the record
    says ``failed`` naming the node, the job requeues without that node and serves again;
 3. a preemption by plain SIGTERM + GraceTime (the cluster switched to Slurm's default preemption
-   mode for the test): the teacher drains, requeues itself and serves again.
+   mode for the test): the teacher drains, requeues itself and serves again;
+4. the teacher worker on its second node frozen (SIGSTOP: alive, silent, its node and Ray well):
+   the group's watch finds the stuck call, the record says ``failed`` naming the frozen rank, the
+   job requeues and serves again.
 
 Time limits and a broken checkpoint, each with teachers of their own, are in
 ``test_faults_restarts.py`` (a module of its own, so this one's teacher is down before they start).
@@ -34,16 +37,20 @@ from harness.recipes import write_recipe
 
 from podium.launcher.common.procs import ProcRef, session_alive
 from podium.launcher.common.restarts import RestartLedger
+from podium.launcher.job.watchdog import CAUSE_WAIT_S
 from podium.rendezvous.atomic import file_mode
 
 pytestmark = pytest.mark.slurm
+
+STUCK_AFTER_S = 30.0  # the teacher's server.stuck_after_s: well above a tiny forward at CI's load
 
 
 @pytest.fixture(scope="module")
 def two_node(slurm_cluster, tiny_llama_checkpoint: Path, tmp_path_factory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("faults")
     recipe = write_recipe(root / "recipe.yaml", {"math": (tiny_llama_checkpoint, 2)},
-                          slurm={"cpus_per_task": slurm_cluster.cpus_per_node}, restart={"backoff_s": 1})
+                          slurm={"cpus_per_task": slurm_cluster.cpus_per_node}, restart={"backoff_s": 1},
+                          server={"stuck_after_s": STUCK_AFTER_S})
     served = serve_with_client(recipe, root / "run", "math", tiny_llama_checkpoint)
     try:
         yield served
@@ -121,3 +128,36 @@ def test_sigterm_preemption_requeues_and_serves_again(two_node: Served, slurm_cl
     calls = two_node.assert_client_clean(t0)
     print(json.dumps({"sigterm_preemption": {"preempt_to_stopped_s": round(t_stopped - t_preempt, 2),
                                              **measured, "calls": calls}}))
+
+
+def test_a_frozen_worker_is_found_by_the_watch_and_the_teacher_serves_again(two_node: Served) -> None:
+    """The teacher worker on the second node stops (SIGSTOP: the process, its node task and its Ray
+    all alive, as a rank stuck in a collective or on a lost GPU looks): the call in flight makes no
+    progress, the watch fails it within about twice ``server.stuck_after_s`` (its 503 is retried by
+    the client), the record says ``failed`` naming the frozen rank, and the next generation serves.
+    The client loop sees no failed call and no wrong answer."""
+    import psutil
+
+    t0 = time.time()
+    gen = two_node.generation()
+    job, restart = gen.split(":")
+    node = json.loads(two_node.files.node(job, int(restart), 1).read_text())
+    workers = [pid for pid in session_alive(ProcRef.from_dict(node["ray"]))
+               if "TeacherWorker" in " ".join(psutil.Process(pid).cmdline())]
+    assert workers, f"no teacher worker in the Ray session of {node['host']}"
+    t_stop = time.time()
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    t_failed, failed = two_node.watcher.wait_for(gen, "failed", 2 * STUCK_AFTER_S + 60)
+    reason = failed["reason"]
+    print(reason)
+    assert "stuck call: no progress for" in reason and "(frozen?)" in reason, reason
+    assert any(f"pid {pid}) has not finished micro-batch" in reason for pid in workers), reason
+    assert t_failed - t_stop < 2 * STUCK_AFTER_S + CAUSE_WAIT_S + 10, (t_failed - t_stop, reason)
+    assert failed["final"] is False and failed["will_retry"] is True, failed
+    measured = comes_back(two_node, gen)
+    for pid in workers:  # the frozen process was ended with its generation (SIGKILL reaches a stopped one)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    calls = two_node.assert_client_clean(t0)
+    print(json.dumps({"frozen_worker": {"stop_to_failed_s": round(t_failed - t_stop, 2), **measured,
+                                        "calls": calls}}))

@@ -3,12 +3,15 @@ themselves are what ``podium.teacher.endpoint.metrics.summary`` reads from a rea
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from rich.console import Console
 
 from podium.cli_render import status_table
 from podium.launcher.login.status import TeacherStatus
 from podium.teacher.endpoint.metrics import EndpointMetrics, summary
+from podium.teacher.seam import Liveness, RankLiveness
 
 
 def test_summary_reads_the_figures_of_a_registry():
@@ -37,6 +40,35 @@ def test_the_status_table_shows_the_load_or_dashes():
     assert "1234" in math_line and "6.1%" in math_line
     chat_line = next(line for line in text.splitlines() if "chat" in line)
     assert chat_line.rstrip(" │").endswith("-")
+
+
+def test_the_watch_of_a_group_reaches_status_through_metrics():
+    """What a group's watch knows (the oldest request's age, each rank's part of the last call,
+    whether it found a call stuck) is read from /metrics, shown below the table, and a replica
+    whose watch fired reads ``stuck`` though its record still says ready."""
+    now = time.time()
+    ranks = (RankLiveness(0, "10.0.0.1, pid 11", now - 4.0, 0.41), RankLiveness(1, "10.0.0.2, pid 22", now - 4.2, 2.5),
+             RankLiveness(2, "10.0.0.3, pid 33"))
+    live = Liveness(call_age_s=None, stuck=None, ranks=ranks)
+    metrics = EndpointMetrics("t", queue_depth=lambda: 1, queued_rows=lambda: 1, liveness=lambda: live,
+                              oldest_request_s=lambda: 12.3)
+    figures = summary(metrics.render().decode())
+    assert figures["oldest_request_s"] == pytest.approx(12.3) and figures["stuck"] == 0
+    assert figures["slowest_rank"] == 1 and figures["slowest_rank_s"] == pytest.approx(2.5)
+    row = TeacherStatus(name="math", key="k" * 12, aliases=("math",), status="ready", health=True, load=figures)
+    console = Console(width=250, record=True)
+    console.print(status_table([row]))
+    text = console.export_text()
+    assert "math: oldest request 12s, slowest rank 1 (2.50s in the last call)" in text, text
+    assert "stuck" not in text
+
+    live = Liveness(call_age_s=40.0, stuck="teacher 'math': stuck call: no progress for 301 s", ranks=ranks)
+    row.load = summary(metrics.render().decode())
+    assert row.load["stuck"] == 1
+    console = Console(width=250, record=True)
+    console.print(status_table([row]))
+    line = next(line for line in console.export_text().splitlines() if line.startswith("math "))
+    assert " stuck " in line and " ready " not in line, line
 
 
 def test_status_of_a_run_dir_that_does_not_exist_names_its_rendezvous_file(tmp_path):

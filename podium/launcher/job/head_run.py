@@ -200,9 +200,14 @@ class HeadRun:
         # The group's torch.distributed rendezvous takes the port this node's block reserves for
         # it (checked free on all addresses, outside Ray's ports): chosen explicitly too.
         port = ports.torch_master
-        self.group = TeacherWorkerGroup(self.spec, GroupOptions(master_port_range=(port, port)))
+        self.group = TeacherWorkerGroup(self.spec, GroupOptions(master_port_range=(port, port),
+                                                                stuck_after_s=self.spec.launcher.server.stuck_after_s))
         self.signals.install()  # in case the group's libraries installed handlers of their own
         self.lifecycle.stamp("model_loaded")
+        # Ready means served once: a forward at the largest shape on every rank, watched, before
+        # any trainer is told to call (a lazy collective init that hangs, an out-of-memory).
+        self.group.warm_up()
+        self.lifecycle.stamp("warmed_up")
 
     def _wait_nodes(self, ray: Any, ray_proc: RayNodeProcess) -> None:
         """Until Ray counts every node of the job (or a stop); NodeStartError at once when a node

@@ -34,14 +34,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from podium.config.launcher import DEFAULT_STUCK_AFTER_S
 from podium.config.spec import TeacherSpec
 from podium.protocol.batch import Batch, batch_inputs, validate_batch
 from podium.protocol.query import Query, ask
-from podium.teacher.compute.microbatch import MicroBatch, assign_replicas, computed_tokens, plan_microbatches
+from podium.teacher.compute.liveness import CallWatch, RankSeat, allowed_s
+from podium.teacher.compute.microbatch import (
+    MicroBatch,
+    assign_replicas,
+    bucket_length,
+    computed_tokens,
+    plan_microbatches,
+)
 from podium.teacher.compute.rank import RankInfo
-from podium.teacher.seam import BatchStats, GroupFacts
+from podium.teacher.compute.waiting import (
+    WATCH_GROUP,
+    RankTask,
+    StuckForwardError,
+    await_watched,
+    get_first_error,
+    workers_settled,
+)
+from podium.teacher.seam import BatchStats, GroupFacts, Liveness, RankLiveness
 
 logger = logging.getLogger(__name__)
+
+SPEED_WEIGHT = 0.3  # the weight of the newest call in the measured speed (an exponential average)
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,10 @@ class GroupOptions:
     # After a batch raised: how long the other workers get to come back before the group counts as
     # broken (one stuck in a collective its peers left never does).
     failed_call_settle_s: float = 30.0
+    # The watch's floor (server.stuck_after_s): a call none of whose ranks finishes a micro-batch
+    # for this long (or 10x its measured time, when longer) is stuck, and the group broken.
+    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
+    watch_calls: bool = True  # False: calls wait unwatched (benchmarks measure what the watch costs)
     master_port_range: tuple[int, int] | None = None
     env_vars: Mapping[str, str] = field(default_factory=dict)  # e.g. NCCL_*, GLOO_SOCKET_IFNAME
     hf_config: str | None = None  # config.json for a torch_dist checkpoint that lacks one
@@ -80,6 +104,12 @@ class TeacherWorkerGroup:
         self._shutdown_done = True  # until actors exist, nothing to release
         self._lock = threading.Lock()
         self._broken: str | None = None
+        self._calls = 0  # calls dispatched (their number is what the ranks report)
+        self._speed: float | None = None  # token positions per second of one replica, measured
+        self._watch: CallWatch | None = None  # the call computing now
+        self._stuck: str | None = None
+        self._ended: dict[int, float] = {}  # rank -> when (wall clock) its task of a call last returned
+        self._rank_seconds: dict[int, float] = {}  # rank -> seconds its task of the last call took
         if not isinstance(spec, TeacherSpec):
             raise TypeError(f"TeacherWorkerGroup takes a TeacherSpec (from the plan), got {type(spec).__name__}")
         self.spec = spec
@@ -157,7 +187,8 @@ class TeacherWorkerGroup:
                 f"teacher {s.name!r}: placement group of {s.num_nodes} × {bundle} ({strategy}) not placed after "
                 f"{o.placement_timeout_s:.0f}s; cluster has {ray.available_resources()} available"
             ) from None
-        actor_cls = ray.remote(TeacherWorker)
+        # progress() answers the watch on a thread of its own while a call computes
+        actor_cls = ray.remote(concurrency_groups={WATCH_GROUP: 1})(TeacherWorker)
         env_vars = dict(o.env_vars)
         if not use_gpu:
             # Ray leaves CUDA_VISIBLE_DEVICES alone for an actor with num_gpus=0, so on a GPU node a
@@ -197,7 +228,7 @@ class TeacherWorkerGroup:
             )
             for actor in self._actors
         ]
-        self.worker_info: list[RankInfo] = _get_first_error(futures, o.setup_timeout_s)
+        self.worker_info: list[RankInfo] = get_first_error(futures, o.setup_timeout_s)
         outputs = [i for i in self.worker_info if i.is_output]
         dp = self.worker_info[0].dp_size
         if sorted(i.dp_rank for i in outputs) != list(range(dp)):
@@ -229,10 +260,12 @@ class TeacherWorkerGroup:
                     vocab_size=self.facts.vocab_size, hidden_states_refusal=self.facts.hidden_states_refusal)
         return self.compute(batch, query)
 
-    def compute(self, batch: Batch, query: Query) -> dict[str, Any]:
+    def compute(self, batch: Batch, query: Query, *, what: str = "call") -> dict[str, Any]:
         """The ``query``'s outputs for ``batch`` (both trusted), ``[B, width, ...]`` torch tensors.
         Top-k ids come in :func:`~podium.teacher.compute.head.index_dtype` (int32 for any real
-        vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked)."""
+        vocabulary: narrowed on the device; the endpoint hands each caller the dtype it asked).
+        Watched (:mod:`podium.teacher.compute.liveness`): :class:`StuckForwardError` when it stops
+        making progress, and the group is broken from then on."""
         if query.temperature is None:
             query = dataclasses.replace(query, temperature=self.spec.temperature)
         with self._lock:
@@ -249,19 +282,49 @@ class TeacherWorkerGroup:
                                        seq_multiple=self.facts.sequence_length_multiple)
             # each replica's rows in its plan's order (a filler row, -1, is one token 0 of length 1)
             order = [[i for mb in shard for i in mb.rows] for shard in replicas]
+            self._calls += 1
             tasks = self._dispatch(batch, query, replicas, order)
-            answer = self._collect(tasks, order, batch.rows, query)
+            self._watch = self._new_watch(tasks, replicas, what)
+            try:
+                answer = self._collect(tasks, order, batch.rows, query)
+            finally:
+                self._watch = None
+            seconds = time.perf_counter() - started
+            dp_tokens = tuple(computed_tokens([shard]) for shard in replicas)
             self.last_batch = BatchStats(rows=batch.rows, tokens=batch.tokens, microbatches=sum(map(len, replicas)),
-                                         computed_tokens=computed_tokens(replicas),
-                                         seconds=time.perf_counter() - started,
-                                         dp_tokens=tuple(computed_tokens([shard]) for shard in replicas))
+                                         computed_tokens=computed_tokens(replicas), seconds=seconds,
+                                         dp_tokens=dp_tokens)
+            speed = max(dp_tokens) / max(seconds, 1e-6)  # one replica's token positions per second
+            self._speed = speed if self._speed is None else SPEED_WEIGHT * speed + (1 - SPEED_WEIGHT) * self._speed
             # positions past the longest row come back as zeros, up to the caller's width
             return {key: batch.pad(value).contiguous() for key, value in answer.items()}
 
+    def warm_up(self) -> BatchStats:
+        """One forward at the largest shape the endpoint admits (a full micro-batch of the longest
+        rows on every data-parallel replica), before the teacher is published ready: a lazy
+        collective init that hangs or an out-of-memory at the biggest shape fails here, naming the
+        rank, not in a trainer's first call. Its allowance is the floor (``stuck_after_s``)."""
+        facts = self.facts
+        budget = int(facts.max_tokens_per_microbatch or 1)
+        longest = facts.max_sequence_length or budget
+        length = min(longest, budget)
+        # the longest row whose bucket (the length the group computes it at) stays within the model
+        while length > 1 and bucket_length(length, facts.sequence_length_multiple) > longest:
+            length -= 1
+        rows = max(1, budget // bucket_length(length, facts.sequence_length_multiple)) * facts.data_parallel_size
+        ids = np.tile(np.arange(length, dtype=np.int64) % facts.vocab_size, (rows, 1))
+        batch = self.validate({"input_ids": ids, "input_lengths": np.full(rows, length, dtype=np.int64)})
+        query = ask(vocab_size=facts.vocab_size, hidden_states_refusal=facts.hidden_states_refusal)
+        self.compute(batch, query, what="warm-up forward")
+        assert self.last_batch is not None
+        logger.info("teacher %r warmed up: %d rows of %d tokens in %.2fs", self.spec.name, rows, length,
+                    self.last_batch.seconds)
+        return self.last_batch
+
     def _dispatch(self, batch: Batch, query: Query, replicas: Sequence[Sequence[MicroBatch]],
-                  order: Sequence[Sequence[int]]) -> list[tuple[int, bool, Any]]:
-        """Each replica's shard to its ranks (``ray.put`` once per replica); ``(dp rank, is output
-        rank, future)`` of every rank that has rows."""
+                  order: Sequence[Sequence[int]]) -> list[RankTask]:
+        """Each replica's shard to its ranks (``ray.put`` once per replica); the task of every rank
+        that has rows."""
         import ray
         import torch
 
@@ -276,27 +339,39 @@ class TeacherWorkerGroup:
             if shard is None:  # fewer micro-batches than replicas: this one has nothing to do
                 continue
             steps = [(len(mb.rows), mb.seq_len) for mb in replicas[info.dp_rank]]
-            tasks.append((info.dp_rank, info.is_output,
-                          actor.get_logprobs.remote(shard["ids"], shard["lengths"], steps, query, shard.get("cands"))))
+            future = actor.get_logprobs.remote(shard["ids"], shard["lengths"], steps, query, shard.get("cands"),
+                                               call=self._calls)
+            tasks.append(RankTask(info.rank, info.dp_rank, info.is_output, future))
         return tasks
 
-    def _collect(self, tasks: Sequence[tuple[int, bool, Any]], order: Sequence[Sequence[int]], rows: int,
+    def _new_watch(self, tasks: Sequence[RankTask], replicas: Sequence[Sequence[MicroBatch]], what: str) -> CallWatch:
+        """The watch of the call just dispatched: its allowance from the teacher's measured speed."""
+        steps = max((mb.tokens for shard in replicas for mb in shard), default=1)
+        seats = [RankSeat(t.rank, f"{self.worker_info[t.rank].node_ip}, pid {self.worker_info[t.rank].pid}",
+                          len(replicas[t.dp_rank])) for t in tasks]
+        return CallWatch(self._calls, seats, allowed_s(self.options.stuck_after_s, self._speed, steps),
+                         time.monotonic(), what=what)
+
+    def _collect(self, tasks: Sequence[RankTask], order: Sequence[Sequence[int]], rows: int,
                  query: Query) -> dict[str, Any]:
         """The output ranks' answers, each row put back at its place in the batch. A failure whose
         workers do not all come back (a dead one, one stuck in a collective) breaks the group."""
         import torch
 
-        futures = [future for _, _, future in tasks]
+        futures = [task.future for task in tasks]
         try:
-            results = _get_first_error(futures, None)
+            results = self._await(tasks)
+        except StuckForwardError:
+            raise
         except Exception as exc:
-            if not _workers_settled(futures, self.options.failed_call_settle_s):
+            if not workers_settled(futures, self.options.failed_call_settle_s):
                 self._broken = f"{type(exc).__name__}: {exc}"[:2000]
             raise
         answer: dict[str, Any] = {}
-        for (d, is_output, _), out in zip(tasks, results, strict=True):
-            if not is_output:
+        for task, out in zip(tasks, results, strict=True):
+            if not task.is_output:
                 continue
+            d = task.dp_rank
             real = [k for k, i in enumerate(order[d]) if i >= 0]
             where = torch.tensor([order[d][k] for k in real], dtype=torch.long)
             for key, value in out.items():
@@ -307,12 +382,45 @@ class TeacherWorkerGroup:
                 answer[key][where] = value[real]
         return answer
 
+    def _await(self, tasks: Sequence[RankTask]) -> list[Any]:
+        """The tasks' results (:func:`~podium.teacher.compute.waiting.await_watched`); a stuck call
+        breaks the group, its verdict the reason."""
+        watch = self._watch
+        assert watch is not None
+
+        def returned(rank: int, seconds: float) -> None:
+            self._ended[rank], self._rank_seconds[rank] = time.time(), seconds
+
+        if not self.options.watch_calls:
+            return get_first_error([task.future for task in tasks], None)
+        try:
+            return await_watched(tasks, watch, self._actors, returned)
+        except StuckForwardError as exc:
+            verdict = str(exc)
+            if watch.what != "call":
+                verdict += (f" (server.stuck_after_s is {self.options.stuck_after_s:g} s: raise it if a "
+                            f"first forward of this model needs longer)")
+            self._broken = self._stuck = f"teacher {self.spec.name!r}: {verdict}"[:2000]
+            logger.error("%s", self._stuck)
+            raise StuckForwardError(self._stuck) from None
+
     # -- observability / lifecycle --------------------------------------------------------------
 
     @property
     def broken(self) -> str | None:
         """Why this group can serve no more (the error of the call that broke it), or None."""
         return self._broken
+
+    @property
+    def liveness(self) -> Liveness:
+        """What the watch knows now (``podium status`` shows it through the endpoint's /metrics)."""
+        watch = self._watch
+        age = time.monotonic() - watch.started if watch is not None else None
+        ranks = tuple(RankLiveness(rank=info.rank, where=f"{info.node_ip}, pid {info.pid}",
+                                   last_forward_end=self._ended.get(info.rank),
+                                   last_call_seconds=self._rank_seconds.get(info.rank))
+                      for info in self.worker_info)
+        return Liveness(call_age_s=age, stuck=self._stuck, ranks=ranks)
 
     def memory(self) -> list[dict[str, int]]:
         """Peak and current RSS of every worker (bytes), in rank order."""
@@ -363,45 +471,8 @@ class TeacherWorkerGroup:
 
 def _take(array: Any, rows: Sequence[int], filler_length: bool) -> Any:
     """``array[rows]``, a filler row (``-1``) as zeros (a length of 1 for ``input_lengths``)."""
-    import numpy as np
-
     index = np.asarray(rows, dtype=np.int64)
     picked = array[np.maximum(index, 0)]
     if (index < 0).any():
         picked[index < 0] = 1 if filler_length else 0
     return np.ascontiguousarray(picked)
-
-
-def _workers_settled(futures: list[Any], settle_s: float) -> bool:
-    """After a call failed: whether the group is still whole, i.e. every worker of the call is alive
-    and finished (with its answer or its own exception) within ``settle_s``. A call that raised on
-    live workers that all came back failed alone (the next call starts afresh); a dead worker, or
-    one still stuck (in a collective its peers left), means the group is broken."""
-    import ray
-
-    _, pending = ray.wait(futures, num_returns=len(futures), timeout=settle_s)
-    if pending:
-        return False
-    for future in futures:
-        try:
-            ray.get(future)
-        except ray.exceptions.RayActorError:
-            return False
-        except Exception:  # the task's own error, on a live worker
-            pass
-    return True
-
-
-def _get_first_error(futures: list[Any], timeout: float | None) -> list[Any]:
-    """``ray.get`` all futures, but raise as soon as any one fails (others may be stuck in a collective)."""
-    import ray
-
-    pending = list(futures)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while pending:
-        wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
-        done, pending = ray.wait(pending, num_returns=1, timeout=wait_for)
-        if not done:
-            raise TimeoutError(f"{len(pending)} teacher worker call(s) unfinished after {timeout}s")
-        ray.get(done)  # raises the worker's exception (a RayTaskError subclassing the original)
-    return ray.get(futures)

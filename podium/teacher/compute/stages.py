@@ -7,7 +7,7 @@ starts micro-batch ``m+1`` while stage ``p+1`` works on ``m``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +33,14 @@ def forward_only_stage_loop(
     model: Any,
     microbatches: Sequence[dict[str, torch.Tensor]],
     stage: StageInfo,
+    on_step: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run ``microbatches`` (``input_ids``, ``position_ids``, ``labels`` ``[b, s]``) through this stage.
 
     Returns the last stage's per-micro-batch outputs (the head's dicts); other stages return ``[]``.
     Every rank of a pipeline must be given the same micro-batch shapes, in the same order.
+    ``on_step`` is called after each micro-batch (the group's watch counts them: on a GPU, once its
+    kernels are queued, which the next collective waits for).
     """
     import torch
     import torch.distributed as dist
@@ -62,6 +65,8 @@ def forward_only_stage_loop(
             else:
                 out = out.contiguous()
                 pending.append((dist.isend(out, dst=stage.next_rank, group=stage.group), out))
+            if on_step is not None:
+                on_step()
         for handle, _tensor in pending:
             handle.wait()
     return outputs

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import signal
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from podium.teacher.compute.alignment import (
     to_nemo_rl,
 )
 from podium.teacher.compute.head import HeadCall, HeadInputs
+from podium.teacher.compute.liveness import RankReport
 from podium.teacher.compute.payload import hidden_states_refusal, mask_payload
 from podium.teacher.compute.rank import RankInfo
 from podium.teacher.compute.stages import StageInfo, forward_only_stage_loop
@@ -92,6 +94,10 @@ class TeacherWorker:
             torch.set_num_threads(int(torch_threads))
         self._ready = False
         self._info: RankInfo | None = None
+        # What the group's watch asks (progress(), on a thread of its own while a call computes):
+        # the call, its micro-batches and how many finished, and when the last of them ended.
+        self._call, self._steps, self._done, self._event = 0, 0, 0, time.monotonic()
+        self._froze = False  # the fault freeze_call_rank stops this rank once
 
     # -- rendezvous -----------------------------------------------------------------------------
 
@@ -209,18 +215,20 @@ class TeacherWorker:
     # -- compute ------------------------------------------------------------------------------------
 
     def get_logprobs(self, input_ids: Any, input_lengths: Any, plan: Sequence[tuple[int, int]], query: Query,
-                     candidate_ids: Any = None) -> dict[str, Any] | None:
+                     candidate_ids: Any = None, call: int = 0) -> dict[str, Any] | None:
         """This replica's shard ``input_ids [b, S]`` through the model; on the output rank, the
         ``query``'s outputs (names of :mod:`podium.protocol.names`: NeMo RL-aligned logprobs and
         top-k logprobs, next-token top-k logits, logprobs of ``candidate_ids [b, S, C]``) at its
         temperature (the group resolved the teacher's default); other ranks return ``None``.
 
         ``plan`` is the driver's (:mod:`podium.teacher.compute.microbatch`): consecutive micro-batches
-        of the shard as ``(rows, seq_len)``, the same on every rank of the replica."""
+        of the shard as ``(rows, seq_len)``, the same on every rank of the replica; ``call`` is the
+        group's number of the call, as :meth:`progress` reports it."""
         import torch
 
         if not self._ready:
             raise RuntimeError(f"worker {self.rank}: get_logprobs before setup")
+        self._call, self._steps, self._done, self._event = call, len(plan), 0, time.monotonic()
         started = time.perf_counter()
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         lengths = torch.as_tensor(input_lengths, dtype=torch.long)
@@ -228,6 +236,10 @@ class TeacherWorker:
         fail_token = faults().fail_call_token
         if fail_token is not None and ids.shape[0] and int(ids[0, 0]) == fail_token:
             raise RuntimeError(f"worker {self.rank}: fault injected by {faults().injected('fail_call_token')}")
+        if faults().freeze_call_rank == self.rank and not self._froze:
+            self._froze = True
+            logger.warning("rank %d stops itself: %s", self.rank, faults().injected("freeze_call_rank"))
+            os.kill(os.getpid(), signal.SIGSTOP)
         spans = self._spans(plan, int(ids.shape[0]))
         microbatches, inputs = self._microbatches(ids, lengths, cands, spans)
         results = self._forward(microbatches, inputs, _head_call(query))
@@ -294,9 +306,12 @@ class TeacherWorker:
             device=self.device,
         )
         if self.head is None:
-            return forward_only_stage_loop(self.model, microbatches, stage)
+            return forward_only_stage_loop(self.model, microbatches, stage, self._step_done)
         with self.head.serving(call, inputs):
-            return forward_only_stage_loop(self.model, microbatches, stage)
+            return forward_only_stage_loop(self.model, microbatches, stage, self._step_done)
+
+    def _step_done(self) -> None:
+        self._done, self._event = self._done + 1, time.monotonic()
 
     def _assemble(self, results: Sequence[Mapping[str, Any]], spans: Sequence[tuple[int, int, int]],
                   shape: Any) -> dict[str, Any]:
@@ -324,6 +339,12 @@ class TeacherWorker:
         return full
 
     # -- observability / teardown -----------------------------------------------------------------
+
+    def progress(self) -> RankReport:
+        """Where this rank is in its current call (the group's watch asks it on a thread of its own,
+        while the call computes; a frozen process never answers)."""
+        return RankReport(call=self._call, microbatches=self._steps, done=self._done,
+                          since_s=time.monotonic() - self._event)
 
     def memory(self) -> dict[str, int]:
         return {"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": current_rss_bytes()}

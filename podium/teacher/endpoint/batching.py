@@ -260,6 +260,11 @@ class RequestBatcher:
     def queued_rows(self) -> int:
         return sum(j.remaining for j in self.queue if not j.cancelled)
 
+    def oldest_age_s(self) -> float:
+        """Seconds since the oldest request queued or computing arrived (0 with none)."""
+        waiting = [j.enqueued for j in (*self.queue, *self.in_flight) if not j.future.done()]
+        return time.monotonic() - min(waiting) if waiting else 0.0
+
     def _prune(self) -> None:
         self.queue = [j for j in self.queue if j.remaining > 0 and not j.cancelled]
 

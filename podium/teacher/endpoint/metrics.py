@@ -14,11 +14,23 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-from podium.protocol.metrics_text import summary, totals  # how readers parse this text (no prometheus_client)
+# how readers parse this text (no prometheus_client), and the liveness series they read
+from podium.protocol.metrics_text import (
+    CALL_SECONDS,
+    OLDEST_REQUEST,
+    RANK_CALL_SECONDS,
+    RANK_FORWARD_AGE,
+    STUCK,
+    summary,
+    totals,
+)
+from podium.teacher.seam import Liveness
 
 disable_created_metrics()  # no *_created series: a scrape shows what was served, not when counters began
 
@@ -50,13 +62,49 @@ class _Window:
 __all__ = ["CONTENT_TYPE", "WINDOW_S", "EndpointMetrics", "summary", "totals"]
 
 
+class _LivenessCollector(Collector):
+    """What the group's watch knows, read when /metrics is (``podium status`` shows it): the age of
+    the oldest request, how long the batch computing has run, whether the watch fired, and per rank
+    the age of its last forward's end and the seconds its part of the last call took."""
+
+    def __init__(self, teacher: str, liveness: Callable[[], Liveness], oldest_request_s: Callable[[], float]) -> None:
+        self.teacher, self.liveness, self.oldest_request_s = teacher, liveness, oldest_request_s
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now, live, t = time.time(), self.liveness(), self.teacher
+        for name, doc, value in (
+            (OLDEST_REQUEST, "Seconds since the oldest request queued or computing arrived (0: none)",
+             self.oldest_request_s()),
+            (CALL_SECONDS, "Seconds the batch computing now has run (0: idle)", live.call_age_s or 0.0),
+            (STUCK, "1 once the group's watch found a call stuck (the generation then fails)",
+             1.0 if live.stuck else 0.0),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["teacher"])
+            family.add_metric([t], value)
+            yield family
+        ages = GaugeMetricFamily(RANK_FORWARD_AGE, "Seconds since the rank's part of a call last returned",
+                                 labels=["teacher", "rank"])
+        took = GaugeMetricFamily(RANK_CALL_SECONDS, "Seconds the rank's part of the last call took",
+                                 labels=["teacher", "rank"])
+        for rank in live.ranks:
+            if rank.last_forward_end is not None:
+                ages.add_metric([t, str(rank.rank)], max(0.0, now - rank.last_forward_end))
+            if rank.last_call_seconds is not None:
+                took.add_metric([t, str(rank.rank)], rank.last_call_seconds)
+        yield ages
+        yield took
+
+
 class EndpointMetrics:
     """The counters, gauges and histograms of one endpoint (thread-safe: prometheus_client is)."""
 
-    def __init__(self, teacher: str, queue_depth: Callable[[], float], queued_rows: Callable[[], float]) -> None:
+    def __init__(self, teacher: str, queue_depth: Callable[[], float], queued_rows: Callable[[], float],
+                 liveness: Callable[[], Liveness] = Liveness, oldest_request_s: Callable[[], float] = lambda: 0.0
+                 ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"teacher": teacher}
         r = self.registry
+        r.register(_LivenessCollector(teacher, liveness, oldest_request_s))
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, ("teacher", *extra), registry=r)

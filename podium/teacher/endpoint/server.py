@@ -87,7 +87,9 @@ class EndpointServer:
         self._idle: asyncio.Event | None = None
         self._batcher: RequestBatcher | None = None
         self.metrics = EndpointMetrics(config.teacher_key or config.served_name, lambda: self.queue_depth,
-                                       lambda: self._batcher.queued_rows if self._batcher else 0)
+                                       lambda: self._batcher.queued_rows if self._batcher else 0,
+                                       liveness=lambda: self.group.liveness,
+                                       oldest_request_s=lambda: self._batcher.oldest_age_s() if self._batcher else 0.0)
         if config.generation is not None:
             self.metrics.set_generation(str(config.generation.job_id), config.generation.restart)
         self._group_runner = GroupRunner(group, self.metrics)

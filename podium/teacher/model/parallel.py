@@ -11,6 +11,7 @@ as many processes as its layout needs.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -45,6 +46,10 @@ def init_parallel(
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        # A collective that times out (a dead or frozen peer) aborts its communicator and raises,
+        # ending this worker, instead of hanging the rank forever; the site may choose otherwise.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     parsed = urlparse(init_method)
     local_only = parsed.scheme == "file" or is_loopback(parsed.hostname or "")
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and local_only:
@@ -65,6 +70,8 @@ def init_parallel(
         context_parallel_size=int(parallel.get("context_parallel_size", 1)),
         expert_model_parallel_size=int(parallel.get("expert_model_parallel_size", 1)),
         expert_tensor_parallel_size=int(parallel.get("expert_tensor_parallel_size", 1)),
+        # every group's collectives time out as the world's do (megatron's default: 30 minutes)
+        distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
     )
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
 
