@@ -15,13 +15,16 @@ from podium.protocol import oip
 
 
 class RequestError(Exception):
-    """A request the endpoint refuses: HTTP ``status`` and a message for ``{"error": ...}``."""
+    """A request the endpoint refuses: HTTP ``status`` and a message for ``{"error": ...}``;
+    ``param``: the request parameter a bound blames, where one does (a front names its own field)."""
 
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None, *,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+        self.param = param
 
 
 def json_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -34,6 +34,7 @@ from podium.protocol.names import (
     PLAIN_HEALTH,
     SGLANG_GENERATE,
     TOKEN_PATH,
+    TOP_K,
     VLLM_TOKEN_GENERATE,
 )
 from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
@@ -224,8 +225,8 @@ class ScoringFronts:
         try:
             check_cost(server.config, batch, query, dict.fromkeys(query.outputs, False), server.vocab_size)
         except RequestError as exc:
-            field = call.top_k_field if "'top_k'" in exc.message else call.ids_field
-            raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers) from None
+            field = call.top_k_field if exc.param == TOP_K else call.ids_field
+            raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers, param=field) from None
         return batch, query
 
 
