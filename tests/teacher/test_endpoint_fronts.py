@@ -5,9 +5,11 @@ group returned (the numbers against transformers: ``tests/client/test_scoring_fr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -234,3 +236,59 @@ def test_a_token_url_authenticates_clients_that_send_no_header(server: Any) -> N
     assert oip.status_code == 401 and TOKEN not in oip.text  # no such route under a token URL: the header is asked
     missing = requests.post(f"{base}/v1/nothing", json={}, headers=AUTH, timeout=30)
     assert missing.status_code == 404 and TOKEN not in missing.text and "/token/<token>/v1/nothing" in missing.text
+
+
+def basic_url(server: Any, token: str = TOKEN) -> str:
+    """The teacher's URL with the token as HTTP Basic's password (``http://podium:<token>@host:port``)."""
+    return server.url.replace("://", f"://podium:{token}@", 1)
+
+
+def test_basic_auth_for_clients_that_send_no_header(server: Any) -> None:
+    """``http://podium:<token>@host:port``: requests and aiohttp turn it into ``Authorization:
+    Basic``, taken on every front's route (any user name), never on podium's own routes; a wrong
+    password is a 401 that does not repeat it; aiohttp's error never shows the token."""
+    base = basic_url(server)
+    body = {"model": "math", "prompt": [[3, 4, 5]], "max_tokens": 1, "prompt_logprobs": 2}
+    answer = requests.post(base + OPENAI_COMPLETIONS, json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert requests.get(base + OPENAI_MODELS, timeout=30).json()["data"]
+    slime = {"input_ids": [3, 4, 5], "return_logprob": True, "logprob_start_len": 0,
+             "sampling_params": {"max_new_tokens": 0}}
+    other_user = server.url.replace("://", f"://anyone:{TOKEN}@", 1)
+    assert requests.post(other_user + SGLANG_GENERATE, json=slime, timeout=30).status_code == 200
+    prime = {"token_ids": [3, 4, 5], "sampling_params": {"max_tokens": 0, "prompt_logprobs": 1}}
+    assert requests.post(base + VLLM_TOKEN_GENERATE, json=prime, timeout=30).status_code == 200
+    wrong = requests.post(basic_url(server, "not-the-token") + OPENAI_COMPLETIONS, json=body, timeout=30)
+    assert wrong.status_code == 401 and "not-the-token" not in wrong.text
+    oip = requests.get(base + "/v2/models/m", timeout=30)
+    assert oip.status_code == 401  # podium's own routes take the bearer header only
+    malformed = requests.get(server.url + OPENAI_MODELS, headers={"Authorization": "Basic !!!"}, timeout=30)
+    assert malformed.status_code == 401
+
+    async def aiohttp_calls() -> str:
+        async with aiohttp.ClientSession(raise_for_status=True) as session:
+            async with session.post(base + SGLANG_GENERATE, json=slime) as resp:
+                assert (await resp.json())["meta_info"]["input_token_logprobs"][1][1] == 4
+            try:
+                async with session.post(base + SGLANG_GENERATE, json={**slime, "input_ids": "3 4 5"}):
+                    pass
+            except aiohttp.ClientResponseError as exc:
+                return str(exc)
+        raise AssertionError("a string input_ids was answered")
+
+    message = asyncio.run(aiohttp_calls())
+    assert TOKEN not in message and "127.0.0.1" in message  # aiohttp drops the credentials from the URL it shows
+
+
+def test_health_under_any_token_url_answers_as_health(server: Any) -> None:
+    """TRL's readiness loop retries a 401 forever: ``/token/<any>/health`` is ``/health`` (it says no
+    more than the open route does); the other routes under a wrong token are still 401."""
+    from podium.protocol.names import PLAIN_HEALTH, TOKEN_PATH
+
+    assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{PLAIN_HEALTH}", timeout=10).status_code == 200
+    assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{OPENAI_MODELS}", timeout=10).status_code == 401
+    server.set_ready(False, "loading")
+    try:
+        assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{PLAIN_HEALTH}", timeout=10).status_code == 503
+    finally:
+        server.set_ready(True)

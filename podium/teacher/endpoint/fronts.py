@@ -48,7 +48,7 @@ from podium.teacher.endpoint.body import RawRequest
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
-from podium.teacher.endpoint.middleware import REQUEST_ID, TOKEN_MATCH
+from podium.teacher.endpoint.middleware import FRONT_ROUTES, REQUEST_ID, TOKEN_MATCH
 from podium.teacher.seam import GroupFacts
 
 logger = logging.getLogger(__name__)
@@ -87,12 +87,14 @@ class ScoringFronts:
 
     def install(self, app: web.Application) -> None:
         """The routes, each also under a token URL (``TOKEN_PATH/{token}``: the token in the path, for
-        clients that send no Authorization header; the auth middleware checks it)."""
+        clients that send no Authorization header; the auth middleware checks it, and takes HTTP
+        Basic with the token as the password on these routes)."""
         routes = ((OPENAI_COMPLETIONS, "POST", self._scoring_route(self._parse_completion, self._shape_completion)),
                   (SGLANG_GENERATE, "POST", self._scoring_route(self._parse_generate, self._shape_generate)),
                   (VLLM_TOKEN_GENERATE, "POST", self._scoring_route(self._parse_token_generate,
                                                                     self._shape_token_generate)),
                   (OPENAI_MODELS, "GET", self._models), (PLAIN_HEALTH, "GET", self._health))
+        assert {path for path, _, _ in routes} == set(FRONT_ROUTES), "middleware.FRONT_ROUTES names these routes"
         for path, method, handler in routes:
             for prefix in ("", f"{TOKEN_PATH}/{{{TOKEN_MATCH}}}"):
                 app.router.add_route(method, prefix + path, handler)

@@ -6,8 +6,9 @@ answered). An exception a route raises becomes a JSON ``{"error": ...}`` answer 
 unexpected one: one request never takes the server down) with ``X-Podium-Error-Kind``: ``refused``
 for every 4xx, ``request-failed`` for a 500 (a 503 names its own kind where it is made). Each infer
 answer's (and each scoring front's) status and body bytes are counted (:func:`body_bytes`). Every
-route but liveness and metrics (metrics too with ``podium.server.metrics_need_token``) needs
-``Authorization: Bearer <token>``.
+route but liveness and metrics (metrics too with ``podium.server.metrics_need_token``) needs the
+run's token (:func:`auth_middleware`: a bearer header; on the scoring fronts also HTTP Basic or a
+token URL).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import uuid
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BasicAuth, web
 from aiohttp.typedefs import Handler, Middleware
 
 from podium.protocol import oip
@@ -30,6 +31,7 @@ from podium.protocol.names import (
     HEALTH_LIVE,
     METRICS,
     OPENAI_COMPLETIONS,
+    OPENAI_MODELS,
     PLAIN_HEALTH,
     REQUEST_ID_HEADER,
     SGLANG_GENERATE,
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 # the scoring fronts' computing routes, counted as infer
 SCORING_ROUTES = (OPENAI_COMPLETIONS, SGLANG_GENERATE, VLLM_TOKEN_GENERATE)
+# every route of the scoring fronts (each also under a token URL; Basic auth taken there)
+FRONT_ROUTES = (*SCORING_ROUTES, OPENAI_MODELS, PLAIN_HEALTH)
 
 TOKEN_MATCH = "token"  # the path segment of a token URL's routes (``TOKEN_PATH/{token}/...``)
 
@@ -124,27 +128,49 @@ def body_bytes(response: web.StreamResponse) -> int:
 
 
 def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
-    """401 for a request without the bearer ``token`` (liveness and the plain readiness probe need
-    none, nor metrics unless ``metrics_need_token``), or, on a token URL's route, with another token
-    in its path."""
+    """401 for a request without the run's ``token``: as ``Authorization: Bearer <token>``; on the
+    scoring fronts' routes (:data:`FRONT_ROUTES`) also as HTTP Basic with the token as the password
+    (any user name: what a client makes of a base URL ``http://podium:<token>@host:port``), or in
+    the path of a token URL (``TOKEN_PATH/<token>/...``). Liveness and the plain readiness probe
+    need none (``/health`` under any token URL too: a readiness loop that retries a 401 forever
+    must not meet one), nor metrics unless ``metrics_need_token``. Tokens are compared in constant
+    time (:func:`~podium.rendezvous.token.tokens_equal`)."""
     open_paths = (HEALTH_LIVE, PLAIN_HEALTH) if metrics_need_token else (HEALTH_LIVE, PLAIN_HEALTH, METRICS)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         in_path = request.match_info.get(TOKEN_MATCH)
+        route = request.path if in_path is None else without_token(request.path)
+        if route in open_paths or (in_path is not None and route == PLAIN_HEALTH):
+            return await handler(request)
         if in_path is not None:
             if not tokens_equal(in_path, token):
                 raise RequestError(401, f"invalid token in the URL ({TOKEN_PATH}/<token>/...)")
-        elif request.path not in open_paths:
-            header = request.headers.get(AUTHORIZATION, "")
-            scheme, _, given = header.partition(" ")
-            if not header:
-                # the callers who meet this are other frameworks' clients that send no token: say where it is
-                raise RequestError(401, "missing Authorization: Bearer <token> header (the token is the run's: "
-                                        "<run_dir>/auth_token; an OpenAI client's api_key)",
-                                   {"WWW-Authenticate": "Bearer"})
-            if scheme.lower() != "bearer" or not tokens_equal(given.strip(), token):
-                raise RequestError(401, "invalid bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            return await handler(request)
+        _check_header(request.headers.get(AUTHORIZATION, ""), token, basic=route in FRONT_ROUTES)
         return await handler(request)
 
     return middleware
+
+
+def _check_header(header: str, token: str, *, basic: bool) -> None:
+    """A :class:`RequestError` (401) unless ``header`` carries ``token`` (as Basic's password too
+    where ``basic``); the answer never repeats what was sent."""
+    if not header:
+        # the callers who meet this are other frameworks' clients that send no token: say where it is
+        raise RequestError(401, "missing Authorization: Bearer <token> header (the token is the run's: "
+                                "<run_dir>/auth_token; an OpenAI client's api_key"
+                                f"{'; or a base URL http://podium:<token>@host:port' if basic else ''})",
+                           {"WWW-Authenticate": "Bearer"})
+    scheme, _, given = header.partition(" ")
+    if basic and scheme.lower() == "basic":
+        try:
+            password = BasicAuth.decode(header).password
+        except ValueError:
+            raise RequestError(401, "malformed Basic credentials (send http://podium:<token>@host:port)",
+                               {"WWW-Authenticate": "Bearer"}) from None
+        if not tokens_equal(password, token):
+            raise RequestError(401, "invalid token (the Basic password)", {"WWW-Authenticate": "Bearer"})
+        return
+    if scheme.lower() != "bearer" or not tokens_equal(given.strip(), token):
+        raise RequestError(401, "invalid bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
