@@ -54,7 +54,7 @@ class FieldError(BatchError):
     """A request the front refuses, naming the front's field (answered 400)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"field {field!r}: {message}")
+        super().__init__(f"field {field!r}: {message}", field)
         self.field = field
 
 
