@@ -55,7 +55,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Show the unique teachers a recipe needs, their layout and the nodes they reserve; refuse (exit 2,
-    every problem listed) what `up` would refuse."""
+    every problem listed, after the plan) what `up` would refuse."""
     from podium.config.plan import load_plan
     from podium.launcher.backends import SubmitError
     from podium.launcher.login import up as up_logic
@@ -66,21 +66,28 @@ def plan(
         typer.echo(f"no recipe given: planning the embedded example {recipe}", err=True)
     try:
         the_plan = load_plan(recipe, overrides or [], launcher)
-        if not example:  # the example shows planning; its hub ids need not be in this machine's cache
-            up_logic.validate(the_plan)  # what `up` checks before it writes anything: the same words, exit 2
-    except (ConfigError, SubmitError) as exc:
+    except (ConfigError, SubmitError) as exc:  # no plan to show
         _fail(str(exc))
         return
-    if example and the_plan.warnings:
+    refused = None
+    if not example:  # the example shows planning; its hub ids need not be in this machine's cache
+        try:
+            up_logic.validate(the_plan)  # what `up` checks before it writes anything: the same words, exit 2
+        except (ConfigError, SubmitError) as exc:
+            refused = str(exc)  # the plan is still shown (a recipe whose checkpoints are not staged yet)
+    elif the_plan.warnings:
         typer.echo(f"the example's checkpoints were not checked ({len(the_plan.warnings)} not found here; "
                    "`podium plan RECIPE` refuses what `up` would)", err=True)
-        the_plan = dataclasses.replace(the_plan, warnings=())
+    if refused is not None or example:
+        the_plan = dataclasses.replace(the_plan, warnings=())  # the refusal lists them (on stderr), once
     if as_json:
         typer.echo(json.dumps(the_plan.to_dict(), indent=2))
-        return
-    from podium.cli_render import print_plan
+    else:
+        from podium.cli_render import print_plan
 
-    print_plan(the_plan)
+        print_plan(the_plan)
+    if refused is not None:
+        _fail(refused)  # `up`'s words, on stderr as `up` writes them
 
 
 @app.command()

@@ -49,7 +49,12 @@ REFUSED_KEYS = {
 
 
 class BatchError(ValueError):
-    """A batch or option the teacher refuses; the message says which input, row and value."""
+    """A batch or option the teacher refuses; the message says which input, row and value;
+    ``param``: the request parameter it blames, where one is (a front names its own field for it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)

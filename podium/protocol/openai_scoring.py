@@ -71,6 +71,7 @@ class CompletionForm:
     as_ids: bool  # return_tokens_as_token_ids
     return_token_ids: bool
     texts: Sequence[str] | None  # the prompts as sent, when text
+    detokenize: bool = True  # vLLM's sampling parameter: false, no token text (decoded_token null)
 
 
 def check_max_tokens(value: int, field: str, default: str | None) -> None:
@@ -175,26 +176,29 @@ def prompt_logprobs_json(form: CompletionForm, answer: RowAnswer, names: TokenNa
     own = [ids, answer.logprobs[1:, None], ranks]
     texts = np.empty(len(ids), dtype=object)
     if not (k and answer.top_ids is not None and answer.top_logprobs is not None):
-        texts[:] = _entries(own, names, form.as_ids)
+        texts[:] = _entries(own, names, form)
         return RawJSON("[" + ",".join(["null", *texts.tolist()]) + "]")
     top_ids = answer.top_ids[1:, :k]
     top = [top_ids, answer.top_logprobs[1:, :k], np.broadcast_to(np.arange(1, top_ids.shape[1] + 1), top_ids.shape)]
     twice = top_ids == ids  # the own token among the top k: written once, first
     apart = ~twice.any(axis=1)
     texts[apart] = _entries([np.concatenate([o[apart], t[apart]], axis=1) for o, t in zip(own, top, strict=True)],
-                            names, form.as_ids)
+                            names, form)
     among = ~apart
     others = np.argsort(twice[among], axis=1, kind="stable")[:, :top_ids.shape[1] - 1]  # the rest, in order
     texts[among] = _entries([np.concatenate([o[among], np.take_along_axis(t[among], others, axis=1)], axis=1)
-                             for o, t in zip(own, top, strict=True)], names, form.as_ids)
+                             for o, t in zip(own, top, strict=True)], names, form)
     return RawJSON("[" + ",".join(["null", *texts.tolist()]) + "]")
 
 
-def _entries(columns: list[np.ndarray], names: TokenNames, as_ids: bool) -> list[str]:
-    """Each row's ``{"<id>":{"logprob":..,"rank":..,"decoded_token":..},...}`` (vLLM's ``Logprob`` by id)."""
+def _entries(columns: list[np.ndarray], names: TokenNames, form: CompletionForm) -> list[str]:
+    """Each row's ``{"<id>":{"logprob":..,"rank":..,"decoded_token":..},...}`` (vLLM's ``Logprob`` by
+    id; ``decoded_token`` null without ``detokenize``, as vLLM leaves it)."""
     if not len(columns[0]):
         return []
-    if as_ids or names.tokenizer is None:  # the name is the id again: no per-token work
+    if not form.detokenize:
+        return format_rows('"%d":{"logprob":%r,"rank":%s,"decoded_token":null}', columns, open_="{", close="}")
+    if form.as_ids or names.tokenizer is None:  # the name is the id again: no per-token work
         return format_rows('"%d":{"logprob":%r,"rank":%s,"decoded_token":"token_id:%d"}', [*columns, columns[0]],
                            open_="{", close="}")
     text = np.array(names.json_names(columns[0].ravel().tolist()), dtype=object).reshape(columns[0].shape)

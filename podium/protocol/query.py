@@ -201,11 +201,11 @@ def _int_option(value: Any, name: str, lo: int, hi: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise BatchError(f"parameter {name!r} must be an integer, got {brief(value)}")
+        raise BatchError(f"parameter {name!r} must be an integer, got {brief(value)}", name)
     value = int(value)
     if value < lo or (hi is not None and value > hi):
         bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise BatchError(f"parameter {name!r} = {value} is out of range ({bound})")
+        raise BatchError(f"parameter {name!r} = {value} is out of range ({bound})", name)
     return value
 
 
@@ -221,7 +221,7 @@ def _temperature(value: Any) -> float:
     if number is None or not MIN_TEMPERATURE <= number <= MAX_TEMPERATURE:
         raise BatchError(f"parameter {TEMPERATURE!r} must be a finite number > 0, got {brief(value)}; accepted: "
                          f"{MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} (podium.protocol.query MIN_TEMPERATURE.."
-                         "MAX_TEMPERATURE)")
+                         "MAX_TEMPERATURE)", TEMPERATURE)
     return number
 
 
@@ -229,5 +229,5 @@ def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
     if value is None:
         return allowed[0]
     if value not in allowed:
-        raise BatchError(f"parameter {name!r} must be one of {', '.join(allowed)}, got {brief(value)}")
+        raise BatchError(f"parameter {name!r} must be one of {', '.join(allowed)}, got {brief(value)}", name)
     return str(value)

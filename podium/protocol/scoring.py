@@ -54,7 +54,7 @@ class FieldError(BatchError):
     """A request the front refuses, naming the front's field (answered 400)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"field {field!r}: {message}")
+        super().__init__(f"field {field!r}: {message}", field)
         self.field = field
 
 
@@ -99,7 +99,7 @@ class ScoringCall:
             query = ask(outputs=outputs, top_k=k or None, temperature=temperature, candidates=cands is not None,
                         vocab_size=vocab_size)
         except BatchError as exc:
-            field = self.temperature_field if repr(TEMPERATURE) in str(exc) else self.top_k_field
+            field = self.temperature_field if exc.param == TEMPERATURE else self.top_k_field
             raise FieldError(field, str(exc)) from None
         return batch, query
 

@@ -4,7 +4,8 @@ parsed into a :class:`~podium.protocol.scoring.ScoringCall`, the answer shaped a
 What is served:
 
 - ``input_ids``: one prompt (a list of ids: the answer is one object) or a batch (a list of lists:
-  the answer is a list, in order); ``text`` likewise where the checkpoint has a tokenizer;
+  the answer is a list, in order), token ids only (a string is refused, as SGLang refuses it);
+  ``text`` (a text or a list) is tokenized where the checkpoint has a tokenizer, as SGLang does;
 - ``return_logprob: true`` -> ``meta_info.input_token_logprobs``: ``[logprob, token_id, text]`` for
   each prompt position from ``logprob_start_len`` (default -1: the last position only, as SGLang),
   the logprob ``null`` at position 0; ``text`` is ``null`` unless ``return_text_in_logprobs``;
@@ -16,15 +17,24 @@ What is served:
 - ``sampling_params.max_new_tokens``: 0 (score only) or 1 (also the most likely next token, in
   ``output_ids`` and ``output_token_logprobs``); more is refused (podium scores and does not
   generate); absent, it is SGLang's default 128: refused the same way.
-  ``sampling_params.temperature``: see :mod:`podium.protocol.scoring` (slime sends 0: greedy, unscaled);
+- the logprobs are unscaled, as stock SGLang's input logprobs are (its ``Req.temp_scaled_logprobs``
+  is False), whatever ``sampling_params.temperature`` says (it is checked as SGLang checks it: a
+  finite number >= 0). With ``podium_temp_scaled_logprobs: true`` (podium's own field) they come
+  from the logits scaled by ``sampling_params.temperature`` (absent: SGLang's default 1; 0: greedy,
+  unscaled), as :mod:`podium.protocol.scoring` scales vLLM's;
 - ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num`` may be one value or one per prompt.
 
-Refused (400, naming the field): ``stream``, ``image_data`` (podium teachers are text-only), a list
-of ``sampling_params`` that differ. Other fields are ignored.
+Refused (400, naming the field): a field SGLang's ``GenerateReqInput`` does not have, or a
+``sampling_params`` field its ``SamplingParams`` does not have (:data:`GENERATE_FIELDS`,
+:data:`SAMPLING_FIELDS`: a misspelt field would be ignored); a field SGLang has whose answer podium
+would not give (:data:`UNSERVED`: ``stream``, multimodal data, embeddings, LoRA, sessions...);
+``sampling_params.n`` other than 1; a list of ``sampling_params`` that differ. The other fields
+SGLang has are ignored (routing, caching, sampling-only settings).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +55,56 @@ from podium.protocol.scoring import (
 )
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # what SGLang generates when sampling_params names no max_new_tokens
+# podium's own field: the logprobs from the logits scaled by sampling_params.temperature (SGLang's
+# Req.temp_scaled_logprobs, which stock SGLang leaves False: its input logprobs are unscaled)
+TEMP_SCALED_LOGPROBS = "podium_temp_scaled_logprobs"
+
+# Every field of SGLang's GenerateReqInput (python/sglang/srt/managers/io_struct.py; ``session``:
+# its earlier releases'): any other is refused as unknown, as a misspelt field would be ignored.
+GENERATE_FIELDS = frozenset({
+    "rid", "session_id", "text", "input_ids", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",
+    "mm_content_hashes", "use_audio_in_video", "video_config", "sampling_params", "return_logprob",
+    "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_sampling_mask", "return_text_in_logprobs",
+    "return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64", "stream", "log_metrics",
+    "return_hidden_states", "return_routed_experts", "routed_experts_start_len", "return_indexer_topk", "modalities",
+    "session_params", "session", "lora_path", "lora_id", "custom_logit_processor", "positional_embed_overrides",
+    "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "routed_dp_rank",
+    "data_parallel_rank", "disagg_prefill_dp_rank", "kv_router_hint", "routing_key", "conversation_id",
+    "http_worker_ipc", "background", "require_reasoning", "max_thinking_tokens", "priority", "extra_key", "no_logs",
+    "custom_labels", "return_bytes", "return_entropy", "return_prompt_token_ids", "external_trace_header",
+    "received_time", "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
+    "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "images_config",
+    "multi_item_delimiter_indices", "cache_salt", TEMP_SCALED_LOGPROBS,
+})
+# Every field a request may set of SGLang's SamplingParams (python/sglang/srt/sampling/sampling_params.py;
+# SGLang refuses any other there too). Those that only steer sampling are accepted and ignored: a
+# prompt's logprobs do not depend on them, and the next token podium answers is the most likely.
+SAMPLING_FIELDS = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+})
+# Fields SGLang knows that podium refuses when set: ignored, they would make the answer another
+# question's (other inputs, other weights, another context, another layout). Other known fields
+# are ignored (routing, caching, metrics; extra outputs such as return_hidden_states, left out).
+UNSERVED = {
+    "stream": "podium answers whole (no streaming)",
+    "input_embeds": "podium scores token ids (input_ids or text), not embeddings",
+    "positional_embed_overrides": "podium scores token ids; embedding overrides would change the logprobs",
+    "image_data": "podium teachers are text-only",
+    "video_data": "podium teachers are text-only",
+    "audio_data": "podium teachers are text-only",
+    "lora_path": "podium serves the teacher's own weights (no LoRA adapters)",
+    "lora_id": "podium serves the teacher's own weights (no LoRA adapters)",
+    "session_params": "podium scores each request alone (no session context is prepended)",
+    "session": "podium scores each request alone (no session context is prepended)",
+    "multi_item_delimiter_indices": "podium scores every prompt position (no multi-item scoring)",
+    "return_flat_raw_top_logprobs": "podium writes the top logprobs as SGLang's nested lists only",
+    "return_flat_raw_top_logprobs_b64": "podium writes the top logprobs as SGLang's nested lists only",
+}
+VLLM_ONLY_HINT = ("; detokenize is vLLM's sampling parameter (podium honours it on /inference/v1/generate), "
+                  "SGLang answers token text only with return_text_in_logprobs")
 
 
 @dataclass(frozen=True)
@@ -65,41 +125,84 @@ def parse_generate(body: Any, tokenize: Callable[[str], list[int]] | None) -> Ge
     """A ``/generate`` request as a :class:`GenerateForm` (a :class:`FieldError` naming the field)."""
     if not isinstance(body, Mapping):
         raise FieldError("body", f"must be a JSON object, got {brief(body)}")
-    for field, why in (("stream", "podium answers whole (no streaming)"),
-                       ("image_data", "podium teachers are text-only")):
+    _check_names(body, GENERATE_FIELDS, "", "SGLang's GenerateReqInput")
+    for field, why in UNSERVED.items():
         if body.get(field):
             raise FieldError(field, why)
     params = _sampling_params(body.get("sampling_params"))
-    max_new = int_field(params, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS, lo=0)
+    max_new = int_field(params, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS, lo=0,
+                        named="sampling_params.max_new_tokens")
     assert max_new is not None
     if max_new > 1:
         raise FieldError("sampling_params.max_new_tokens",
                          f"{max_new}{' (SGLang default)' if 'max_new_tokens' not in params else ''}: podium scores "
                          "and does not generate; send 0 (score the prompt) or 1 (and answer the most likely next "
                          "token)")
-    if body.get("input_ids") is not None:
-        field, value = "input_ids", body["input_ids"]
-    elif body.get("text") is not None:
-        field, value = "text", body["text"]
-    else:
-        raise FieldError("input_ids", "missing: send the token ids to score")
-    rows, _ = token_rows(value, field, tokenize=tokenize)
-    batched = isinstance(value, list) and bool(value) and isinstance(value[0], (list, str))
+    if int_field(params, "n", 1, named="sampling_params.n") != 1:
+        raise FieldError("sampling_params.n", "must be 1: podium answers one result per prompt")
+    rows, batched, field = _prompts(body, tokenize)
     n = len(rows)
     want = [bool(v) for v in _per_row(body, "return_logprob", n, False)]
     starts = [_start(v, len(row), b) for b, (v, row) in enumerate(zip(_per_row(body, "logprob_start_len", n, -1), rows,
                                                                            strict=True))]
     tops = [int_field({"top_logprobs_num": v}, "top_logprobs_num", 0, lo=0) or 0
             for v in _per_row(body, "top_logprobs_num", n, 0)]
-    call = ScoringCall(rows=rows, top_k=max(tops), temperature=params.get("temperature"),
+    call = ScoringCall(rows=rows, top_k=max(tops), temperature=_temperature(body, params),
                        next_token=max_new == 1, candidates=_support(body.get("token_ids_logprob"), n),
                        ids_field=field, top_k_field="top_logprobs_num",
                        temperature_field="sampling_params.temperature")
-    text_in = body.get("return_text_in_logprobs", False)
-    if not isinstance(text_in, bool):
-        raise FieldError("return_text_in_logprobs", f"must be true or false, got {brief(text_in)}")
     return GenerateForm(call=call, batched=batched, return_logprob=want, start=starts, top_k=tops,
-                        max_new_tokens=max_new, text_in_logprobs=text_in, rid=body.get("rid"))
+                        max_new_tokens=max_new, text_in_logprobs=_flag(body, "return_text_in_logprobs"),
+                        rid=body.get("rid"))
+
+
+def _check_names(body: Mapping[str, Any], known: frozenset[str], prefix: str, whose: str) -> None:
+    """A :class:`FieldError` naming every field of ``body`` not in ``known`` (a misspelt field
+    would otherwise be an answer to another question)."""
+    unknown = sorted(str(name) for name in body if name not in known)
+    if unknown:
+        names = ", ".join(prefix + name for name in unknown)
+        raise FieldError(names, f"unknown field{'s' if len(unknown) > 1 else ''}: not in {whose}"
+                                f"{VLLM_ONLY_HINT if 'detokenize' in unknown else ''}")
+
+
+def _prompts(body: Mapping[str, Any], tokenize: Callable[[str], list[int]] | None) -> tuple[list[list[int]], bool, str]:
+    """The prompt rows (``input_ids``: token ids only; ``text``: tokenized, as SGLang does), whether
+    they are a batch, and the field they came from."""
+    if body.get("input_ids") is not None and body.get("text") is not None:
+        raise FieldError("text", "send one of input_ids and text, not both")
+    if body.get("input_ids") is not None:
+        field, value = "input_ids", body["input_ids"]
+        rows, _ = token_rows(value, field, tokenize=None, allow_text=False)
+    elif body.get("text") is not None:
+        field, value = "text", body["text"]
+        if not isinstance(value, str) and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise FieldError("text", f"must be a text or a list of texts, got {brief(value)}")
+        rows, _ = token_rows(value, field, tokenize=tokenize)
+    else:
+        raise FieldError("input_ids", "missing: send the token ids to score")
+    return rows, isinstance(value, list) and bool(value) and isinstance(value[0], (list, str)), field
+
+
+def _temperature(body: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
+    """The temperature the logprobs come from: 1 (unscaled, as SGLang's input logprobs are), or,
+    with :data:`TEMP_SCALED_LOGPROBS`, ``sampling_params.temperature`` (SGLang's default 1; 0:
+    greedy, unscaled; checked by :meth:`ScoringCall.ask`). Unscaled, the temperature is still
+    checked as SGLang checks it (a finite number >= 0)."""
+    temperature = params.get("temperature")
+    if _flag(body, TEMP_SCALED_LOGPROBS):
+        return 1.0 if temperature is None else temperature
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                    or not 0 <= temperature < math.inf):
+        raise FieldError("sampling_params.temperature", f"must be a finite number >= 0, got {brief(temperature)}")
+    return 1.0
+
+
+def _flag(body: Mapping[str, Any], field: str) -> bool:
+    value = body.get(field, False)
+    if not isinstance(value, bool):
+        raise FieldError(field, f"must be true or false, got {brief(value)}")
+    return value
 
 
 def _sampling_params(value: Any) -> Mapping[str, Any]:
@@ -111,6 +214,7 @@ def _sampling_params(value: Any) -> Mapping[str, Any]:
         value = value[0]
     if not isinstance(value, Mapping):
         raise FieldError("sampling_params", f"must be an object, got {brief(value)}")
+    _check_names(value, SAMPLING_FIELDS, "sampling_params.", "SGLang's SamplingParams")
     return value
 
 

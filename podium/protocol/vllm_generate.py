@@ -11,7 +11,8 @@ the API key as ``Authorization: Bearer``), to the client's base URL without ``/v
 and reads the answer's top-level ``prompt_logprobs``: ``null`` first, then per position a map
 from token id to ``{"logprob", "rank", "decoded_token"}`` holding the prompt's own token and the
 top ``k`` (vLLM's ``Logprob``; the same maps as ``/v1/completions`` writes:
-:func:`~podium.protocol.openai_scoring.prompt_logprobs_json`). ``choices`` holds one choice whose
+:func:`~podium.protocol.openai_scoring.prompt_logprobs_json`; ``decoded_token`` null with
+``sampling_params.detokenize: false``, as vLLM writes it then). ``choices`` holds one choice whose
 ``token_ids`` is the most likely next token with ``max_tokens: 1`` (none with 0).
 
 The rules are ``/v1/completions``' (:mod:`podium.protocol.openai_scoring`), with the sampling
@@ -70,11 +71,15 @@ def parse_token_generate(body: Any) -> CompletionForm:
     if params.get("logprobs") is not None:
         raise FieldError(f"{PARAMS}.logprobs", "the generated token's logprobs are not served: ask prompt_logprobs")
     k = _param(params, "prompt_logprobs", None, bool_as_int=True)
+    detokenize = params.get("detokenize", True)
+    if not isinstance(detokenize, bool):
+        raise FieldError(f"{PARAMS}.detokenize", f"must be true or false, got {brief(detokenize)}")
     call = ScoringCall(rows=rows, top_k=k or 0, temperature=params.get("temperature"), rank=k is not None,
                        next_token=max_tokens == 1, ids_field="token_ids", top_k_field=f"{PARAMS}.prompt_logprobs",
                        temperature_field=f"{PARAMS}.temperature")
     return CompletionForm(call=call, model=model, prompt_logprobs=k, logprobs=None, echo=False,
-                          max_tokens=max_tokens, as_ids=False, return_token_ids=False, texts=None)
+                          max_tokens=max_tokens, as_ids=False, return_token_ids=False, texts=None,
+                          detokenize=detokenize)
 
 
 def _param(params: Mapping[str, Any], field: str, default: int | None, *, bool_as_int: bool = False) -> int | None:

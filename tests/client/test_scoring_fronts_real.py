@@ -7,7 +7,8 @@ tokenizer), in the shapes trainers send, against the HF ``transformers`` fp32 or
 - vLLM's token-in ``/inference/v1/generate`` as prime-rl sends it (its ``AsyncOpenAI`` client's
   own ``post``, so with the token), at T = 1 and T = 0.7: the top-level ``prompt_logprobs`` and the
   next token;
-- SGLang's ``/generate`` as slime sends it (plain aiohttp), input and top logprobs;
+- SGLang's ``/generate`` as slime sends it (plain aiohttp), input and top logprobs: unscaled at
+  T = 0.7 as stock SGLang's, scaled with ``podium_temp_scaled_logprobs``;
 - 401 without the token, a 4xx for generation, ids past the vocabulary and k past max_top_k.
 """
 
@@ -107,20 +108,23 @@ def test_echo_form_equals_the_oracle(teacher: tuple[Teacher, str], tiny_llama_ch
 
 
 def test_sglang_generate_as_slime_sends_it(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path) -> None:
+    """slime at ``--rollout-temperature 0.7``: the input logprobs unscaled, as stock SGLang's are;
+    scaled by that temperature only with podium's ``podium_temp_scaled_logprobs``."""
     served, token = teacher
     payload = {"input_ids": PROMPTS, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3,
-               "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False}}
+               "sampling_params": {"temperature": 0.7, "max_new_tokens": 0, "skip_special_tokens": False}}
 
-    async def call() -> Any:
+    async def call(body: dict[str, Any]) -> Any:
         async with (aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session,
-                    session.post(served.url + SGLANG_GENERATE, json=payload) as resp):
+                    session.post(served.url + SGLANG_GENERATE, json=body) as resp):
             resp.raise_for_status()
             return await resp.json()
 
-    results = asyncio.run(call())
-    expected = oracle(tiny_llama_checkpoint, PROMPTS, 1.0)  # temperature 0: greedy, logits unscaled
-    for result, row, exp in zip(results, PROMPTS, expected, strict=True):
-        check_generate(result, exp, row, 3)
+    for body, temperature in ((payload, 1.0), ({**payload, "podium_temp_scaled_logprobs": True}, 0.7)):
+        results = asyncio.run(call(body))
+        expected = oracle(tiny_llama_checkpoint, PROMPTS, temperature)
+        for result, row, exp in zip(results, PROMPTS, expected, strict=True):
+            check_generate(result, exp, row, 3)
 
 
 def test_refusals(teacher: tuple[Teacher, str]) -> None:

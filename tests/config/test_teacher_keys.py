@@ -47,11 +47,13 @@ def podium(*args: str | Path) -> subprocess.CompletedProcess:
 
 
 def refused_alike(tmp_path: Path, recipe: Path, *overrides: str) -> str:
-    """``plan`` and ``up --dry-run`` of ``recipe``: both exit 2 with the same error; it is returned."""
+    """``plan`` and ``up --dry-run`` of ``recipe``: both exit 2 with the same error; it is returned.
+    ``plan`` still shows the plan where one could be made (problems of the checkpoints, not the recipe)."""
     plan = podium("plan", recipe, *overrides)
     up = podium("up", recipe, *overrides, "--dry-run", "--run-dir", tmp_path / "run")
     assert plan.returncode == up.returncode == 2, (plan.stderr, up.stderr)
-    assert plan.stdout == up.stdout == "" and plan.stderr == up.stderr, (plan.stderr, up.stderr)
+    assert up.stdout == "" and plan.stderr == up.stderr, (plan.stderr, up.stderr)
+    assert plan.stdout == "" or "unique teacher(s)" in plan.stdout, plan.stdout
     assert plan.stderr.startswith("podium: error: ") and "Traceback" not in plan.stderr, plan.stderr
     assert not (tmp_path / "run").exists()
     return plan.stderr
@@ -233,3 +235,18 @@ def test_layouts_a_checkpoint_cannot_take_are_refused_by_plan_all_at_once(
             "num_attention_heads=4, num_key_value_heads=2: TP8 must divide the attention heads") in error
     assert (f"  {OPD}.teacher_model_by_agent_name.gpt2: checkpoint {tiny_gpt2_checkpoint}: "
             "expert_model_parallel_size=2 but GPT2LMHeadModel has no routed experts; set it to 1") in error
+
+
+def test_the_shipped_ultra_recipe_is_planned_before_its_checkpoints_are_staged(nemo_rl_configs: Path,
+                                                                               tmp_path: Path) -> None:
+    """NeMo RL's Ultra recipe as shipped (its teachers' paths are placeholders): `plan` shows the
+    whole plan (one teacher for the 26 aliases that share the placeholder) and still refuses, exit 2,
+    with `up`'s words, every problem listed."""
+    recipe = nemo_rl_configs / "examples/nemo_gym/nemotron-3-ultra/mopd.yaml"
+    plan = podium("plan", recipe)
+    error = refused_alike(tmp_path, recipe)
+    assert error == (f"podium: error: {OPD}.teacher_model_by_agent_name.math_with_judge_simple_agent: checkpoint "
+                     "/path/to/general_teacher does not exist\n")
+    assert "1 unique teacher(s) for 26 alias(es)" in " ".join(plan.stdout.split()), plan.stdout
+    as_json = podium("plan", recipe, "--json")
+    assert as_json.returncode == 2 and len(json.loads(as_json.stdout)["teachers"]) == 1

@@ -173,6 +173,10 @@ def test_scoring_fronts_of_a_teachers_file_equal_transformers(two_teachers, chec
     slime = requests.post(token_url + SGLANG_GENERATE, json=body, timeout=60)
     assert slime.status_code == 200, slime.text
     check_generate(slime.json()[0], expected[0], prompts[0], k)
+    basic = requests.post(row["url"].replace("://", f"://podium:{token}@", 1) + SGLANG_GENERATE, json=body,
+                          timeout=60)  # the token as HTTP Basic's password: what the docs now show
+    assert basic.status_code == 200, basic.text
+    check_generate(basic.json()[1], expected[1], prompts[1], k)
     for path, request in ((OPENAI_COMPLETIONS, {"prompt": prompts[0], "max_tokens": 0}), (SGLANG_GENERATE, body)):
         assert requests.post(row["url"] + path, json=request, timeout=30).status_code == 401
         assert requests.post(f"{row['url']}{TOKEN_PATH}/not-the-token{path}", json=request,

@@ -125,7 +125,22 @@ GEN = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 0}}
     ({**GEN, "image_data": "x.png"}, "image_data"),
     ({**GEN, "sampling_params": {"max_new_tokens": 8}}, "sampling_params.max_new_tokens"),
     ({"input_ids": [1, 2]}, "sampling_params.max_new_tokens"),
-    ({**GEN, "sampling_params": {"max_new_tokens": "0"}}, "max_new_tokens"),
+    ({**GEN, "sampling_params": {"max_new_tokens": "0"}}, "sampling_params.max_new_tokens"),
+    ({**GEN, "sampling_params": {"max_new_tokens": 0, "n": 2}}, "sampling_params.n"),
+    ({**GEN, "input_ids": "1 2 3"}, "input_ids"),  # SGLang takes ids there, never text
+    ({**GEN, "input_ids": ["a", "b"]}, "input_ids"),
+    ({**GEN, "text": [1, 2]}, "text"),
+    ({**GEN, "text": "x"}, "text"),  # both: which would be scored?
+    ({**GEN, "detokenize": False}, "detokenize"),  # vLLM's, not SGLang's
+    ({**GEN, "retrun_logprob": True, "zz": 1}, "retrun_logprob, zz"),
+    ({**GEN, "sampling_params": {"max_new_tokens": 0, "temprature": 0.7}}, "sampling_params.temprature"),
+    ({**GEN, "lora_path": "adapter"}, "lora_path"),
+    ({**GEN, "input_embeds": [[0.1]]}, "input_embeds"),
+    ({**GEN, "session_params": {"id": "s"}}, "session_params"),
+    ({**GEN, "return_flat_raw_top_logprobs": True}, "return_flat_raw_top_logprobs"),
+    ({**GEN, "podium_temp_scaled_logprobs": "yes"}, "podium_temp_scaled_logprobs"),
+    ({**GEN, "sampling_params": {"max_new_tokens": 0, "temperature": -0.5}}, "sampling_params.temperature"),
+    ({**GEN, "sampling_params": {"max_new_tokens": 0, "temperature": "hot"}}, "sampling_params.temperature"),
     ({**GEN, "sampling_params": [{"max_new_tokens": 0}, {"max_new_tokens": 1}]}, "sampling_params"),
     ({**GEN, "sampling_params": "greedy"}, "sampling_params"),
     ({"sampling_params": {"max_new_tokens": 0}}, "input_ids"),
@@ -155,6 +170,40 @@ def test_generate_refusals_name_the_field(body: Any, field: str) -> None:
 ])
 def test_generate_checks_name_the_sglang_field(body: Any, field: str) -> None:
     refused(lambda b: checked(generate(b)), body, field)
+
+
+def test_generate_logprobs_are_unscaled_as_sglangs_unless_asked() -> None:
+    """Stock SGLang's input logprobs are unscaled (``Req.temp_scaled_logprobs`` False) whatever
+    ``sampling_params.temperature``: slime at ``--rollout-temperature 0.7`` must read the same
+    numbers from podium. ``podium_temp_scaled_logprobs: true`` asks for the scaled ones."""
+    for temperature in (0, 0.7, 1.0, 2, None):
+        params = {"max_new_tokens": 0, **({} if temperature is None else {"temperature": temperature})}
+        _, query = checked(generate({**GEN, "sampling_params": params}))
+        assert query.temperature == 1.0, temperature
+    scaled = {**GEN, "podium_temp_scaled_logprobs": True}
+    _, query = checked(generate({**scaled, "sampling_params": {"max_new_tokens": 0, "temperature": 0.7}}))
+    assert query.temperature == pytest.approx(0.7)
+    _, query = checked(generate({**scaled, "sampling_params": {"max_new_tokens": 0, "temperature": 0}}))
+    assert query.temperature == 1.0  # greedy: unscaled
+    _, query = checked(generate(scaled))
+    assert query.temperature == 1.0  # SGLang's default temperature
+    message = refused(lambda b: checked(generate(b)),
+                      {**scaled, "sampling_params": {"max_new_tokens": 0, "temperature": -1}},
+                      "sampling_params.temperature")
+    assert "finite number > 0" in message
+
+
+def test_generate_accepts_every_field_sglang_knows() -> None:
+    """Fields of SGLang's GenerateReqInput and SamplingParams podium does not need are accepted
+    (ignored): a real SGLang caller's request is never refused for a field SGLang takes."""
+    body = {**GEN, "rid": "r1", "session_id": "s", "log_metrics": False, "priority": 3, "routing_key": "k",
+            "extra_key": "e", "cache_salt": "c", "return_hidden_states": False, "return_prompt_token_ids": True,
+            "custom_labels": {"a": "b"}, "no_logs": True, "stream": False, "image_data": None,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+                                "min_p": 0.0, "stop": ["</s>"], "stop_token_ids": [2], "skip_special_tokens": True,
+                                "repetition_penalty": 1.0, "n": 1, "sampling_seed": 1, "ignore_eos": False}}
+    form = generate(body)
+    assert form.call.rows == [[1, 2, 3]]
 
 
 # ---------------------------------------------------------------------------------- the answers
@@ -368,3 +417,21 @@ def test_token_generate_answers_as_prime_rl_reads_it() -> None:
     quiet = json.loads(token_generate_response(score_only, row_answers(score_only.call, teacher_outputs(
         score_only.call, 0)), TokenNames(None), request_id="r2"))
     assert quiet["choices"][0]["token_ids"] == [] and quiet["prompt_logprobs"] is None
+
+
+def test_token_generate_without_detokenize_writes_no_token_text() -> None:
+    """vLLM's ``sampling_params.detokenize: false`` (what token-in callers send): every
+    ``decoded_token`` null, as vLLM leaves it; the numbers the same."""
+    row = [5, 9, 2]
+    params = {"max_tokens": 0, "prompt_logprobs": 2}
+    plain = parse_token_generate({"token_ids": row, "sampling_params": params})
+    bare = parse_token_generate({"token_ids": row, "sampling_params": {**params, "detokenize": False}})
+    outputs = teacher_outputs(plain.call, 2)
+    answers = [json.loads(token_generate_response(form, row_answers(form.call, outputs), TokenNames(None),
+                                                  request_id="r"))["prompt_logprobs"] for form in (plain, bare)]
+    for named, nameless in zip(answers[0][1:], answers[1][1:], strict=True):
+        assert all(entry["decoded_token"] is None for entry in nameless.values())
+        assert all(entry["decoded_token"].startswith("token_id:") for entry in named.values())
+        assert {t: e["logprob"] for t, e in named.items()} == {t: e["logprob"] for t, e in nameless.items()}
+    refused(parse_token_generate, {"token_ids": row, "sampling_params": {**params, "detokenize": 0}},
+            "sampling_params.detokenize")

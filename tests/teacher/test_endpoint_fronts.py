@@ -5,9 +5,11 @@ group returned (the numbers against transformers: ``tests/client/test_scoring_fr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -113,7 +115,7 @@ def test_sglang_generate_single_and_batch(server: Any) -> None:
     assert [t[1] for t in support] == [1, 2, 3] and [t[0] for t in support] == pytest.approx([-0.1, -0.2, -0.3])
 
 
-@pytest.mark.parametrize(("path", "body", "status", "field"), [
+BAD_FIELDS = [
     (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 5}, 400, "max_tokens"),
     (OPENAI_COMPLETIONS, {"prompt": [1, 2]}, 400, "max_tokens"),
     (OPENAI_COMPLETIONS, {"prompt": [1, VOCAB], "max_tokens": 0}, 400, "prompt"),
@@ -125,17 +127,28 @@ def test_sglang_generate_single_and_batch(server: Any) -> None:
     (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "temperature": -1}, 400, "temperature"),
     (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "n": 2}, 400, "n"),
     (OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0, "model": "other"}, 404, "model"),
-    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}}, 400, "max_new_tokens"),
+    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}}, 400,
+     "sampling_params.max_new_tokens"),
     (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "top_logprobs_num": 20},
      413, "top_logprobs_num"),
     (SGLANG_GENERATE, {"input_ids": [1, -1], "sampling_params": {"max_new_tokens": 0}}, 400, "input_ids"),
     (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 5},
      400, "logprob_start_len"),
-])
+    (SGLANG_GENERATE, {"input_ids": "1 2", "sampling_params": {"max_new_tokens": 0}}, 400, "input_ids"),
+    (SGLANG_GENERATE, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}, "retrun_logprob": True},
+     400, "retrun_logprob"),
+    (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2], "sampling_params": {"max_tokens": 3}}, 400,
+     "sampling_params.max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "field"), BAD_FIELDS)
 def test_bad_fields_are_refused_by_name(server: Any, path: str, body: dict[str, Any], status: int, field: str) -> None:
     answer = post(server, path, body)
     assert answer.status_code == status, answer.text
-    assert field in answer.json()["error"]["message"]  # OpenAI's error shape (what the openai client reads)
+    error = answer.json()["error"]  # OpenAI's error shape (what the openai client reads)
+    assert field in error["message"] and error["code"] == status
+    assert error["param"] == field  # carried by the error, not read back from its text
     assert post(server, OPENAI_COMPLETIONS, {"prompt": [1, 2], "max_tokens": 0}).status_code == 200  # still serving
 
 
@@ -234,3 +247,155 @@ def test_a_token_url_authenticates_clients_that_send_no_header(server: Any) -> N
     assert oip.status_code == 401 and TOKEN not in oip.text  # no such route under a token URL: the header is asked
     missing = requests.post(f"{base}/v1/nothing", json={}, headers=AUTH, timeout=30)
     assert missing.status_code == 404 and TOKEN not in missing.text and "/token/<token>/v1/nothing" in missing.text
+
+
+def basic_url(server: Any, token: str = TOKEN) -> str:
+    """The teacher's URL with the token as HTTP Basic's password (``http://podium:<token>@host:port``)."""
+    return server.url.replace("://", f"://podium:{token}@", 1)
+
+
+def test_basic_auth_for_clients_that_send_no_header(server: Any) -> None:
+    """``http://podium:<token>@host:port``: requests and aiohttp turn it into ``Authorization:
+    Basic``, taken on every front's route (any user name), never on podium's own routes; a wrong
+    password is a 401 that does not repeat it; aiohttp's error never shows the token."""
+    base = basic_url(server)
+    body = {"model": "math", "prompt": [[3, 4, 5]], "max_tokens": 1, "prompt_logprobs": 2}
+    answer = requests.post(base + OPENAI_COMPLETIONS, json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert requests.get(base + OPENAI_MODELS, timeout=30).json()["data"]
+    slime = {"input_ids": [3, 4, 5], "return_logprob": True, "logprob_start_len": 0,
+             "sampling_params": {"max_new_tokens": 0}}
+    other_user = server.url.replace("://", f"://anyone:{TOKEN}@", 1)
+    assert requests.post(other_user + SGLANG_GENERATE, json=slime, timeout=30).status_code == 200
+    prime = {"token_ids": [3, 4, 5], "sampling_params": {"max_tokens": 0, "prompt_logprobs": 1}}
+    assert requests.post(base + VLLM_TOKEN_GENERATE, json=prime, timeout=30).status_code == 200
+    wrong = requests.post(basic_url(server, "not-the-token") + OPENAI_COMPLETIONS, json=body, timeout=30)
+    assert wrong.status_code == 401 and "not-the-token" not in wrong.text
+    oip = requests.get(base + "/v2/models/m", timeout=30)
+    assert oip.status_code == 401  # podium's own routes take the bearer header only
+    malformed = requests.get(server.url + OPENAI_MODELS, headers={"Authorization": "Basic !!!"}, timeout=30)
+    assert malformed.status_code == 401
+
+    async def aiohttp_calls() -> str:
+        async with aiohttp.ClientSession(raise_for_status=True) as session:
+            async with session.post(base + SGLANG_GENERATE, json=slime) as resp:
+                assert (await resp.json())["meta_info"]["input_token_logprobs"][1][1] == 4
+            try:
+                async with session.post(base + SGLANG_GENERATE, json={**slime, "input_ids": "3 4 5"}):
+                    pass
+            except aiohttp.ClientResponseError as exc:
+                return str(exc)
+        raise AssertionError("a string input_ids was answered")
+
+    message = asyncio.run(aiohttp_calls())
+    assert TOKEN not in message and "127.0.0.1" in message  # aiohttp drops the credentials from the URL it shows
+
+
+def test_health_under_any_token_url_answers_as_health(server: Any) -> None:
+    """TRL's readiness loop retries a 401 forever: ``/token/<any>/health`` is ``/health`` (it says no
+    more than the open route does); the other routes under a wrong token are still 401."""
+    from podium.protocol.names import PLAIN_HEALTH, TOKEN_PATH
+
+    assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{PLAIN_HEALTH}", timeout=10).status_code == 200
+    assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{OPENAI_MODELS}", timeout=10).status_code == 401
+    server.set_ready(False, "loading")
+    try:
+        assert requests.get(f"{server.url}{TOKEN_PATH}/stale-token{PLAIN_HEALTH}", timeout=10).status_code == 503
+    finally:
+        server.set_ready(True)
+
+
+async def aiohttp_refusal(method: str, url: str, *, headers: dict[str, str] | None = None, **kw: Any) -> str:
+    """What a real aiohttp client (``raise_for_status=True``) says of a refused request: its
+    ``ClientResponseError``'s text (``<status>, message='<reason phrase>', url=...``)."""
+    async with aiohttp.ClientSession(raise_for_status=True, headers=headers) as session:
+        try:
+            async with session.request(method, url, **kw):
+                pass
+        except aiohttp.ClientResponseError as exc:
+            return str(exc)
+    raise AssertionError(f"{method} {url} was answered")
+
+
+@pytest.mark.parametrize(("path", "body", "status", "field"), BAD_FIELDS)
+def test_every_refusal_says_why_to_an_aiohttp_client(server: Any, path: str, body: dict[str, Any], status: int,
+                                                     field: str) -> None:
+    """aiohttp's ``ClientResponseError`` shows the status line only: the reason phrase carries the
+    refusal's first words (the field at fault), on one latin-1 line."""
+    message = asyncio.run(aiohttp_refusal("POST", server.url + path, headers=AUTH, json=body))
+    assert message.startswith(f"{status}, message=") and repr(field) in message, message
+
+
+def test_auth_routes_and_sizes_refused_in_openais_shape_with_a_reason(server: Any) -> None:
+    """401, 404 and 413 on the OpenAI routes in OpenAI's error shape, each with its reason phrase
+    as aiohttp shows it; podium's own routes keep ``{"error": message}``; a reason never holds the
+    token nor a line break."""
+    from podium.protocol.names import TOKEN_PATH
+
+    url = server.url
+    cases = [
+        ("POST", url + OPENAI_COMPLETIONS, {}, 401, "missing Authorization"),
+        ("POST", url + SGLANG_GENERATE, {"Authorization": "Bearer nope"}, 401, "invalid bearer token"),
+        ("GET", url + OPENAI_MODELS, {"Authorization": "Basic bm9wZTpub3Bl"}, 401, "invalid token"),
+        ("POST", f"{url}{TOKEN_PATH}/nope{OPENAI_COMPLETIONS}", {}, 401, "invalid token in the URL"),
+        ("POST", url + "/v1/chat/completions", AUTH, 404, "no route POST /v1/chat/completions"),
+        ("GET", url + OPENAI_COMPLETIONS, AUTH, 405, "not allowed"),
+    ]
+    for method, target, headers, status, reason in cases:
+        message = asyncio.run(aiohttp_refusal(method, target, headers=headers, json={}))
+        assert f"{status}, message=" in message and reason in message, message
+        answer = requests.request(method, target, headers=headers, json={}, timeout=30)
+        error = answer.json()["error"]
+        assert error["code"] == status and reason in error["message"] and "nope" not in answer.reason
+    small = start_server(RankingGroup(vocab_size=VOCAB), {"max_json_body_mb": 1})
+    try:
+        too_big = {"prompt": [1] * 400_000, "max_tokens": 0}  # over the JSON body limit of 1 MiB
+        message = asyncio.run(aiohttp_refusal("POST", small.url + OPENAI_COMPLETIONS, headers=AUTH, json=too_big))
+        assert "413, message=" in message and "larger than the limit" in message, message
+        assert post(small, OPENAI_COMPLETIONS, too_big).json()["error"]["code"] == 413
+    finally:
+        small.stop()
+    oip = requests.get(url + "/v2/models/other", headers=AUTH, timeout=30)
+    assert oip.status_code == 404 and isinstance(oip.json()["error"], str) and "unknown model" in oip.reason
+
+
+def test_refusals_are_logged_rate_limited_and_without_the_token(caplog: pytest.LogCaptureFixture) -> None:
+    """The teacher logs each refused request (what, from whom, why), never the token, at most
+    RefusalLog.limit lines a window and then how many it left out."""
+    from podium.protocol.names import TOKEN_PATH
+    from podium.teacher.endpoint.middleware import RefusalLog
+
+    served = start_server(RankingGroup(vocab_size=VOCAB))  # its own: the module's has used its window
+    try:
+        with caplog.at_level("WARNING", logger="podium.teacher.endpoint.middleware"):
+            post(served, SGLANG_GENERATE, {"input_ids": "1 2", "sampling_params": {"max_new_tokens": 0}})
+            requests.get(f"{served.url}{TOKEN_PATH}/{TOKEN}/v1/nothing", timeout=30)
+            post(served, OPENAI_COMPLETIONS, {"prompt": [1], "max_tokens": 0, "model": TOKEN})
+    finally:
+        served.stop()
+    lines = [r.getMessage() for r in caplog.records if r.name == "podium.teacher.endpoint.middleware"]
+    assert any("refused POST /generate" in line and "'input_ids'" in line for line in lines), lines
+    assert any(f"{TOKEN_PATH}/<token>/v1/nothing" in line for line in lines), lines
+    assert lines and all(TOKEN not in line for line in lines), lines
+
+    log = RefusalLog("secret", limit=2, window_s=3600)
+    request = type("R", (), {"method": "POST", "path": "/generate", "remote": "10.0.0.1",
+                             "get": lambda self, key, default=None: "rid"})()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="podium.teacher.endpoint.middleware"):
+        for _ in range(50):
+            log.refused(request, 400, "field 'x': the secret is wrong")
+        log._start -= 3600  # the window passes: the next refusal says how many were left out
+        log.refused(request, 400, "field 'x': again")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and "48 more refused requests" in lines[2], lines
+    assert all("secret" not in line for line in lines)
+
+
+def test_a_reason_phrase_is_one_short_ascii_line() -> None:
+    from podium.teacher.endpoint.errors import REASON_CHARS, reason_phrase
+
+    got = reason_phrase("request of 2 rows × 9 positions\n= 18 ≥ 10\tüber")
+    assert got == "request of 2 rows x 9 positions = 18 >= 10 ?ber"
+    long = reason_phrase("field 'prompt': " + "x" * 1000)
+    assert len(long) == REASON_CHARS and long.endswith("...")

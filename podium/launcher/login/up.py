@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podium.config.errors import ConfigError, refusal
 from podium.config.launcher import SettingChange, launcher_changes
-from podium.config.plan import Plan, require_checkpoints
+from podium.config.plan import Plan
 from podium.config.spec import TeacherSpec
 from podium.launcher.backends import Submission, SubmitError, live_job_ids, scheduler_for
 from podium.launcher.common.files import TeacherFiles
@@ -148,10 +149,20 @@ def _live_extra_replicas(plan: Plan, run_dir: Path) -> dict[str, list[tuple[Teac
 
 def validate(plan: Plan) -> None:
     """What ``up`` checks before it writes or submits anything: checkpoints, and that each
-    teacher's backend can run it (``ConfigError`` / ``SubmitError``)."""
-    require_checkpoints(plan)
+    teacher's backend can run it; one ``ConfigError`` listing every problem (a backend's refusal
+    alone: its ``SubmitError``)."""
+    problems: list[str] = []
+    refused: SubmitError | None = None
     for spec in plan.teachers:
-        scheduler_for(spec.launcher.cluster).check(spec)
+        try:
+            scheduler_for(spec.launcher.cluster).check(spec)
+        except (ConfigError, SubmitError) as exc:
+            problems.append(str(exc))
+            refused = exc if isinstance(exc, SubmitError) else None
+    if len(problems) == 1 and refused is not None and not plan.warnings:
+        raise refused
+    if plan.warnings or problems:
+        raise refusal([*plan.warnings, *problems])
 
 
 def notices(plan: Plan) -> list[str]:

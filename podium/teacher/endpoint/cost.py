@@ -12,6 +12,7 @@ would be over ``max_response_mb``. The bounds are the recipe's; a refusal names 
 from __future__ import annotations
 
 from podium.protocol.batch import Batch
+from podium.protocol.names import TOP_K
 from podium.protocol.query import Query
 from podium.teacher.endpoint.config import MIB, EndpointConfig
 from podium.teacher.endpoint.errors import RequestError
@@ -24,8 +25,8 @@ def check_cost(config: EndpointConfig, batch: Batch, query: Query, binary: dict[
     settings = config.server
     top_k_limit = config.max_top_k(vocab_size)
     if query.top_k is not None and query.top_k > top_k_limit:
-        raise RequestError(413, f"parameter 'top_k' = {query.top_k} is over this teacher's limit of "
-                                f"{top_k_limit} (podium.server.max_top_k)")
+        raise RequestError(413, f"parameter {TOP_K!r} = {query.top_k} is over this teacher's limit of "
+                                f"{top_k_limit} (podium.server.max_top_k)", param=TOP_K)
     rows, width, tokens, most = batch.rows, batch.width, batch.rows * batch.width, settings.max_request_tokens
     if tokens > most:
         raise RequestError(413, f"request of {rows} rows × {width} positions = {tokens} tokens is over the limit of "

@@ -34,6 +34,7 @@ from podium.protocol.names import (
     PLAIN_HEALTH,
     SGLANG_GENERATE,
     TOKEN_PATH,
+    TOP_K,
     VLLM_TOKEN_GENERATE,
 )
 from podium.protocol.openai_scoring import CompletionForm, completion_response, models_response, parse_completion
@@ -47,7 +48,7 @@ from podium.teacher.endpoint.body import RawRequest
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.cost import check_cost
 from podium.teacher.endpoint.errors import RequestError
-from podium.teacher.endpoint.middleware import REQUEST_ID, TOKEN_MATCH
+from podium.teacher.endpoint.middleware import FRONT_ROUTES, REQUEST_ID, TOKEN_MATCH
 from podium.teacher.seam import GroupFacts
 
 logger = logging.getLogger(__name__)
@@ -86,12 +87,14 @@ class ScoringFronts:
 
     def install(self, app: web.Application) -> None:
         """The routes, each also under a token URL (``TOKEN_PATH/{token}``: the token in the path, for
-        clients that send no Authorization header; the auth middleware checks it)."""
+        clients that send no Authorization header; the auth middleware checks it, and takes HTTP
+        Basic with the token as the password on these routes)."""
         routes = ((OPENAI_COMPLETIONS, "POST", self._scoring_route(self._parse_completion, self._shape_completion)),
                   (SGLANG_GENERATE, "POST", self._scoring_route(self._parse_generate, self._shape_generate)),
                   (VLLM_TOKEN_GENERATE, "POST", self._scoring_route(self._parse_token_generate,
                                                                     self._shape_token_generate)),
                   (OPENAI_MODELS, "GET", self._models), (PLAIN_HEALTH, "GET", self._health))
+        assert {path for path, _, _ in routes} == set(FRONT_ROUTES), "middleware.FRONT_ROUTES names these routes"
         for path, method, handler in routes:
             for prefix in ("", f"{TOKEN_PATH}/{{{TOKEN_MATCH}}}"):
                 app.router.add_route(method, prefix + path, handler)
@@ -127,7 +130,7 @@ class ScoringFronts:
         its teacher answers): 200 while the teacher serves, else the 503 (``Retry-After``) every
         route answers then. It says no more than ``/v2/health/live`` does to anyone who asks."""
         if not self.server.ready:
-            return openai_error(self.server.not_ready())
+            raise self.server.not_ready()
         return web.Response(body=b"", status=200)
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -140,7 +143,8 @@ class ScoringFronts:
                        shape: Callable[[Any, Mapping[str, np.ndarray], str], bytes]) -> RouteHandler:
         """A computing route: admitted as the OIP route is, the request parsed and checked
         (``parse``) and its answer shaped (``shape(form, outputs, request_id)``) on the codec threads,
-        the teacher's group between; a refusal in OpenAI's error shape."""
+        the teacher's group between; a refusal is answered by the error middleware, in OpenAI's
+        error shape on these routes."""
         async def admitted(request: web.Request, raw: RawRequest) -> web.StreamResponse:
             loop = asyncio.get_running_loop()
             form, batch, query = await loop.run_in_executor(self.server.codec, parse, raw)
@@ -149,10 +153,7 @@ class ScoringFronts:
             return web.Response(body=body, content_type=oip.JSON_CONTENT_TYPE)
 
         async def route(request: web.Request) -> web.StreamResponse:
-            try:
-                return await self.server.admit(request, admitted)
-            except RequestError as exc:
-                return openai_error(exc)
+            return await self.server.admit(request, admitted)
 
         return route
 
@@ -207,12 +208,12 @@ class ScoringFronts:
         try:
             return parse(body)
         except BatchError as exc:
-            raise RequestError(400, str(exc)) from None
+            raise RequestError(400, str(exc), param=exc.param) from None
 
     def _check_model_field(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
             raise RequestError(404, f"field 'model': {model!r} is not served here; this teacher answers to "
-                                    f"{self.model_names}")
+                                    f"{self.model_names}", param="model")
 
     def _checked(self, call: ScoringCall) -> tuple[Batch, Query]:
         """The call's batch and query (the one validation), refused over the endpoint's cost bounds."""
@@ -220,24 +221,13 @@ class ScoringFronts:
         try:
             batch, query = call.ask(vocab_size=server.vocab_size, max_sequence_length=server.facts.max_sequence_length)
         except BatchError as exc:
-            raise RequestError(400, str(exc)) from None
+            raise RequestError(400, str(exc), param=exc.param) from None
         try:
             check_cost(server.config, batch, query, dict.fromkeys(query.outputs, False), server.vocab_size)
         except RequestError as exc:
-            field = call.top_k_field if "'top_k'" in exc.message else call.ids_field
-            raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers) from None
+            field = call.top_k_field if exc.param == TOP_K else call.ids_field
+            raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers, param=field) from None
         return batch, query
-
-
-def openai_error(exc: RequestError) -> web.Response:
-    """A refusal as OpenAI-compatible servers write it (``{"error": {"message", "type", "code"}}``:
-    what the ``openai`` client reads into its exception's message), with the error's headers
-    (``Retry-After`` of a 503)."""
-    kind = ("BadRequestError" if exc.status < 500 else "ServiceUnavailableError" if exc.status == 503
-            else "InternalError")
-    body = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.status}}
-    return web.Response(status=exc.status, body=json.dumps(body).encode("utf-8"), content_type=oip.JSON_CONTENT_TYPE,
-                        headers=exc.headers)
 
 
 def _whole(blocks: RowBlocks) -> np.ndarray:
