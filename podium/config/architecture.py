@@ -18,7 +18,13 @@ before it builds the model:
   or a divisor of CP); PP divides the layers of the pattern (``hybrid_override_pattern`` or
   ``layers_block_type``): megatron-core's hybrid model gives each stage ``L/PP`` consecutive layers
   (both releases podium runs; ``megatron_compat``). MTP layers are no part of a teacher, so no stage
-  holds one.
+  holds one;
+- GLM-4.5 / 4.6 (``model_type`` ``glm4_moe``): the checkpoint fields megatron-core cannot express
+  are refused, each by name (:func:`field_problems`): a RoPE other than the default, a hidden
+  activation other than SiLU, sigmoid top-k weights left unnormalised (``norm_topk_prob`` false),
+  group-limited routing whose group score is not the sum of each group's top 2
+  (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
+  ``topk / group_topk``), a partial rotary dimension that is not a whole even number.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -33,6 +39,9 @@ from typing import Any
 from podium.config.layout import ParallelLayout
 
 NEMOTRON_H = "nemotron_h"
+GLM4_MOE = "glm4_moe"
+# transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
+GLM_PARTIAL_ROTARY = 0.5
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
 _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
@@ -95,10 +104,67 @@ def layer_pattern(config: Mapping[str, Any]) -> str:
     return "".join(_BLOCK_TYPES.get(str(kind), "?") for kind in kinds)
 
 
+def rope_type(config: Mapping[str, Any]) -> str:
+    """The RoPE type a config asks for (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = config.get(key)
+        if isinstance(params, Mapping) and (params.get("rope_type") or params.get("type")):
+            return str(params.get("rope_type") or params.get("type"))
+    return "default"
+
+
+def partial_rotary_factor(config: Mapping[str, Any], default: float = 1.0) -> float:
+    """The share of each head's dimensions RoPE rotates (``partial_rotary_factor``, top level or in
+    ``rope_parameters``)."""
+    params = config.get("rope_parameters")
+    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    value = inner if inner is not None else config.get("partial_rotary_factor")
+    return float(value) if value is not None else default
+
+
+def field_problems(config: Mapping[str, Any]) -> list[str]:
+    """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
+    the worker's describer refuses the same."""
+    if config.get("model_type") == GLM4_MOE:
+        return _glm_problems(config)
+    return []
+
+
+def _glm_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if (kind := rope_type(config)) != "default":
+        problems.append(f"rope_parameters.rope_type={kind!r}: GLM-4.5 is mapped with the default RoPE only")
+    if (act := config.get("hidden_act", "silu")) != "silu":
+        problems.append(f"hidden_act={act!r}: GLM-4.5's MLPs are mapped as SwiGLU (silu) only")
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    if topk > 1 and not config.get("norm_topk_prob", True):
+        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
+                        "(always, for top-k > 1)")
+    groups = (_int(config, "n_group") or ("", 1))[1]
+    chosen = (_int(config, "topk_group") or ("", 1))[1]
+    experts = experts_of(config)
+    if groups > 1:
+        if experts % groups or experts // groups < 2:
+            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
+        if topk % chosen or topk // chosen != 2:
+            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
+                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
+                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    attention = _attention(config)
+    factor = partial_rotary_factor(config, GLM_PARTIAL_ROTARY)
+    if attention is not None:
+        rotary = attention[2] * factor
+        if not 0 < factor <= 1 or rotary != int(rotary) or int(rotary) % 2:
+            problems.append(f"partial_rotary_factor={factor}: head_dim {attention[2]} × {factor} = {rotary} is not a "
+                            "whole even number of rotary dimensions")
+    return problems
+
+
 def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
-    """What the layout cannot split in this model, each naming the config key and the arithmetic."""
+    """What podium cannot serve in this model (:func:`field_problems`) and what the layout cannot
+    split in it, each naming the config key and the arithmetic."""
     tp, cp, ep = layout.tensor_model_parallel_size, layout.context_parallel_size, layout.expert_model_parallel_size
-    problems: list[str] = []
+    problems: list[str] = field_problems(config)
     attention = _attention(config)
     if attention is not None:
         problem = attention_tp_problem(*attention, tp)
@@ -135,6 +201,9 @@ def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[s
         problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
+    if config.get("model_type") == GLM4_MOE and routed:  # GLM: n_shared_experts experts of moe_intermediate_size
+        count = config.get("n_shared_experts", 1)
+        shared = ("moe_intermediate_size × n_shared_experts", routed[1] * int(count)) if count else None
     if shared and shared[1] % tp:
         problems.append(f"{shared[0]}={shared[1]}: TP{tp} must divide the shared expert's MLP, which is split "
                         f"over the attention TP ({shared[1]} / {tp} is not whole)")

@@ -7,8 +7,8 @@ This module owns the inference-only ``GPTModel`` of one rank (its ``TransformerC
   otherwise, with the core attention replaced by ``SDPACoreAttention`` (PyTorch's
   ``scaled_dot_product_attention``: causal, GQA, optional sliding window);
 - on the local spec, the inference patches of ``megatron_patches`` (RoPE, SwiGLU);
-- RoPE base and scaling from the architecture, pre/post process from ``parallel_state``, eval mode,
-  no gradients.
+- RoPE base, scaling and rotary share (GLM: half the head) from the architecture, pre/post process
+  from ``parallel_state``, eval mode, no gradients.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def build_gpt_model(
         install_fast_rotary()
     kwargs: dict[str, Any] = {}
     if desc.position_embedding_type == "rope":
-        kwargs.update(rotary_base=desc.rotary_base, rotary_percent=1.0)
+        kwargs.update(rotary_base=desc.rotary_base, rotary_percent=desc.rotary_percent)
         scaling = desc.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":
             kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling["factor"]))

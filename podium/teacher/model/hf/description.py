@@ -7,6 +7,12 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   (q/k norm, layer mix by ``decoder_sparse_step`` / ``mlp_only_layers``, ``norm_topk_prob``),
   Qwen2-MoE (Qwen3-MoE's routing and layer mix, q/k/v bias, a shared expert behind a sigmoid gate)
   and Mixtral;
+- ``glm4_moe``: GLM-4.5 / 4.6: Llama-style attention with q/k/v bias, optional q/k RMSNorm
+  (``use_qk_norm``) and partial RoPE (``partial_rotary_factor`` of ``head_dim``); the first
+  ``first_k_dense_replace`` layers dense, the rest MoE: a sigmoid router whose top-k is chosen with
+  a per-expert bias (``e_score_correction_bias``), optionally among the best ``topk_group`` of
+  ``n_group`` expert groups, weights renormalised and scaled by ``routed_scaling_factor``, plus
+  ``n_shared_experts`` ungated shared experts; the map is the Llama family's;
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -23,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from podium.config.architecture import GLM_PARTIAL_ROTARY, field_problems, partial_rotary_factor
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
 
 # HF architecture name -> family (the one list: config.checkpoints).
@@ -34,7 +41,10 @@ MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
+    "Glm4MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
 }
+# The shared expert's HF block name (under the MoE block), per architecture that has one.
+SHARED_EXPERT_NAMES: dict[str, str] = {"Qwen2MoeForCausalLM": "shared_expert", "Glm4MoeForCausalLM": "shared_experts"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ class ModelDescription:
     """What podium needs to know about a checkpoint's architecture (from its HF config)."""
 
     architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "gpt2" or "nemotron_h"
+    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "gpt2" or "nemotron_h"
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -57,6 +67,7 @@ class ModelDescription:
     position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
     rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
+    rotary_percent: float = 1.0  # the share of head_dim RoPE rotates (the first dimensions; GLM: 0.5)
     qkv_bias: bool = False
     attn_out_bias: bool = False
     mlp_bias: bool = False
@@ -82,6 +93,10 @@ class ModelDescription:
     moe_expert_bias: bool = False
     moe_routed_scaling_factor: float | None = None
     moe_latent_size: int = 0
+    # Group-limited routing (0: none): the experts in ``moe_router_num_groups`` groups, each token
+    # choosing its top-k among the best ``moe_router_group_topk`` groups (GLM-4.5's n_group/topk_group).
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
     # A hybrid model (Nemotron-H): one symbol per layer, ``M`` Mamba-2, ``*`` attention, ``-`` MLP,
     # ``E`` MoE ("" for a transformer), and the Mamba-2 mixer's shape.
     hybrid_pattern: str = ""
@@ -341,9 +356,68 @@ def _describe_nemotron_h(config: Mapping[str, Any], arch: str, family: str, chec
     )
 
 
+def _refused_fields(config: Mapping[str, Any], arch: str, checkpoint: str) -> None:
+    """``ValueError`` naming every field podium cannot honour (the rule the plan applies:
+    :func:`podium.config.architecture.field_problems`)."""
+    problems = field_problems(config)
+    if problems:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {'; '.join(problems)}")
+
+
+def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """GLM-4.5 / 4.6 (see the module doc). MTP layers (``num_nextn_predict_layers``, stored as
+    layers past ``num_hidden_layers``) are not part of the teacher."""
+    _refused_fields(config, arch, checkpoint)
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    dense = int(config.get("first_k_dense_replace", 1))
+    ffn = int(config["moe_intermediate_size"])
+    groups = int(config.get("n_group") or 1)
+    theta, _ = _rope(config, checkpoint)
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        activation="swiglu",
+        position_embedding_type="rope",
+        rotary_base=theta,
+        rotary_percent=partial_rotary_factor(config, GLM_PARTIAL_ROTARY),
+        qkv_bias=bool(config.get("attention_bias", False)),  # q/k/v only: o_proj has none
+        qk_norm=bool(config.get("use_qk_norm", False)),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        moe_topk=topk,
+        moe_ffn_hidden_size=ffn,
+        norm_topk_prob=True,
+        moe_layers=tuple(i >= dense for i in range(layers)),
+        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts", 1) or 0),
+        moe_score_function="sigmoid",
+        moe_expert_bias=True,
+        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        moe_router_num_groups=groups if groups > 1 else 0,
+        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        hf_config=dict(config),
+    )
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
+    "glm4_moe": _describe_glm4_moe,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
 }

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 WEIGHT_MAPS: dict[str, WeightMap] = {
     "llama": llama_sources,
+    "glm4_moe": llama_sources,  # Llama-style names; its MoE layers as the Llama family's (moe.py)
     "gpt2": gpt2_sources,
     "nemotron_h": nemotron_h_sources,
 }
