@@ -8,7 +8,8 @@ dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bi
 not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
 odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
 8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
-``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
+``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
+embedding), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
 non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
 
 - ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
@@ -248,6 +249,34 @@ _BASE_CONFIGS["glm4_moe"] = (
         max_position_embeddings=128,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         tie_word_embeddings=False,
+    ),
+)
+
+# Gemma 3 text: sliding layers (window 4, shorter than the test sequences) with their own RoPE base
+# around a global one with linear scaling, an explicit head_dim (24) and a softmax scale from
+# query_pre_attn_scalar (20) that differ from hidden / heads, tied embeddings.
+_BASE_CONFIGS["gemma3"] = (
+    "Gemma3TextConfig",
+    "Gemma3ForCausalLM",
+    dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        query_pre_attn_scalar=20,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        sliding_window=4,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
     ),
 )
 

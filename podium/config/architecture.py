@@ -24,7 +24,11 @@ before it builds the model:
   activation other than SiLU, sigmoid top-k weights left unnormalised (``norm_topk_prob`` false),
   group-limited routing whose group score is not the sum of each group's top 2
   (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
-  ``topk / group_topk``), a partial rotary dimension that is not a whole even number.
+  ``topk / group_topk``), a partial rotary dimension that is not a whole even number;
+- Gemma 3 text (``model_type`` ``gemma3_text``): refused by name where podium's model would differ
+  from transformers: attention or final logit softcapping, bidirectional attention, attention
+  biases, an activation other than tanh-GELU, a global RoPE other than default/linear or a local
+  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -40,6 +44,8 @@ from podium.config.layout import ParallelLayout
 
 NEMOTRON_H = "nemotron_h"
 GLM4_MOE = "glm4_moe"
+GEMMA3_TEXT = "gemma3_text"
+GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
@@ -127,7 +133,59 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
     the worker's describer refuses the same."""
     if config.get("model_type") == GLM4_MOE:
         return _glm_problems(config)
+    if config.get("model_type") == GEMMA3_TEXT:
+        return _gemma3_problems(config)
     return []
+
+
+def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
+    """A Gemma 3 config's ``layer_types``, or what transformers makes of ``sliding_window_pattern``
+    (default 6: every 6th layer global, the others sliding)."""
+    kinds = config.get("layer_types")
+    if kinds:
+        return [str(k) for k in kinds]
+    pattern = int(config.get("sliding_window_pattern") or 6)
+    layers = (_int(config, "num_hidden_layers") or ("", 0))[1]
+    return [GEMMA3_LAYER_TYPES[0] if (i + 1) % pattern else GEMMA3_LAYER_TYPES[1] for i in range(layers)]
+
+
+def gemma3_rope(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Gemma 3's RoPE per layer type, ``{"full_attention": {...}, "sliding_attention": {...}}`` each
+    with ``rope_type`` and ``rope_theta``: transformers 5's ``rope_parameters`` by layer type, or 4.x's
+    ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq`` (sliding)."""
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and any(k in params for k in GEMMA3_LAYER_TYPES):
+        full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(config.get("rope_scaling") or params or {})
+        full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+        local = {"rope_theta": config.get("rope_local_base_freq", 10_000.0)}
+    for part in (full, local):
+        part["rope_type"] = part.get("rope_type") or part.get("type") or "default"
+    full.setdefault("rope_theta", 1_000_000.0)
+    local.setdefault("rope_theta", 10_000.0)
+    return {"full_attention": full, "sliding_attention": local}
+
+
+def _gemma3_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = [f"{key}={config[key]}: logit softcapping is not served (megatron-core's attention and podium's "
+                "output layer do not cap)"
+                for key in ("attn_logit_softcapping", "final_logit_softcapping") if config.get(key) is not None]
+    problems += [f"{key}=true: Gemma 3 is mapped causal and without attention biases"
+                 for key in ("use_bidirectional_attention", "attention_bias") if config.get(key)]
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        problems.append(f"hidden_activation={act!r}: Gemma 3's MLPs are mapped as gated tanh-GELU only")
+    rope = gemma3_rope(config)
+    if (kind := rope["full_attention"]["rope_type"]) not in ("default", "linear"):
+        problems.append(f"rope_parameters.full_attention.rope_type={kind!r}: supported: default, linear")
+    if (kind := rope["sliding_attention"]["rope_type"]) != "default":
+        problems.append(f"rope_parameters.sliding_attention.rope_type={kind!r}: the sliding layers' RoPE is "
+                        "mapped default only")
+    unknown = sorted(set(gemma3_layer_types(config)) - set(GEMMA3_LAYER_TYPES))
+    if unknown:
+        problems.append(f"layer_types {unknown}: supported: {', '.join(GEMMA3_LAYER_TYPES)}")
+    return problems
 
 
 def _glm_problems(config: Mapping[str, Any]) -> list[str]:

@@ -57,6 +57,8 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
     # GLM-4.5/4.6: Llama-style names; sigmoid router with expert bias and groups, shared experts
     "Glm4MoeForCausalLM": "glm4_moe",
+    # Gemma 3 text: per-layer sliding window and RoPE base, post-norms, (1 + w) norms, scaled embedding
+    "Gemma3ForCausalLM": "gemma3",
     "GPT2LMHeadModel": "gpt2",
     "NemotronHForCausalLM": "nemotron_h",  # hybrid Mamba-2 / attention / (latent) MoE layers
 }

@@ -24,7 +24,7 @@ on_policy_distillation:
   non_colocated_teachers:
     default_teacher_cfg:
       tensor_model_parallel_size: 8
-      expert_model_parallel_size: 8
+      expert_model_parallel_size: {ep}
       num_nodes: 1
       gpus_per_node: 8
       precision: bf16
@@ -44,12 +44,13 @@ GLM45: dict[str, Any] = {
 
 
 def _plan(tmp_path: Path, config: dict[str, Any]):
+    """The plan of a one-teacher recipe at TP8 (EP8 for a model with routed experts)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(config))
     (ckpt / "model.safetensors").write_bytes(b"")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE.format(ckpt=ckpt))
+    recipe.write_text(RECIPE.format(ckpt=ckpt, ep=8 if "n_routed_experts" in config else 1))
     return load_plan(recipe)
 
 
@@ -95,3 +96,46 @@ def test_glm_group_limited_routing_with_top_2_per_group_is_served(tmp_path: Path
     require_checkpoints(_plan(tmp_path, config))
     desc = describe_hf_config(config)
     assert (desc.moe_router_num_groups, desc.moe_router_group_topk) == (8, 4)
+
+
+# Gemma 3 27B's text shape, as its config.json writes it (transformers 4 field names: one global RoPE
+# with linear scaling, the sliding layers' base apart, a layer pattern instead of layer_types)
+GEMMA3: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 5376,
+    "intermediate_size": 21504, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+    "head_dim": 128, "query_pre_attn_scalar": 168, "sliding_window": 1024, "sliding_window_pattern": 6,
+    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "attn_logit_softcapping": None,
+    "final_logit_softcapping": None, "attention_bias": False, "max_position_embeddings": 131072,
+}
+
+
+def test_gemma3_is_planned_and_described(tmp_path: Path) -> None:
+    require_checkpoints(_plan(tmp_path, GEMMA3))  # TP8
+    desc = describe_hf_config(GEMMA3)
+    assert (desc.family, desc.rotary_base, desc.local_rotary_base, desc.sliding_window) == (
+        "gemma3", 1e6, 1e4, 1024)
+    assert desc.rope_scaling == {"rope_type": "linear", "factor": 8.0} and desc.tied_embeddings
+    assert desc.window_layers == tuple((i + 1) % 6 != 0 for i in range(62))
+    assert desc.softmax_scale == 168 ** -0.5 and desc.embedding_scale == 5376 ** 0.5
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0: logit softcapping is not served"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0: logit softcapping is not served"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true: Gemma 3 is mapped causal"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
+     "rope_parameters.full_attention.rope_type='yarn': supported: default, linear"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+     "rope_parameters.sliding_attention.rope_type='linear': the sliding layers' RoPE is mapped default only"),
+    ({"hidden_activation": "silu"}, "hidden_activation='silu': Gemma 3's MLPs are mapped as gated tanh-GELU only"),
+    ({"layer_types": ["chunked_attention"] * 62}, "layer_types ['chunked_attention']: supported"),
+])
+def test_a_gemma3_field_podium_cannot_honour_is_refused_at_plan_and_by_the_describer(
+        tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    config = {**GEMMA3, **change}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        require_checkpoints(_plan(tmp_path, config))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        describe_hf_config(config)

@@ -117,8 +117,8 @@ def _activation(desc: ModelDescription) -> tuple[Any, bool]:
 
     if desc.activation == "swiglu":
         return F.silu, True
-    if desc.activation == "gelu_tanh":
-        return functools.partial(F.gelu, approximate="tanh"), False
+    if desc.activation in ("gelu_tanh", "geglu_tanh"):  # GPT-2's; Gemma's gated
+        return functools.partial(F.gelu, approximate="tanh"), desc.activation == "geglu_tanh"
     if desc.activation == "squared_relu":
         from megatron.core.activations import squared_relu
 
@@ -187,6 +187,10 @@ def build_transformer_config(
     )
     if desc.sliding_window:
         kwargs["window_size"] = (desc.sliding_window - 1, 0)
+        if desc.window_layers:  # Gemma 3: only these layers slide (megatron: 1 = windowed)
+            kwargs["window_attn_skip_freq"] = [int(w) for w in desc.window_layers]
+    if desc.softmax_scale is not None:
+        kwargs["softmax_scale"] = desc.softmax_scale
     if desc.is_hybrid:
         kwargs.update(hybrid_settings(desc))
     kwargs.update(config_overrides)

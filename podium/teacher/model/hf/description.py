@@ -13,6 +13,10 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   a per-expert bias (``e_score_correction_bias``), optionally among the best ``topk_group`` of
   ``n_group`` expert groups, weights renormalised and scaled by ``routed_scaling_factor``, plus
   ``n_shared_experts`` ungated shared experts; the map is the Llama family's;
+- ``gemma3``: Gemma 3 text (``Gemma3ForCausalLM``): sliding-window layers by ``layer_types`` with
+  their own RoPE base, global layers with the model's (default or linear), q/k RMSNorm, softmax
+  scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
+  MLP, the embedding scaled by ``√hidden``, tied embeddings, ``(1 + w)`` norms (the map adds the 1);
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -29,7 +33,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from podium.config.architecture import GLM_PARTIAL_ROTARY, field_problems, partial_rotary_factor
+from podium.config.architecture import (
+    GEMMA3_LAYER_TYPES,
+    GLM_PARTIAL_ROTARY,
+    field_problems,
+    gemma3_layer_types,
+    gemma3_rope,
+    partial_rotary_factor,
+)
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
 
 # HF architecture name -> family (the one list: config.checkpoints).
@@ -63,7 +74,7 @@ class ModelDescription:
     max_position_embeddings: int
     normalization: str  # "RMSNorm" | "LayerNorm"
     norm_eps: float
-    activation: str  # "swiglu" | "gelu_tanh" | "gelu" | "squared_relu"
+    activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
     position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
     rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
@@ -74,6 +85,14 @@ class ModelDescription:
     qk_norm: bool = False
     tied_embeddings: bool = False
     sliding_window: int | None = None
+    # Gemma 3: the layers that slide (empty: all, when ``sliding_window`` is set), their RoPE base
+    # (None: ``rotary_base``), the softmax scale (None: 1/√head_dim), the token embedding's scale,
+    # and a norm after the attention and after the MLP (before each residual add).
+    window_layers: tuple[bool, ...] = ()
+    local_rotary_base: float | None = None
+    softmax_scale: float | None = None
+    embedding_scale: float | None = None
+    post_norms: bool = False
     # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
     # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
     num_experts: int = 0
@@ -414,10 +433,53 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
     )
 
 
+def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """Gemma 3 text (see the module doc)."""
+    _refused_fields(config, arch, checkpoint)
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    rope = gemma3_rope(config)
+    full = rope["full_attention"]
+    sliding = tuple(kind == GEMMA3_LAYER_TYPES[0] for kind in gemma3_layer_types(config))
+    window = config.get("sliding_window")
+    if len(sliding) != layers:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {len(sliding)} layer_types for {layers} layers")
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 131072)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="geglu_tanh",
+        position_embedding_type="rope",
+        rotary_base=float(full["rope_theta"]),
+        rope_scaling=({"rope_type": "linear", "factor": float(full["factor"])} if full["rope_type"] == "linear"
+                      else None),
+        qk_norm=True,
+        tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+        sliding_window=int(window) if window and any(sliding) else None,
+        window_layers=sliding if window and any(sliding) else (),
+        local_rotary_base=float(rope["sliding_attention"]["rope_theta"]),
+        softmax_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5,
+        embedding_scale=hidden**0.5,
+        post_norms=True,
+        hf_config=dict(config),
+    )
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "glm4_moe": _describe_glm4_moe,
+    "gemma3": _describe_gemma3,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
 }
