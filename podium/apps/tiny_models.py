@@ -9,8 +9,9 @@ not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2
 odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
 8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
 ``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
-embedding), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
-non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
+embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``nemotron_h``
+(hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a non-zero expert bias, attention
+without positions, a squared-ReLU MLP; routing far from uniform).
 
 - ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
@@ -277,6 +278,23 @@ _BASE_CONFIGS["gemma3"] = (
         pad_token_id=0,
         bos_token_id=2,
         eos_token_id=1,
+    ),
+)
+
+# Gemma 3's multimodal checkpoint (Gemma3ForConditionalGeneration): the tiny text model above under
+# ``language_model.``, beside a one-layer vision tower a teacher never reads.
+_BASE_CONFIGS["gemma3_mm"] = (
+    "Gemma3Config",
+    "Gemma3ForConditionalGeneration",
+    dict(
+        text_config={k: v for k, v in _BASE_CONFIGS["gemma3"][2].items() if k != "tie_word_embeddings"},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+        boi_token_index=252,
+        eoi_token_index=253,
+        image_token_index=254,
+        tie_word_embeddings=True,
     ),
 )
 

@@ -25,7 +25,8 @@ before it builds the model:
   group-limited routing whose group score is not the sum of each group's top 2
   (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
   ``topk / group_topk``), a partial rotary dimension that is not a whole even number;
-- Gemma 3 text (``model_type`` ``gemma3_text``): refused by name where podium's model would differ
+- Gemma 3 text (``model_type`` ``gemma3_text``, or the language model of a multimodal ``gemma3``
+  checkpoint: :func:`language_config`): refused by name where podium's model would differ
   from transformers: attention or final logit softcapping, bidirectional attention, attention
   biases, an activation other than tanh-GELU, a global RoPE other than default/linear or a local
   (sliding-layer) RoPE other than default, a layer type other than sliding/full attention.
@@ -45,6 +46,15 @@ from podium.config.layout import ParallelLayout
 NEMOTRON_H = "nemotron_h"
 GLM4_MOE = "glm4_moe"
 GEMMA3_TEXT = "gemma3_text"
+GEMMA3 = "gemma3"  # the multimodal checkpoints (Gemma3ForConditionalGeneration): the text model in text_config
+# What transformers' Gemma3TextConfig takes for a field a checkpoint's text_config leaves out (the
+# published multimodal configs write only what differs from these).
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
@@ -128,9 +138,20 @@ def partial_rotary_factor(config: Mapping[str, Any], default: float = 1.0) -> fl
     return float(value) if value is not None else default
 
 
+def language_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: a multimodal Gemma 3's ``text_config`` over transformers'
+    defaults (with the outer ``architectures``), else ``config`` itself."""
+    text = config.get("text_config")
+    if config.get("model_type") != GEMMA3 or not isinstance(text, Mapping):
+        return config
+    return {**GEMMA3_TEXT_DEFAULTS, "model_type": GEMMA3_TEXT, **text,
+            "architectures": list(config.get("architectures") or [])}
+
+
 def field_problems(config: Mapping[str, Any]) -> list[str]:
     """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
     the worker's describer refuses the same."""
+    config = language_config(config)
     if config.get("model_type") == GLM4_MOE:
         return _glm_problems(config)
     if config.get("model_type") == GEMMA3_TEXT:
@@ -222,6 +243,7 @@ def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[s
     """What podium cannot serve in this model (:func:`field_problems`) and what the layout cannot
     split in it, each naming the config key and the arithmetic."""
     tp, cp, ep = layout.tensor_model_parallel_size, layout.context_parallel_size, layout.expert_model_parallel_size
+    config = language_config(config)
     problems: list[str] = field_problems(config)
     attention = _attention(config)
     if attention is not None:
@@ -290,6 +312,7 @@ def _mamba_problems(config: Mapping[str, Any], tp: int, cp: int) -> list[str]:
 
 def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
     """What this model at this layout takes, in words (nothing where it asks nothing special)."""
+    config = language_config(config)
     tp, cp = layout.tensor_model_parallel_size, layout.context_parallel_size
     ep, etp = layout.expert_model_parallel_size, layout.expert_tensor_parallel_size
     nemotron = config.get("model_type") == NEMOTRON_H

@@ -59,6 +59,7 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Glm4MoeForCausalLM": "glm4_moe",
     # Gemma 3 text: per-layer sliding window and RoPE base, post-norms, (1 + w) norms, scaled embedding
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (language_model.*); images not served
     "GPT2LMHeadModel": "gpt2",
     "NemotronHForCausalLM": "nemotron_h",  # hybrid Mamba-2 / attention / (latent) MoE layers
 }

@@ -139,3 +139,22 @@ def test_a_gemma3_field_podium_cannot_honour_is_refused_at_plan_and_by_the_descr
         require_checkpoints(_plan(tmp_path, config))
     with pytest.raises(ValueError, match=re.escape(message)):
         describe_hf_config(config)
+
+
+def test_a_multimodal_gemma3_is_planned_as_its_language_model_with_transformers_defaults(tmp_path: Path) -> None:
+    # Gemma 3 4B's multimodal config.json writes only what differs from Gemma3TextConfig's defaults
+    config = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+              "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                              "num_hidden_layers": 34, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                              "sliding_window": 1024},
+              "vision_config": {"model_type": "siglip_vision_model"}}
+    require_checkpoints(_plan(tmp_path, config))  # TP8: the default 8 heads, 4 KV groups (2 ranks each)
+    desc = describe_hf_config(config)
+    assert (desc.architecture, desc.num_layers, desc.num_attention_heads, desc.head_dim, desc.vocab_size) == (
+        "Gemma3ForConditionalGeneration", 34, 8, 256, 262208)
+    assert desc.softmax_scale == 256 ** -0.5 and desc.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    capped = tmp_path / "capped"
+    capped.mkdir()
+    with pytest.raises(ConfigError, match=re.escape("attn_logit_softcapping=50.0")):  # read in text_config
+        require_checkpoints(_plan(capped, {**config, "text_config": {**config["text_config"],
+                                                                      "attn_logit_softcapping": 50.0}}))

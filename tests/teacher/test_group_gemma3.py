@@ -8,7 +8,10 @@ gated tanh-GELU, post-attention and post-MLP norms, ``(1 + w)`` norms, the embed
 
 - TP1: one rank; logprobs and top-k;
 - TP2: attention heads, KV groups, the MLP and the vocabulary split (the post-norms after the
-  reduction).
+  reduction);
+- TP1 on the multimodal checkpoint (``Gemma3ForConditionalGeneration``): its language model read
+  under ``language_model.``, its ``text_config`` over transformers' defaults; the oracle is the
+  multimodal model on text.
 
 Logprobs within 1e-4 of the oracle (fp32). Negative controls (``gemma3_controls.py``, TP2): the
 window on every layer, the sliding layers on the global RoPE base, the embedding unscaled, the
@@ -55,6 +58,16 @@ def test_gemma3_tp1(gemma3_tp1, tiny_gemma3_checkpoint):
 
 def test_gemma3_tp2(gemma3_tp2, tiny_gemma3_checkpoint):
     assert_matches_oracle(gemma3_tp2, tiny_gemma3_checkpoint, ragged_batch(VOCAB, seed=72), top_k=3)
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_language_model(ray_cluster, tiny_gemma3_mm_checkpoint):
+    from podium.teacher.model.checkpoint_loader import describe_model
+
+    desc = describe_model(tiny_gemma3_mm_checkpoint)
+    assert (desc.architecture, desc.family, desc.num_layers, desc.window_layers) == (
+        "Gemma3ForConditionalGeneration", "gemma3", 4, (True, False, True, True))
+    for group in start_group(tiny_gemma3_mm_checkpoint):
+        assert_matches_oracle(group, tiny_gemma3_mm_checkpoint, ragged_batch(VOCAB, seed=73), top_k=2)
 
 
 def test_the_oracle_catches_each_gemma3_piece_left_out(tiny_gemma3_checkpoint, tmp_path):

@@ -17,6 +17,7 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   their own RoPE base, global layers with the model's (default or linear), q/k RMSNorm, softmax
   scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
   MLP, the embedding scaled by ``√hidden``, tied embeddings, ``(1 + w)`` norms (the map adds the 1);
+  a multimodal checkpoint (``Gemma3ForConditionalGeneration``) is served as its language model;
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -39,6 +40,7 @@ from podium.config.architecture import (
     field_problems,
     gemma3_layer_types,
     gemma3_rope,
+    language_config,
     partial_rotary_factor,
 )
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
@@ -434,7 +436,8 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
 
 
 def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
-    """Gemma 3 text (see the module doc)."""
+    """Gemma 3 text (see the module doc); of a multimodal checkpoint, its language model."""
+    config = language_config(config)
     _refused_fields(config, arch, checkpoint)
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])

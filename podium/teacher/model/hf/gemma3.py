@@ -11,12 +11,15 @@ gated ``linear_fc1``); what differs:
   (after it: ``self_attention.linear_proj.post_norm``), ``pre_feedforward_layernorm`` (Megatron's
   ``pre_mlp_layernorm``), ``post_feedforward_layernorm`` (``mlp.linear_fc2.post_norm``); q/k norms
   ``self_attn.{q,k}_norm``, the final norm ``model.norm``;
-- the output layer is tied to the embedding (``tie_word_embeddings``, Gemma's default).
+- the output layer is tied to the embedding (``tie_word_embeddings``, Gemma's default);
+- a multimodal checkpoint (``Gemma3ForConditionalGeneration``) holds the language model under
+  ``language_model.`` (``language_model.model.layers.N…``, ``language_model.lm_head``): the same
+  names read under that prefix (:class:`LanguageModelView`); the vision tower is not read.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from podium.teacher.model.gemma3 import POST_NORM
 from podium.teacher.model.hf.dense import llama_sources
@@ -36,6 +39,33 @@ _LAYER_NORMS = {
 }
 
 
+LANGUAGE_MODEL = "language_model."
+
+
+class LanguageModelView:
+    """A checkpoint's tensors as the text model names them, read under ``language_model.``."""
+
+    def __init__(self, ckpt: Any) -> None:
+        self.ckpt = ckpt
+        self.path = ckpt.path
+
+    def __contains__(self, name: str) -> bool:
+        return LANGUAGE_MODEL + name in self.ckpt
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.ckpt.shape(LANGUAGE_MODEL + name))
+
+    def read(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        return self.ckpt.read(LANGUAGE_MODEL + name, rows=rows, cols=cols)
+
+
+def _text_reader(r: SliceReader) -> SliceReader:
+    """``r``, or for a multimodal checkpoint a reader of its language model's names."""
+    if "model.embed_tokens.weight" in r.ckpt or LANGUAGE_MODEL + "model.embed_tokens.weight" not in r.ckpt:
+        return r
+    return SliceReader(LanguageModelView(r.ckpt), r.desc, r.lay)  # type: ignore[arg-type]
+
+
 def _one_plus(tensor: torch.Tensor) -> torch.Tensor:
     import torch
 
@@ -44,6 +74,7 @@ def _one_plus(tensor: torch.Tensor) -> torch.Tensor:
 
 def gemma3_sources(r: SliceReader, layer: int | None, local: str) -> torch.Tensor | None:
     """(reader, global layer or None, local-spec name) -> the rank's tensor (see the module doc)."""
+    r = _text_reader(r)
     if layer is None:
         if local == "decoder.final_layernorm.weight":
             return _one_plus(r.ckpt.read("model.norm.weight"))
