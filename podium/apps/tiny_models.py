@@ -6,8 +6,12 @@ configs are built in code and weights drawn from a fixed seed, then written with
 ``qwen3`` (q/k norm, tied), ``mistral`` (sliding window), ``qwen3_moe`` (4 experts, top-2, one
 dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bias, top-k weights
 not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
-odd vocab 101), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
-non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
+odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
+8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
+``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
+embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``nemotron_h``
+(hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a non-zero expert bias, attention
+without positions, a squared-ReLU MLP; routing far from uniform).
 
 - ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
@@ -216,6 +220,84 @@ _BASE_CONFIGS["nemotron_h"] = (
     ),
 )
 
+# GLM-4.5: every feature it adds over the Llama family moves the logits: RoPE on half of an explicit
+# head_dim (24 != 64 / 4), q/k norm, q/k/v bias, layer 0 dense, then MoE layers whose 8 experts form
+# 2 groups (each token picks 1 group, then its top 2 there), a non-zero expert bias, a scale of 2.5,
+# a shared expert.
+_BASE_CONFIGS["glm4_moe"] = (
+    "Glm4MoeConfig",
+    "Glm4MoeForCausalLM",
+    dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,  # the dense first layer's MLP
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        use_qk_norm=True,
+        attention_bias=True,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+    ),
+)
+
+# Gemma 3 text: sliding layers (window 4, shorter than the test sequences) with their own RoPE base
+# around a global one with linear scaling, an explicit head_dim (24) and a softmax scale from
+# query_pre_attn_scalar (20) that differ from hidden / heads, tied embeddings.
+_BASE_CONFIGS["gemma3"] = (
+    "Gemma3TextConfig",
+    "Gemma3ForCausalLM",
+    dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        query_pre_attn_scalar=20,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        sliding_window=4,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    ),
+)
+
+# Gemma 3's multimodal checkpoint (Gemma3ForConditionalGeneration): the tiny text model above under
+# ``language_model.``, beside a one-layer vision tower a teacher never reads.
+_BASE_CONFIGS["gemma3_mm"] = (
+    "Gemma3Config",
+    "Gemma3ForConditionalGeneration",
+    dict(
+        text_config={k: v for k, v in _BASE_CONFIGS["gemma3"][2].items() if k != "tie_word_embeddings"},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+        boi_token_index=252,
+        eoi_token_index=253,
+        image_token_index=254,
+        tie_word_embeddings=True,
+    ),
+)
+
 KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
 
 
@@ -238,7 +320,7 @@ def _randomise_(model: torch.nn.Module, seed: int, std: float = 0.15, embed_std:
 
 def _skew_routing_(model: torch.nn.Module, seed: int, router_scale: float = 2.0, bias_std: float = 0.3) -> None:
     """Routers far from uniform (weights scaled up) and a non-zero expert bias: a sigmoid router
-    (Nemotron-H's ``gate``) picks experts by ``sigmoid(logits) + e_score_correction_bias`` and weighs
+    (Nemotron-H's and GLM-4.5's ``gate``) picks experts by ``sigmoid(logits) + e_score_correction_bias`` and weighs
     them without it, so forgetting the bias changes which experts run."""
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -270,7 +352,7 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls_name)(config).to(torch.float32)
     _randomise_(model, seed)
-    if kind == "nemotron_h":
+    if kind in ("nemotron_h", "glm4_moe"):
         _skew_routing_(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()

@@ -18,7 +18,18 @@ before it builds the model:
   or a divisor of CP); PP divides the layers of the pattern (``hybrid_override_pattern`` or
   ``layers_block_type``): megatron-core's hybrid model gives each stage ``L/PP`` consecutive layers
   (both releases podium runs; ``megatron_compat``). MTP layers are no part of a teacher, so no stage
-  holds one.
+  holds one;
+- GLM-4.5 / 4.6 (``model_type`` ``glm4_moe``): the checkpoint fields megatron-core cannot express
+  are refused, each by name (:func:`field_problems`): a RoPE other than the default, a hidden
+  activation other than SiLU, sigmoid top-k weights left unnormalised (``norm_topk_prob`` false),
+  group-limited routing whose group score is not the sum of each group's top 2
+  (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
+  ``topk / group_topk``), a partial rotary dimension that is not a whole even number;
+- Gemma 3 text (``model_type`` ``gemma3_text``, or the language model of a multimodal ``gemma3``
+  checkpoint: :func:`language_config`): refused by name where podium's model would differ
+  from transformers: attention or final logit softcapping, bidirectional attention, attention
+  biases, an activation other than tanh-GELU, a global RoPE other than default/linear or a local
+  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -33,6 +44,20 @@ from typing import Any
 from podium.config.layout import ParallelLayout
 
 NEMOTRON_H = "nemotron_h"
+GLM4_MOE = "glm4_moe"
+GEMMA3_TEXT = "gemma3_text"
+GEMMA3 = "gemma3"  # the multimodal checkpoints (Gemma3ForConditionalGeneration): the text model in text_config
+# What transformers' Gemma3TextConfig takes for a field a checkpoint's text_config leaves out (the
+# published multimodal configs write only what differs from these).
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
+# transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
+GLM_PARTIAL_ROTARY = 0.5
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
 _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
@@ -95,10 +120,131 @@ def layer_pattern(config: Mapping[str, Any]) -> str:
     return "".join(_BLOCK_TYPES.get(str(kind), "?") for kind in kinds)
 
 
+def rope_type(config: Mapping[str, Any]) -> str:
+    """The RoPE type a config asks for (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = config.get(key)
+        if isinstance(params, Mapping) and (params.get("rope_type") or params.get("type")):
+            return str(params.get("rope_type") or params.get("type"))
+    return "default"
+
+
+def partial_rotary_factor(config: Mapping[str, Any], default: float = 1.0) -> float:
+    """The share of each head's dimensions RoPE rotates (``partial_rotary_factor``, top level or in
+    ``rope_parameters``)."""
+    params = config.get("rope_parameters")
+    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    value = inner if inner is not None else config.get("partial_rotary_factor")
+    return float(value) if value is not None else default
+
+
+def language_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: a multimodal Gemma 3's ``text_config`` over transformers'
+    defaults (with the outer ``architectures``), else ``config`` itself."""
+    text = config.get("text_config")
+    if config.get("model_type") != GEMMA3 or not isinstance(text, Mapping):
+        return config
+    return {**GEMMA3_TEXT_DEFAULTS, "model_type": GEMMA3_TEXT, **text,
+            "architectures": list(config.get("architectures") or [])}
+
+
+def field_problems(config: Mapping[str, Any]) -> list[str]:
+    """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
+    the worker's describer refuses the same."""
+    config = language_config(config)
+    if config.get("model_type") == GLM4_MOE:
+        return _glm_problems(config)
+    if config.get("model_type") == GEMMA3_TEXT:
+        return _gemma3_problems(config)
+    return []
+
+
+def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
+    """A Gemma 3 config's ``layer_types``, or what transformers makes of ``sliding_window_pattern``
+    (default 6: every 6th layer global, the others sliding)."""
+    kinds = config.get("layer_types")
+    if kinds:
+        return [str(k) for k in kinds]
+    pattern = int(config.get("sliding_window_pattern") or 6)
+    layers = (_int(config, "num_hidden_layers") or ("", 0))[1]
+    return [GEMMA3_LAYER_TYPES[0] if (i + 1) % pattern else GEMMA3_LAYER_TYPES[1] for i in range(layers)]
+
+
+def gemma3_rope(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Gemma 3's RoPE per layer type, ``{"full_attention": {...}, "sliding_attention": {...}}`` each
+    with ``rope_type`` and ``rope_theta``: transformers 5's ``rope_parameters`` by layer type, or 4.x's
+    ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq`` (sliding)."""
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and any(k in params for k in GEMMA3_LAYER_TYPES):
+        full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(config.get("rope_scaling") or params or {})
+        full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+        local = {"rope_theta": config.get("rope_local_base_freq", 10_000.0)}
+    for part in (full, local):
+        part["rope_type"] = part.get("rope_type") or part.get("type") or "default"
+    full.setdefault("rope_theta", 1_000_000.0)
+    local.setdefault("rope_theta", 10_000.0)
+    return {"full_attention": full, "sliding_attention": local}
+
+
+def _gemma3_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = [f"{key}={config[key]}: logit softcapping is not served (megatron-core's attention and podium's "
+                "output layer do not cap)"
+                for key in ("attn_logit_softcapping", "final_logit_softcapping") if config.get(key) is not None]
+    problems += [f"{key}=true: Gemma 3 is mapped causal and without attention biases"
+                 for key in ("use_bidirectional_attention", "attention_bias") if config.get(key)]
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        problems.append(f"hidden_activation={act!r}: Gemma 3's MLPs are mapped as gated tanh-GELU only")
+    rope = gemma3_rope(config)
+    if (kind := rope["full_attention"]["rope_type"]) not in ("default", "linear"):
+        problems.append(f"rope_parameters.full_attention.rope_type={kind!r}: supported: default, linear")
+    if (kind := rope["sliding_attention"]["rope_type"]) != "default":
+        problems.append(f"rope_parameters.sliding_attention.rope_type={kind!r}: the sliding layers' RoPE is "
+                        "mapped default only")
+    unknown = sorted(set(gemma3_layer_types(config)) - set(GEMMA3_LAYER_TYPES))
+    if unknown:
+        problems.append(f"layer_types {unknown}: supported: {', '.join(GEMMA3_LAYER_TYPES)}")
+    return problems
+
+
+def _glm_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if (kind := rope_type(config)) != "default":
+        problems.append(f"rope_parameters.rope_type={kind!r}: GLM-4.5 is mapped with the default RoPE only")
+    if (act := config.get("hidden_act", "silu")) != "silu":
+        problems.append(f"hidden_act={act!r}: GLM-4.5's MLPs are mapped as SwiGLU (silu) only")
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    if topk > 1 and not config.get("norm_topk_prob", True):
+        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
+                        "(always, for top-k > 1)")
+    groups = (_int(config, "n_group") or ("", 1))[1]
+    chosen = (_int(config, "topk_group") or ("", 1))[1]
+    experts = experts_of(config)
+    if groups > 1:
+        if experts % groups or experts // groups < 2:
+            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
+        if topk % chosen or topk // chosen != 2:
+            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
+                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
+                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    attention = _attention(config)
+    factor = partial_rotary_factor(config, GLM_PARTIAL_ROTARY)
+    if attention is not None:
+        rotary = attention[2] * factor
+        if not 0 < factor <= 1 or rotary != int(rotary) or int(rotary) % 2:
+            problems.append(f"partial_rotary_factor={factor}: head_dim {attention[2]} × {factor} = {rotary} is not a "
+                            "whole even number of rotary dimensions")
+    return problems
+
+
 def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
-    """What the layout cannot split in this model, each naming the config key and the arithmetic."""
+    """What podium cannot serve in this model (:func:`field_problems`) and what the layout cannot
+    split in it, each naming the config key and the arithmetic."""
     tp, cp, ep = layout.tensor_model_parallel_size, layout.context_parallel_size, layout.expert_model_parallel_size
-    problems: list[str] = []
+    config = language_config(config)
+    problems: list[str] = field_problems(config)
     attention = _attention(config)
     if attention is not None:
         problem = attention_tp_problem(*attention, tp)
@@ -135,6 +281,9 @@ def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[s
         problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
+    if config.get("model_type") == GLM4_MOE and routed:  # GLM: n_shared_experts experts of moe_intermediate_size
+        count = config.get("n_shared_experts", 1)
+        shared = ("moe_intermediate_size × n_shared_experts", routed[1] * int(count)) if count else None
     if shared and shared[1] % tp:
         problems.append(f"{shared[0]}={shared[1]}: TP{tp} must divide the shared expert's MLP, which is split "
                         f"over the attention TP ({shared[1]} / {tp} is not whole)")
@@ -163,6 +312,7 @@ def _mamba_problems(config: Mapping[str, Any], tp: int, cp: int) -> list[str]:
 
 def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> list[str]:
     """What this model at this layout takes, in words (nothing where it asks nothing special)."""
+    config = language_config(config)
     tp, cp = layout.tensor_model_parallel_size, layout.context_parallel_size
     ep, etp = layout.expert_model_parallel_size, layout.expert_tensor_parallel_size
     nemotron = config.get("model_type") == NEMOTRON_H

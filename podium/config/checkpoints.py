@@ -55,6 +55,11 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "llama",  # + routed experts (mlp.gate, mlp.experts.E.*_proj)
     "Qwen2MoeForCausalLM": "llama",  # + routed experts as Qwen3-MoE, a gated mlp.shared_expert, q/k/v bias
     "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
+    # GLM-4.5/4.6: Llama-style names; sigmoid router with expert bias and groups, shared experts
+    "Glm4MoeForCausalLM": "glm4_moe",
+    # Gemma 3 text: per-layer sliding window and RoPE base, post-norms, (1 + w) norms, scaled embedding
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (language_model.*); images not served
     "GPT2LMHeadModel": "gpt2",
     "NemotronHForCausalLM": "nemotron_h",  # hybrid Mamba-2 / attention / (latent) MoE layers
 }

@@ -117,8 +117,8 @@ def _activation(desc: ModelDescription) -> tuple[Any, bool]:
 
     if desc.activation == "swiglu":
         return F.silu, True
-    if desc.activation == "gelu_tanh":
-        return functools.partial(F.gelu, approximate="tanh"), False
+    if desc.activation in ("gelu_tanh", "geglu_tanh"):  # GPT-2's; Gemma's gated
+        return functools.partial(F.gelu, approximate="tanh"), desc.activation == "geglu_tanh"
     if desc.activation == "squared_relu":
         from megatron.core.activations import squared_relu
 
@@ -187,6 +187,10 @@ def build_transformer_config(
     )
     if desc.sliding_window:
         kwargs["window_size"] = (desc.sliding_window - 1, 0)
+        if desc.window_layers:  # Gemma 3: only these layers slide (megatron: 1 = windowed)
+            kwargs["window_attn_skip_freq"] = [int(w) for w in desc.window_layers]
+    if desc.softmax_scale is not None:
+        kwargs["softmax_scale"] = desc.softmax_scale
     if desc.is_hybrid:
         kwargs.update(hybrid_settings(desc))
     kwargs.update(config_overrides)
@@ -260,10 +264,13 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
         # SharedExpertMLP with its gate computes exactly that)
         "moe_shared_expert_intermediate_size": desc.moe_shared_ffn_hidden_size or None,
         "moe_shared_expert_gate": desc.moe_shared_expert_gate,
-        # Nemotron-H: sigmoid scores, top-k picked with the checkpoint's per-expert bias
+        # Nemotron-H, GLM-4.5: sigmoid scores, top-k picked with the checkpoint's per-expert bias
         "moe_router_score_function": desc.moe_score_function,
         "moe_router_enable_expert_bias": desc.moe_expert_bias,
         "moe_latent_size": desc.moe_latent_size or None,
+        # GLM-4.5: top-k among the best groups of experts (each scored by its top 2 = topk / group_topk)
+        "moe_router_num_groups": desc.moe_router_num_groups or None,
+        "moe_router_group_topk": desc.moe_router_group_topk or None,
     }
     for key, value in from_checkpoint.items():
         if key in overrides and overrides[key] != value:
@@ -275,7 +282,8 @@ def moe_settings(desc: ModelDescription, parallel: Mapping[str, int], overrides:
     if desc.moe_shared_ffn_hidden_size and (desc.moe_latent_size or not torch.cuda.is_available()):
         # it runs the shared expert on a CUDA stream; megatron refuses it with latent projections
         forced["moe_shared_expert_overlap"] = False
-    # the top-k weights' scale is the checkpoint's (Nemotron-H routed_scaling_factor; None elsewhere)
+    # the top-k weights' scale is the checkpoint's (routed_scaling_factor of Nemotron-H and GLM-4.5;
+    # None elsewhere)
     forced["moe_router_topk_scaling_factor"] = desc.moe_routed_scaling_factor
     if desc.moe_expert_bias:
         forced["moe_router_dtype"] = "fp32"  # as HF's router: the bias-shifted choice in fp32

@@ -7,8 +7,9 @@ This module owns the inference-only ``GPTModel`` of one rank (its ``TransformerC
   otherwise, with the core attention replaced by ``SDPACoreAttention`` (PyTorch's
   ``scaled_dot_product_attention``: causal, GQA, optional sliding window);
 - on the local spec, the inference patches of ``megatron_patches`` (RoPE, SwiGLU);
-- RoPE base and scaling from the architecture, pre/post process from ``parallel_state``, eval mode,
-  no gradients.
+- Gemma 3's post-norms, local RoPE and embedding scale (:mod:`.gemma3`);
+- RoPE base, scaling and rotary share (GLM: half the head) from the architecture, pre/post process
+  from ``parallel_state``, eval mode, no gradients.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from podium.teacher.model.megatron_patches import install_fast_rotary, install_l
 
 if TYPE_CHECKING:  # pragma: no cover
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def _slides(config: Any, layer_number: int) -> bool:
+    """Whether layer ``layer_number`` (1-based) takes the sliding window: megatron-core's rule
+    (``is_layer_window_attention``) for ``window_attn_skip_freq`` (None: every layer; an int ``n``:
+    all but every ``n``-th; a list: 1 where the layer slides, Gemma 3's)."""
+    skip = config.window_attn_skip_freq
+    if skip is None:
+        return True
+    return bool(skip[layer_number - 1]) if isinstance(skip, list) else layer_number % skip != 0
 
 
 def _sdpa_core_attention_cls() -> type:
@@ -38,7 +49,8 @@ def _sdpa_core_attention_cls() -> type:
         Inputs ``query [sq, b, np, hn]``, ``key/value [sk, b, ng, hn]`` (this rank's heads),
         output ``[sq, b, np·hn]``. Causal when no mask is given (right padding keeps valid
         positions exact); GQA without repeating K/V where torch supports it; sliding window from
-        ``config.window_size`` (left, 0). Inference only (no dropout).
+        ``config.window_size`` (left, 0) on the layers ``config.window_attn_skip_freq`` says slide
+        (all when it is None). Inference only (no dropout).
         """
 
         def __init__(
@@ -56,7 +68,7 @@ def _sdpa_core_attention_cls() -> type:
             if config.context_parallel_size > 1:
                 raise ValueError("context parallelism needs TransformerEngine's attention (CP > 1 on the local spec)")
             self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
-            self.window = config.window_size
+            self.window = config.window_size if _slides(config, layer_number) else None
 
         def forward(
             self,
@@ -121,9 +133,14 @@ def layer_spec(desc: ModelDescription, use_te: bool, config: TransformerConfig |
                 spec.submodules.self_attention.submodules.core_attention = _sdpa_core_attention_cls()
         return block
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=desc.qk_norm)
-    spec = specs.get_gpt_layer_local_spec(qk_layernorm=desc.qk_norm, normalization=desc.normalization)
-    spec.submodules.self_attention.submodules.core_attention = _sdpa_core_attention_cls()
+        spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=desc.qk_norm)
+    else:
+        spec = specs.get_gpt_layer_local_spec(qk_layernorm=desc.qk_norm, normalization=desc.normalization)
+        spec.submodules.self_attention.submodules.core_attention = _sdpa_core_attention_cls()
+    if desc.post_norms:
+        from podium.teacher.model.gemma3 import gemma3_layer_spec
+
+        gemma3_layer_spec(spec, desc.local_rotary_base or desc.rotary_base, desc.window_layers, use_te)
     return spec
 
 
@@ -145,7 +162,7 @@ def build_gpt_model(
         install_fast_rotary()
     kwargs: dict[str, Any] = {}
     if desc.position_embedding_type == "rope":
-        kwargs.update(rotary_base=desc.rotary_base, rotary_percent=1.0)
+        kwargs.update(rotary_base=desc.rotary_base, rotary_percent=desc.rotary_percent)
         scaling = desc.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":
             kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling["factor"]))
@@ -165,6 +182,10 @@ def build_gpt_model(
     )
     if not use_te:
         install_lean_swiglu(model)
+    if desc.embedding_scale is not None:
+        from podium.teacher.model.gemma3 import scale_embeddings
+
+        scale_embeddings(model, desc.embedding_scale)
     if torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     model.eval()

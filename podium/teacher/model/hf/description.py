@@ -7,6 +7,17 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   (q/k norm, layer mix by ``decoder_sparse_step`` / ``mlp_only_layers``, ``norm_topk_prob``),
   Qwen2-MoE (Qwen3-MoE's routing and layer mix, q/k/v bias, a shared expert behind a sigmoid gate)
   and Mixtral;
+- ``glm4_moe``: GLM-4.5 / 4.6: Llama-style attention with q/k/v bias, optional q/k RMSNorm
+  (``use_qk_norm``) and partial RoPE (``partial_rotary_factor`` of ``head_dim``); the first
+  ``first_k_dense_replace`` layers dense, the rest MoE: a sigmoid router whose top-k is chosen with
+  a per-expert bias (``e_score_correction_bias``), optionally among the best ``topk_group`` of
+  ``n_group`` expert groups, weights renormalised and scaled by ``routed_scaling_factor``, plus
+  ``n_shared_experts`` ungated shared experts; the map is the Llama family's;
+- ``gemma3``: Gemma 3 text (``Gemma3ForCausalLM``): sliding-window layers by ``layer_types`` with
+  their own RoPE base, global layers with the model's (default or linear), q/k RMSNorm, softmax
+  scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
+  MLP, the embedding scaled by ``√hidden``, tied embeddings, ``(1 + w)`` norms (the map adds the 1);
+  a multimodal checkpoint (``Gemma3ForConditionalGeneration``) is served as its language model;
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -23,6 +34,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from podium.config.architecture import (
+    GEMMA3_LAYER_TYPES,
+    GLM_PARTIAL_ROTARY,
+    field_problems,
+    gemma3_layer_types,
+    gemma3_rope,
+    language_config,
+    partial_rotary_factor,
+)
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
 
 # HF architecture name -> family (the one list: config.checkpoints).
@@ -34,7 +54,10 @@ MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
+    "Glm4MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
 }
+# The shared expert's HF block name (under the MoE block), per architecture that has one.
+SHARED_EXPERT_NAMES: dict[str, str] = {"Qwen2MoeForCausalLM": "shared_expert", "Glm4MoeForCausalLM": "shared_experts"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +65,7 @@ class ModelDescription:
     """What podium needs to know about a checkpoint's architecture (from its HF config)."""
 
     architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "gpt2" or "nemotron_h"
+    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "gpt2" or "nemotron_h"
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -53,16 +76,25 @@ class ModelDescription:
     max_position_embeddings: int
     normalization: str  # "RMSNorm" | "LayerNorm"
     norm_eps: float
-    activation: str  # "swiglu" | "gelu_tanh" | "gelu" | "squared_relu"
+    activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
     position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
     rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
+    rotary_percent: float = 1.0  # the share of head_dim RoPE rotates (the first dimensions; GLM: 0.5)
     qkv_bias: bool = False
     attn_out_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
     tied_embeddings: bool = False
     sliding_window: int | None = None
+    # Gemma 3: the layers that slide (empty: all, when ``sliding_window`` is set), their RoPE base
+    # (None: ``rotary_base``), the softmax scale (None: 1/√head_dim), the token embedding's scale,
+    # and a norm after the attention and after the MLP (before each residual add).
+    window_layers: tuple[bool, ...] = ()
+    local_rotary_base: float | None = None
+    softmax_scale: float | None = None
+    embedding_scale: float | None = None
+    post_norms: bool = False
     # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
     # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
     num_experts: int = 0
@@ -82,6 +114,10 @@ class ModelDescription:
     moe_expert_bias: bool = False
     moe_routed_scaling_factor: float | None = None
     moe_latent_size: int = 0
+    # Group-limited routing (0: none): the experts in ``moe_router_num_groups`` groups, each token
+    # choosing its top-k among the best ``moe_router_group_topk`` groups (GLM-4.5's n_group/topk_group).
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
     # A hybrid model (Nemotron-H): one symbol per layer, ``M`` Mamba-2, ``*`` attention, ``-`` MLP,
     # ``E`` MoE ("" for a transformer), and the Mamba-2 mixer's shape.
     hybrid_pattern: str = ""
@@ -341,9 +377,112 @@ def _describe_nemotron_h(config: Mapping[str, Any], arch: str, family: str, chec
     )
 
 
+def _refused_fields(config: Mapping[str, Any], arch: str, checkpoint: str) -> None:
+    """``ValueError`` naming every field podium cannot honour (the rule the plan applies:
+    :func:`podium.config.architecture.field_problems`)."""
+    problems = field_problems(config)
+    if problems:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {'; '.join(problems)}")
+
+
+def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """GLM-4.5 / 4.6 (see the module doc). MTP layers (``num_nextn_predict_layers``, stored as
+    layers past ``num_hidden_layers``) are not part of the teacher."""
+    _refused_fields(config, arch, checkpoint)
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    dense = int(config.get("first_k_dense_replace", 1))
+    ffn = int(config["moe_intermediate_size"])
+    groups = int(config.get("n_group") or 1)
+    theta, _ = _rope(config, checkpoint)
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        activation="swiglu",
+        position_embedding_type="rope",
+        rotary_base=theta,
+        rotary_percent=partial_rotary_factor(config, GLM_PARTIAL_ROTARY),
+        qkv_bias=bool(config.get("attention_bias", False)),  # q/k/v only: o_proj has none
+        qk_norm=bool(config.get("use_qk_norm", False)),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        moe_topk=topk,
+        moe_ffn_hidden_size=ffn,
+        norm_topk_prob=True,
+        moe_layers=tuple(i >= dense for i in range(layers)),
+        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts", 1) or 0),
+        moe_score_function="sigmoid",
+        moe_expert_bias=True,
+        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        moe_router_num_groups=groups if groups > 1 else 0,
+        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        hf_config=dict(config),
+    )
+
+
+def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """Gemma 3 text (see the module doc); of a multimodal checkpoint, its language model."""
+    config = language_config(config)
+    _refused_fields(config, arch, checkpoint)
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    rope = gemma3_rope(config)
+    full = rope["full_attention"]
+    sliding = tuple(kind == GEMMA3_LAYER_TYPES[0] for kind in gemma3_layer_types(config))
+    window = config.get("sliding_window")
+    if len(sliding) != layers:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {len(sliding)} layer_types for {layers} layers")
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 131072)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="geglu_tanh",
+        position_embedding_type="rope",
+        rotary_base=float(full["rope_theta"]),
+        rope_scaling=({"rope_type": "linear", "factor": float(full["factor"])} if full["rope_type"] == "linear"
+                      else None),
+        qk_norm=True,
+        tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+        sliding_window=int(window) if window and any(sliding) else None,
+        window_layers=sliding if window and any(sliding) else (),
+        local_rotary_base=float(rope["sliding_attention"]["rope_theta"]),
+        softmax_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5,
+        embedding_scale=hidden**0.5,
+        post_norms=True,
+        hf_config=dict(config),
+    )
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
+    "glm4_moe": _describe_glm4_moe,
+    "gemma3": _describe_gemma3,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
 }
