@@ -8,9 +8,9 @@ when every replica has failed for good; a replica whose queue is full gets no re
 can take it. How a replica's record is read (one replica): a corrupt record is reported and heals, a
 stale one is not used though its URL answers, only a final failure ends a call, a probe answer that
 names no generation is not accepted. A replica whose forwards are slowed 20 times is drained and
-named, and the p99 of a trainer's calls stays within twice that of two healthy replicas. The same
-client against real replicas on the Slurm test
-cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
+named, and the p99 of a trainer's calls stays within twice that of two healthy replicas; a call
+held at one replica is answered by the other through a hedge. The same client against real
+replicas on the Slurm test cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
 """
 
 from __future__ import annotations
@@ -411,3 +411,22 @@ def test_a_slowed_replica_is_drained_and_named_and_p99_stays_within_twice_two_he
     assert slow[0].others_s is not None and slow[0].latency_s > 4 * slow[0].others_s
     assert len(started[1].group.calls) - before < 10  # the first calls that measured it, and a probe
     assert p99_slowed <= 2 * p99_healthy, f"p99 {p99_slowed:.3f}s with a slowed replica, {p99_healthy:.3f}s without"
+
+
+def test_a_call_held_at_one_replica_is_answered_by_the_other_through_a_hedge(replicas) -> None:
+    path, started = replicas
+    with podium.connect(path, **FAST, hedge_min_s=0.2, hedge_fraction=1.0) as client:
+        for _ in range(4):
+            client.get_logprobs("math", DATA)  # both replicas measured, hedges earned
+        teacher = client.teacher("math")
+        gate = Gate()
+        started[0].group.hold = gate  # a call there is held in the group: unanswered until released
+        try:
+            for _ in range(10):  # calls go in turn: one reaches replica 0 and is held, then sent to replica 1
+                np.testing.assert_array_equal(client.get_logprobs("math", DATA)["logprobs"], EXPECTED)
+                if teacher.hedges:
+                    break
+            assert teacher.hedges == 1 and teacher.retries == 0
+        finally:
+            gate.release(10)
+            started[0].group.hold = None
