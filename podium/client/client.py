@@ -60,6 +60,13 @@ class PodiumClient:
     - ``pipeline_mb`` (32): a call whose answer is at least this many MB goes as a few requests of
       consecutive rows at once, so the first answers cross the wire while the teacher computes the
       later ones (same numbers; None: always one request);
+    - ``slow_factor`` (4; None: off): a replica whose answers take over this many times the other
+      replicas' median is drained of new calls, probed once every ``slow_probe_s`` (10) until it
+      answers at their pace again (``TeacherClient.slow_replicas`` lists the drained ones);
+    - ``hedge_factor`` (3; None: off), ``hedge_min_s`` (1), ``hedge_fraction`` (0.1): a request
+      unanswered ``max(hedge_factor x`` its replica's usual time``, hedge_min_s)`` after it was sent
+      goes once more to another replica, the first answer winning; at most ``hedge_fraction`` of
+      the requests are hedged;
     - ``return_type`` ("auto"): "torch", "numpy", or "auto" (torch where it is importable).
 
     Any other keyword raises :class:`TypeError` before the run is read.

@@ -45,6 +45,17 @@ class ClientOptions:
     # A full queue (503 + Retry-After) is tried again no sooner than its Retry-After, doubling (with
     # jitter) on each full answer of the call, up to this (other replicas are tried meanwhile).
     max_backoff_s: float = 60.0
+    # A replica whose answers take over this many times the other replicas' median (this client's
+    # measurements) is drained: no request goes there while another is not slow, but one probe every
+    # slow_probe_s, until a probe answers at the others' pace (podium.client.routing). None: never.
+    slow_factor: float | None = 4.0
+    slow_probe_s: float = 10.0
+    # A request unanswered max(hedge_factor x its replica's usual time, hedge_min_s) after it was
+    # sent is sent once more to another replica, the first answer winning; at most hedge_fraction of
+    # the requests are (podium.client.routing). hedge_factor None: never.
+    hedge_factor: float | None = 3.0
+    hedge_min_s: float = 1.0
+    hedge_fraction: float = 0.1
     # "auto": torch tensors where torch is importable (a trainer's), else numpy arrays (the light
     # install's); "torch" or "numpy": always that.
     return_type: str = "auto"

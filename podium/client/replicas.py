@@ -9,8 +9,13 @@ known to answer (ready, heartbeat not stale, and confirmed by a health probe on 
 the server proved it is the generation the record names: see :mod:`podium.client.transport`), and
 the choice:
 
-- **least outstanding requests** among the usable replicas (ties taken in turn), so concurrent
-  callers spread over the replicas by how busy each is;
+- **least expected wait** among the usable replicas (:func:`podium.client.routing.choose`: this
+  client's requests in flight there at its measured time per answer; alike ones by fewest
+  outstanding requests, ties taken in turn), so concurrent callers spread over the replicas by how
+  busy and how fast each is; a **slow** one (:func:`podium.client.routing.is_slow`) is drained,
+  but for a probe now and then, until it answers at the others' pace (:meth:`ReplicaSet.slow`
+  lists them; drain and recovery are logged once each); where a request is sent again when its
+  answer is late (:meth:`ReplicaSet.hedge_after`, :meth:`ReplicaSet.acquire_hedge`);
 - a replica whose request failed (connection lost, 503 while it drains, a generation gone) is
   dropped from the usable ones (:meth:`ReplicaSet.forget`) and the request goes at once to another;
   when none is usable the call waits, re-reading every replica's record, until one is;
@@ -22,7 +27,6 @@ the choice:
   takes its share again;
 - ``failed`` for good (:meth:`EndpointRecord.failure_is_final`) ends a call only when every replica is.
 
-:class:`CallDeadline` is one call's deadline and what it saw, shared with :mod:`podium.client.teacher`;
 :class:`ReplicaConnection` is a replica known to answer, as a request reaches it.
 """
 
@@ -36,8 +40,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podium.client.errors import TeacherFailedError, TeacherStoppedError, TeacherUnavailableError, TransportError
+from podium.client.deadline import CallDeadline
+from podium.client.errors import TeacherFailedError, TeacherStoppedError, TransportError
 from podium.client.options import ClientOptions
+from podium.client.routing import (
+    Candidate,
+    HedgeBudget,
+    Latency,
+    SlowReplica,
+    censored,
+    choose,
+    hedge_after_s,
+    judged,
+    observed,
+    typical_s,
+)
 from podium.client.transport import HTTPTransport, ServerIdentity
 from podium.protocol.names import HEALTH_READY
 from podium.rendezvous.atomic import FileReadError
@@ -46,52 +63,6 @@ from podium.rendezvous.records import EndpointRecord, Status, read_record
 logger = logging.getLogger(__name__)
 
 PROBE_BACKOFF_MAX_S = 60.0  # a replica whose ready record does not answer is probed at most this rarely
-
-
-@dataclass
-class CallDeadline:
-    """One call's deadline and what it saw (for :class:`TeacherUnavailableError`)."""
-
-    teacher: str
-    limit_s: float
-    ready_timeout_s: float
-    started: float = field(default_factory=time.monotonic)
-    seen: list[str] = field(default_factory=list)
-    generation: str | None = None
-    waiting_since: float | None = None  # when the teacher was found unusable (the ready timeout runs)
-
-    @property
-    def ends_at(self) -> float:
-        return self.started + self.limit_s
-
-    def left(self) -> float:
-        """Seconds left before the call's deadline (or the ready timeout, while waiting)."""
-        end = self.ends_at
-        if self.waiting_since is not None:
-            end = min(end, self.waiting_since + self.ready_timeout_s)
-        return end - time.monotonic()
-
-    def note(self, event: str) -> None:
-        event = " ".join(event.split())  # one line
-        if not self.seen or self.seen[-1] != event:
-            self.seen.append(event)
-            del self.seen[:-20]
-
-    def unusable(self) -> None:
-        """The teacher cannot answer now: from here the ready timeout runs too (until it can)."""
-        if self.waiting_since is None:
-            self.waiting_since = time.monotonic()
-
-    def usable(self) -> None:
-        self.waiting_since = None
-
-    def unavailable(self) -> TeacherUnavailableError:
-        now = time.monotonic()
-        if now >= self.ends_at or self.waiting_since is None:
-            limit = f"call deadline {self.limit_s:g}s"
-        else:
-            limit = f"not ready within ready_timeout_s {self.ready_timeout_s:g}s"
-        return TeacherUnavailableError(self.teacher, self.generation, now - self.started, self.seen, limit)
 
 
 @dataclass(eq=False)
@@ -106,6 +77,9 @@ class Replica:
     probe_after: float = 0.0  # monotonic: a background look probes it again no sooner
     probe_backoff_s: float = 0.0
     full_until: float = 0.0  # monotonic: its queue said full; no request goes there sooner
+    latency: Latency = field(default_factory=Latency)  # its answers' time, as this client measured it
+    slow: bool = False  # drained: only probes go there (podium.client.routing)
+    slow_probe_at: float = 0.0  # monotonic: while slow, its next probe no sooner
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,6 +109,7 @@ class ReplicaSet:
         self._retired: list[Replica] = []  # no longer listed: their transports close with the client
         self._old_transports: list[HTTPTransport] = []  # to earlier generations: they close with the client
         self._turn = 0
+        self._hedges = HedgeBudget(options.hedge_fraction)
         self._looked_at = 0.0  # monotonic time of the last look at the replicas not in use
         self._looking: threading.Thread | None = None  # the look in a thread of its own, if one runs
         self._closed = False
@@ -171,7 +146,7 @@ class ReplicaSet:
     # ------------------------------------------------------------------ choosing one
 
     def acquire(self, deadline: CallDeadline) -> ReplicaConnection:
-        """Where to send a request (least outstanding requests among the usable replicas), waiting
+        """Where to send a request (least expected wait among the usable replicas), waiting
         for one within the call's ``deadline``; :meth:`release` it after the exchange."""
         while True:
             if self._due():
@@ -217,9 +192,65 @@ class ReplicaSet:
         finally:
             self._finding.release()
 
-    def release(self, connection: ReplicaConnection) -> None:
+    def release(self, connection: ReplicaConnection, *, answered_s: float | None = None,
+                cancelled_s: float | None = None) -> None:
+        """The request sent through ``connection`` is over: answered (2xx) after ``answered_s``,
+        cancelled unanswered after ``cancelled_s`` (it lost a hedge), or neither (it failed)."""
         with self._lock:
-            connection.replica.outstanding -= 1
+            replica = connection.replica
+            replica.outstanding -= 1
+            if answered_s is not None:  # a drained replica gets probes only: each says how fast it is now
+                replica.latency = observed(replica.latency, answered_s, fresh=replica.slow)
+            elif cancelled_s is not None:
+                replica.latency = censored(replica.latency, cancelled_s)
+            else:
+                return
+            changed = self._judge()
+        for level, text in changed:
+            logger.log(level, text)
+
+    def _judge(self) -> list[tuple[int, str]]:
+        """Mark the usable replicas slow or not (:func:`~podium.client.routing.judged`, under the
+        lock); what changed, to log."""
+        usable = [r for r in self._replicas if r.connection is not None]
+        logs = []
+        for replica, slow in zip(usable, judged([r.latency.seconds for r in usable], self.options.slow_factor),
+                                 strict=True):
+            if slow != replica.slow and replica.connection is not None:
+                replica.slow, replica.slow_probe_at = slow, time.monotonic() + self.options.slow_probe_s
+                where, own, o = self.where(replica.connection.record), replica.latency.seconds, self.options
+                logs.append((logging.WARNING, f"teacher {where} is slow: its answers take {own:.3g}s, over "
+                             f"{o.slow_factor:g}x the other replicas' median; no new calls go there but a probe "
+                             f"every {o.slow_probe_s:g}s") if slow else
+                            (logging.INFO, f"teacher {where} answers in {own:.3g}s again: calls go there again"))
+        return logs
+
+    def slow(self) -> list[SlowReplica]:
+        """The usable replicas drained for their slowness, with their measured latency."""
+        with self._lock:
+            usable = [(r.connection, r.latency.seconds, r.slow) for r in self._replicas if r.connection is not None]
+        return [SlowReplica(c.record.replica, str(c.record.url), own,
+                            typical_s([s for o, s, _ in usable if o is not c]))
+                for c, own, slow in usable if slow and own is not None]
+
+    def hedge_after(self, connection: ReplicaConnection) -> float | None:
+        """Seconds after which a request sent through ``connection`` is sent again elsewhere when
+        still unanswered (:func:`~podium.client.routing.hedge_after_s`; None: never)."""
+        with self._lock:
+            others = [r.latency.seconds for r in self._replicas
+                      if r is not connection.replica and r.connection is not None and not r.slow]
+            return hedge_after_s(connection.replica.latency.seconds, others, self.options)
+
+    def acquire_hedge(self, connection: ReplicaConnection) -> ReplicaConnection | None:
+        """Where the second copy of a request sent through ``connection`` goes: another usable
+        replica, due and not slow, while the hedge budget lasts (None: nowhere; :meth:`release` it)."""
+        now = time.monotonic()
+        with self._lock:
+            pool = [(i, r) for i, r in enumerate(self._replicas) if r is not connection.replica
+                    and r.connection is not None and r.full_until <= now and not r.slow]
+            if not pool or not self._hedges.take():
+                return None
+            return self._take(self._choose(pool))
 
     def forget(self, connection: ReplicaConnection) -> None:
         """The replica did not answer a request sent through ``connection``: no new request goes
@@ -250,14 +281,34 @@ class ReplicaSet:
             due = [(i, r) for i, r in usable if r.full_until <= now]
             if not due:
                 return None, min(r.full_until for _, r in usable) - now
-            usable = due
-            n = len(self._replicas)
-            _, replica = min(usable, key=lambda ir: (ir[1].outstanding, (ir[0] - self._turn) % n))
+            replica = self._probe_due(due, now) or self._choose([(i, r) for i, r in due if not r.slow] or due)
             self._turn += 1
-            replica.outstanding += 1
-            assert replica.connection is not None
-            self.last = replica.connection
-            return replica.connection, None
+            self._hedges.earn()
+            self.last = self._take(replica)
+            return self.last, None
+
+    @staticmethod
+    def _take(replica: Replica) -> ReplicaConnection:
+        replica.outstanding += 1
+        assert replica.connection is not None
+        return replica.connection
+
+    def _probe_due(self, due: list[tuple[int, Replica]], now: float) -> Replica | None:
+        """A drained replica whose probe is due, with none of this client's requests there, while
+        another is not slow (under the lock)."""
+        if all(r.slow for _, r in due):
+            return None
+        for _, replica in due:
+            if replica.slow and replica.outstanding == 0 and now >= replica.slow_probe_at:
+                replica.slow_probe_at = now + self.options.slow_probe_s
+                return replica
+        return None
+
+    def _choose(self, pool: list[tuple[int, Replica]]) -> Replica:
+        """The replica of ``pool`` ((place, replica)) with the least expected wait (under the lock)."""
+        picked = choose([Candidate(i, r.outstanding, r.latency.seconds) for i, r in pool], self._turn,
+                        len(self._replicas))
+        return self._replicas[picked.index]
 
     def _due(self) -> bool:
         """Requests go to some replicas, others are not in use, and the last look at those is
@@ -312,6 +363,7 @@ class ReplicaSet:
                         earlier = replica.transport
                         if earlier is not None and earlier is not connection.transport:
                             self._old_transports.append(earlier)  # another generation's
+                            replica.latency, replica.slow = Latency(), False  # a new process: measured afresh
                         replica.connection, replica.transport = connection, connection.transport
                         replica.probe_backoff_s, replica.probe_after = 0.0, 0.0
                 if closed:

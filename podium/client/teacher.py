@@ -8,7 +8,9 @@ deterministic, so the same request sent again, to the next generation or another
 the same answer.
 
 What follows each exchange of a call, within the call's one deadline (an answer, an error, the
-request sent again: to which replica, after what wait), is :mod:`podium.client.retry`'s rule.
+request sent again: to which replica, after what wait), is :mod:`podium.client.retry`'s rule; a
+request whose answer is late goes once more to another replica meanwhile (hedging:
+:mod:`podium.client.routing` says when, :mod:`podium.client.hedge` how), the first answer winning.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from podium.client.deadline import CallDeadline
 from podium.client.errors import TeacherServerError, TokenizerMismatchError, TransportError
+from podium.client.hedge import Hedger, Race
 from podium.client.options import ClientOptions, convert_outputs
 from podium.client.pipeline import Pipeline
 from podium.client.receive import EagerConversion, caller_arrays
-from podium.client.replicas import CallDeadline, ReplicaConnection, ReplicaSet
+from podium.client.replicas import ReplicaConnection, ReplicaSet
 from podium.client.retry import (
     Answer,
     BackOff,
@@ -43,6 +47,7 @@ from podium.client.retry import (
     gone_since,
     retry_after_s,
 )
+from podium.client.routing import SlowReplica
 from podium.client.transport import BodyWatch, HTTPResponse
 from podium.protocol import oip
 from podium.protocol.batch import BatchError, as_int_array, batch_inputs
@@ -95,6 +100,8 @@ class TeacherClient:
         self.expected_tokenizer_size = expected_tokenizer_size
         self._lock = threading.Lock()
         self.retries = 0  # requests sent again (to this or another replica, or a later generation)
+        self.hedges = 0  # requests sent a second time, to another replica, because their answer was late
+        self._hedger = Hedger(name)
         self._checked_generations: set[str] = set()
         self._pipeline = Pipeline(options.pipeline_mb if options.binary else None)  # large calls in row chunks
         self.replicas = ReplicaSet(self.label, record_paths, token=token, options=options,
@@ -117,6 +124,12 @@ class TeacherClient:
         """The record of the endpoint the last call went to (None before the first call)."""
         last = self.replicas.last
         return last.record if last is not None else None
+
+    @property
+    def slow_replicas(self) -> list[SlowReplica]:
+        """The replicas drained of new calls for their slowness (``slow_factor``), each with its
+        latency as this client measured it and the other replicas' median."""
+        return self.replicas.slow()
 
     def set_replicas(self, record_paths: Sequence[str | Path]) -> None:
         """Call the replicas whose endpoint records are ``record_paths`` from now on."""
@@ -174,7 +187,7 @@ class TeacherClient:
                 raise deadline.unavailable()
             connection = self.replicas.acquire(deadline)
             deadline.generation = str(connection.record.generation)
-            resp, exchange = self._exchange(connection, method, path, body, headers, deadline, watch)
+            resp, exchange, connection = self._exchange(connection, method, path, body, headers, deadline, watch)
             decision = decide(exchange, tally, self.options)
             if isinstance(decision, Fail):
                 raise decision.error
@@ -198,25 +211,76 @@ class TeacherClient:
 
     def _exchange(self, connection: ReplicaConnection, method: str, path: str, body: list | None,
                   headers: dict | None, deadline: CallDeadline,
-                  watch: BodyWatch | None) -> tuple[HTTPResponse | None, Exchange]:
-        """Send the request through ``connection`` (released after); the response (None when the
-        exchange failed) and what it produced, for the retry rule."""
+                  watch: BodyWatch | None) -> tuple[HTTPResponse | None, Exchange, ReplicaConnection]:
+        """Send the request through ``connection`` (released after), and once more to another
+        replica if its answer is late (:meth:`_hedge`); the response (None when the exchange
+        failed), what it produced for the retry rule, and the connection that gave it."""
+        race: Race[tuple[HTTPResponse, ReplicaConnection]] = Race()
+        delay = self.replicas.hedge_after(connection)
+        if delay is not None and delay < deadline.left():
+            self._hedger.schedule(delay, lambda: self._hedge(race, connection, method, path, body, headers, deadline))
+        started = time.monotonic()
+        try:
+            resp = connection.transport.request(method, path, body, headers, timeout_s=max(deadline.left(), 0.0),
+                                                watch=race.watching(watch), cancel=race.first)
+        except TransportError as exc:
+            cancelled = race.first.cancelled  # the hedge answered first
+            self.replicas.release(connection, cancelled_s=time.monotonic() - started if cancelled else None)
+            won = race.first_failed(deadline.left())
+            if won is None:
+                return None, replace(self._sent(connection), error=str(exc), dropped=exc.dropped), connection
+            if not cancelled:  # its replica failed, the hedge answered: no new request goes there for now
+                logger.info("teacher %s: %s; the same request sent to another replica answered", self.label, exc)
+                self.replicas.forget(connection)
+            return won[0], self._produced(won[1], won[0]), won[1]
+        race.first_answering()
+        self.replicas.release(connection, answered_s=time.monotonic() - started if resp.status < 300 else None)
+        return resp, self._produced(connection, resp), connection
+
+    def _hedge(self, race: Race[tuple[HTTPResponse, ReplicaConnection]], first: ReplicaConnection, method: str,
+               path: str, body: list | None, headers: dict | None, deadline: CallDeadline) -> None:
+        """The request sent through ``first``, still unanswered, sent to another replica (on a
+        sender thread), if the budget and the replicas allow (:meth:`ReplicaSet.acquire_hedge`)."""
+        if not race.start_second():
+            return
+        second = self.replicas.acquire_hedge(first)
+        if second is None:
+            race.second_failed()
+            return
+        with self._lock:
+            self.hedges += 1
+        logger.debug("teacher %s: no answer yet from %s; the request is sent to %s too", self.label,
+                     self.replicas.where(first.record), self.replicas.where(second.record))
+        started = time.monotonic()
+        try:
+            resp = second.transport.request(method, path, body, headers, timeout_s=max(deadline.left(), 0.0),
+                                            cancel=race.second)
+        except TransportError:
+            took = time.monotonic() - started
+            self.replicas.release(second, cancelled_s=took if race.second.cancelled else None)
+            race.second_failed()
+            return
+        if resp.status >= 300:  # only an answer wins; the first copy's own outcome says the rest
+            self.replicas.release(second)
+            race.second_failed()
+            return
+        self.replicas.release(second, answered_s=time.monotonic() - started)
+        race.second_answered((resp, second))
+
+    def _sent(self, connection: ReplicaConnection) -> Exchange:
+        """An exchange through ``connection``, as the retry rule names it, before its outcome."""
         record = connection.record
         gen = str(record.generation)
         replica = f"replica {record.replica} " if self.replicas.multiple else ""
-        sent = Exchange(self.replicas.where(record), gen, f"{replica}generation {gen} at {record.url}")
-        try:
-            resp = connection.transport.request(method, path, body, headers, timeout_s=max(deadline.left(), 0.0),
-                                                watch=watch)
-        except TransportError as exc:
-            return None, replace(sent, error=str(exc), dropped=exc.dropped)
-        finally:
-            self.replicas.release(connection)
+        return Exchange(self.replicas.where(record), gen, f"{replica}generation {gen} at {record.url}")
+
+    def _produced(self, connection: ReplicaConnection, resp: HTTPResponse) -> Exchange:
+        """What the exchange through ``connection`` that gave ``resp`` produced, for the retry rule."""
         kind = resp.header(ERROR_KIND_HEADER)
         gone = self._answerer_gone(connection, resp) if asks_answerer(resp.status, kind) else None
-        return resp, replace(sent, status=resp.status, kind=kind, body=resp.body, gone=gone,
-                             retry_after_s=retry_after_s(resp.header(RETRY_AFTER)),
-                             served=resp.header(GENERATION_HEADER))
+        return replace(self._sent(connection), status=resp.status, kind=kind, body=resp.body, gone=gone,
+                       retry_after_s=retry_after_s(resp.header(RETRY_AFTER)),
+                       served=resp.header(GENERATION_HEADER))
 
     def metadata(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
@@ -384,6 +448,7 @@ class TeacherClient:
         return caller_arrays(decoded, outputs, widen=widen, converted=eager.take(resp.body, decoded))
 
     def close(self) -> None:
+        self._hedger.close()
         self.replicas.close()
         self._pipeline.close()
 

@@ -120,6 +120,36 @@ def _read_body(resp: http.client.HTTPResponse, size: int, bound: Callable[[], No
     return view
 
 
+class Cancel:
+    """Lets another thread end one exchange (the copy of a hedged request that lost): its socket is
+    shut down, so a read blocked on it ends at once, the exchange raises :class:`TransportError`
+    and its connection is closed, never left half-read for the next request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.cancelled = False
+
+    def attach(self, sock: socket.socket | None) -> None:
+        """The exchange runs on ``sock`` from now (shut down at once if cancelled already)."""
+        with self._lock:
+            self._sock = sock
+            if self.cancelled:
+                self._shut()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+
 @dataclass
 class HTTPResponse:
     status: int
@@ -249,18 +279,23 @@ class HTTPTransport:
         *,
         timeout_s: float | None = None,
         watch: BodyWatch | None = None,
+        cancel: Cancel | None = None,
     ) -> HTTPResponse:
         """One exchange, within ``timeout_s`` in all when given; :class:`TransportError` when the
-        connection fails or times out. ``watch(body, got, headers)`` is told after each read of a
-        body how much of it has arrived."""
+        connection fails or times out, or ``cancel`` is cancelled. ``watch(body, got, headers)`` is
+        told after each read of a body how much of it has arrived."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for attempt in (0, 1):
             conn, reused = self._connection(deadline)
             sent: list[bool] = []  # set once the whole request is sent: then a lost connection is a drop
             try:
+                if cancel is not None:
+                    cancel.attach(conn.sock)
                 return self._exchange(conn, method, path, body, headers, deadline, sent, watch)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
+                if cancel is not None and cancel.cancelled:
+                    raise TransportError(f"{method} {self.url}{path}: cancelled (another copy answered)") from exc
                 lost = isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
                 if lost and reused and not sent and attempt == 0:
                     logger.debug("%s: kept-alive connection closed by the server (%s); reconnecting", self.url, exc)
@@ -269,6 +304,9 @@ class HTTPTransport:
                 raise TransportError(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}"
                                      + (" (the connection was lost with the request sent)" if dropped else ""),
                                      dropped=dropped) from exc
+            finally:
+                if cancel is not None:
+                    cancel.attach(None)
         raise AssertionError("unreachable")
 
     def _exchange(

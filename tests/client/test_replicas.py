@@ -1,14 +1,16 @@
 """One teacher served by several replicas, as podium's client sees it: in-process servers with
 stand-in groups (every replica gives the same answer, as the real, deterministic teacher does).
 
-What is asserted: concurrent calls spread by least outstanding requests; a replica that drains,
+What is asserted: concurrent calls of unmeasured replicas spread by least outstanding requests; a replica that drains,
 vanishes or fails is skipped and the call goes to another without an error; one that comes back
 takes its share again; a change of the rendezvous (``podium scale``) is followed; a call fails only
 when every replica has failed for good; a replica whose queue is full gets no request while another
 can take it. How a replica's record is read (one replica): a corrupt record is reported and heals, a
 stale one is not used though its URL answers, only a final failure ends a call, a probe answer that
-names no generation is not accepted. The same client against real replicas on the Slurm test
-cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
+names no generation is not accepted. A replica whose forwards are slowed 20 times is drained and
+named, and the p99 of a trainer's calls stays within twice that of two healthy replicas; a call
+held at one replica is answered by the other through a hedge. The same client against real
+replicas on the Slurm test cluster, one of them preempted: ``tests/integration/test_replicas_slurm.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from harness.client_loop import ClientLoop
 from harness.exchanges import record_infer_exchanges
 from harness.fake_group import FakeGroup, Gate, fake_logprobs
 from harness.lifecycle import Teacher
@@ -370,3 +373,60 @@ def test_a_replica_whose_queue_is_full_is_skipped_for_another(tmp_path: Path, ex
         client.close()
         full.stop()
         free.stop()
+
+
+HEALTHY_S, SLOW_S = 0.05, 1.0  # a stand-in forward, and the slowed replica's
+CALLS = 500  # per phase: the p99 is the 5th slowest, so the few calls that meet the slow replica do not set it
+# the client's: a probe of the drained replica every 30 s (a phase lasts ~30 s), hedged at 0.1 s at least
+SLOW_OPTIONS = {"poll_interval_s": 0.05, "hedge_min_s": 0.1, "slow_probe_s": 30.0, "return_type": "numpy"}
+
+
+def _p99(loop: ClientLoop) -> float:
+    assert all(c.exception is None and c.error == 0 for c in loop.calls), [c for c in loop.calls if c.exception]
+    return float(np.percentile([c.end - c.start for c in loop.calls], 99))
+
+
+def _calls(path: Path, n: int) -> tuple[ClientLoop, list]:
+    """A trainer's loop of ``n`` calls (at least) through a new client; what it found slow by then."""
+    loop = ClientLoop(path.parent, "math", DATA, EXPECTED, **SLOW_OPTIONS).start()
+    until(lambda: len(loop.calls) >= n, what=f"{n} calls", timeout_s=300)
+    slow = loop.teacher.slow_replicas
+    loop.stop()
+    return loop, slow
+
+
+def test_a_slowed_replica_is_drained_and_named_and_p99_stays_within_twice_two_healthy_ones(replicas) -> None:
+    path, started = replicas
+    for teacher in started:
+        teacher.group.delay_s = HEALTHY_S
+    healthy, none_slow = _calls(path, CALLS)
+    assert none_slow == []
+    started[1].group.delay_s = SLOW_S  # its every forward takes 20 times as long
+    before = len(started[1].group.calls)
+    slowed, slow = _calls(path, CALLS)
+    p99_healthy, p99_slowed = _p99(healthy), _p99(slowed)
+    print(f"p99 of {CALLS} calls: two healthy replicas {p99_healthy:.3f}s, one slowed {p99_slowed:.3f}s; "
+          f"{slowed.teacher.hedges} hedged")
+    assert [s.replica for s in slow] == [1] and slow[0].url == started[1].writer.record.url
+    assert slow[0].others_s is not None and slow[0].latency_s > 4 * slow[0].others_s
+    assert len(started[1].group.calls) - before < 10  # the first calls that measured it, and a probe
+    assert p99_slowed <= 2 * p99_healthy, f"p99 {p99_slowed:.3f}s with a slowed replica, {p99_healthy:.3f}s without"
+
+
+def test_a_call_held_at_one_replica_is_answered_by_the_other_through_a_hedge(replicas) -> None:
+    path, started = replicas
+    with podium.connect(path, **FAST, hedge_min_s=0.2, hedge_fraction=1.0) as client:
+        for _ in range(4):
+            client.get_logprobs("math", DATA)  # both replicas measured, hedges earned
+        teacher = client.teacher("math")
+        gate = Gate()
+        started[0].group.hold = gate  # a call there is held in the group: unanswered until released
+        try:
+            for _ in range(10):  # calls go in turn: one reaches replica 0 and is held, then sent to replica 1
+                np.testing.assert_array_equal(client.get_logprobs("math", DATA)["logprobs"], EXPECTED)
+                if teacher.hedges:
+                    break
+            assert teacher.hedges == 1 and teacher.retries == 0
+        finally:
+            gate.release(10)
+            started[0].group.hold = None

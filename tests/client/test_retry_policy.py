@@ -23,7 +23,7 @@ from podium.client import (
     TeacherServerError,
     TeacherUnavailableError,
 )
-from podium.client.replicas import CallDeadline
+from podium.client.deadline import CallDeadline
 from podium.client.retry import (
     CRASHED,
     Answer,

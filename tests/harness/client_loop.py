@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,14 @@ class ClientLoop:
     """A trainer's view: one client, ``get_logprobs`` in a loop, every answer checked."""
 
     def __init__(self, run_dir: Path, alias: str, data: dict, expected: np.ndarray,
-                 patience_s: float = COMEBACK_S + 60) -> None:
+                 patience_s: float = COMEBACK_S + 60, **options: Any) -> None:
         """``patience_s``: how long a call waits for a ready generation (podium's own default is 30
-        minutes; a test bounds it by how long its teacher may be away)."""
+        minutes; a test bounds it by how long its teacher may be away); ``options``: more client
+        options."""
         self.run_dir, self.alias, self.data, self.expected = run_dir, alias, data, expected
         self.patience_s = patience_s
+        self.options = options
+        self.teacher: Any = None  # the client's TeacherClient for the alias, once connected (to ask it)
         self.calls: list[Call] = []
         self.retries = 0  # requests the client sent again (the teacher was restarting)
         self._stop = threading.Event()
@@ -51,7 +55,8 @@ class ClientLoop:
 
         # A call in flight when the loop is told to stop may wait for a restarting teacher: bounded.
         with pc.connect(self.run_dir / "rendezvous.json", ready_timeout_s=self.patience_s,
-                        call_timeout_s=self._call_timeout_s()) as client:
+                        call_timeout_s=self._call_timeout_s(), **self.options) as client:
+            self.teacher = client.teacher(self.alias)
             while not self._stop.is_set():
                 t0 = time.time()
                 try:
