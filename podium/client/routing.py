@@ -39,6 +39,9 @@ from podium.client.options import ClientOptions
 
 EWMA_WEIGHT = 0.3  # a new answer's weight in a replica's latency (the last ~5 answers count most)
 TIE_RATIO = 2.0  # expected waits within this factor of the least are alike (then: fewest outstanding, in turn)
+# A replica is slow only when also this much slower than the others: answers of a few milliseconds
+# jitter by several times on a loaded node, which is no reason to drain a healthy replica.
+SLOW_MIN_GAP_S = 0.25
 HEDGE_BURST = 2.0  # hedges a burst of slow answers may take at once, beyond hedge_fraction of the requests
 
 
@@ -72,9 +75,11 @@ def typical_s(latencies: Sequence[float | None]) -> float | None:
 
 def is_slow(own_s: float | None, others_s: Sequence[float | None], factor: float | None) -> bool:
     """Whether a replica answering in ``own_s`` is slow beside replicas answering in ``others_s``:
-    over ``factor`` times their median (never when either is unmeasured, or ``factor`` is None)."""
+    over ``factor`` times their median and slower by :data:`SLOW_MIN_GAP_S` at least (never when
+    either is unmeasured, or ``factor`` is None)."""
     others = typical_s(others_s)
-    return factor is not None and own_s is not None and others is not None and own_s > factor * others
+    return (factor is not None and own_s is not None and others is not None and own_s > factor * others
+            and own_s - others >= SLOW_MIN_GAP_S)
 
 
 def judged(latencies: Sequence[float | None], factor: float | None) -> list[bool]:
