@@ -108,6 +108,8 @@ def _status_word(r: Any) -> str:
     status = r.status
     if (r.load or {}).get("stuck"):  # the watch fired: the record says ready until it fails the generation
         status = "[red]stuck[/red]"
+    elif r.slow:
+        status += " [yellow](slow)[/yellow]"
     if r.superseded:
         status += " [dim](earlier run; requeued)[/dim]"
     elif r.status == "failed" and r.restart:
@@ -172,6 +174,9 @@ class StatusView:
         for r in self.rows:
             if r.reason and r.status in ("failed", "stopped", "draining"):
                 yield Text(f"{r.display}: {r.status}: {r.reason}")
+        for r in self.rows:
+            if r.slow:
+                yield Text(f"{r.display}: {r.slow}")
         for r in self.rows:
             line = _liveness_line(r.load or {})
             if line:

@@ -36,29 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from podium.client.options import ClientOptions
+from podium.protocol.latency import EWMA_WEIGHT, Latency, observed
 
-EWMA_WEIGHT = 0.3  # a new answer's weight in a replica's latency (the last ~5 answers count most)
+__all__ = ["EWMA_WEIGHT", "Latency", "observed"]  # the rule's pieces both sides share, here as before
+
 TIE_RATIO = 2.0  # expected waits within this factor of the least are alike (then: fewest outstanding, in turn)
 # A replica is slow only when also this much slower than the others: answers of a few milliseconds
 # jitter by several times on a loaded node, which is no reason to drain a healthy replica.
 SLOW_MIN_GAP_S = 0.25
 HEDGE_BURST = 2.0  # hedges a burst of slow answers may take at once, beyond hedge_fraction of the requests
-
-
-@dataclass(frozen=True)
-class Latency:
-    """How long one replica's answers take, as this client measured them (None: not yet)."""
-
-    seconds: float | None = None
-    answers: int = 0
-
-
-def observed(latency: Latency, seconds: float, *, fresh: bool = False) -> Latency:
-    """``latency`` after an answer that took ``seconds``; ``fresh``: the answer alone says how fast
-    the replica is now (a probe of a drained replica, sent with no other request there)."""
-    if latency.seconds is None or fresh:
-        return Latency(seconds, latency.answers + 1)
-    return Latency((1 - EWMA_WEIGHT) * latency.seconds + EWMA_WEIGHT * seconds, latency.answers + 1)
 
 
 def censored(latency: Latency, seconds: float) -> Latency:

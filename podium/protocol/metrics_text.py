@@ -18,6 +18,7 @@ _SAMPLE = re.compile(r'(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?P<labels>\{(?:[^"}]|"
                      r"[ \t]+(?P<value>\S+)(?:[ \t]+-?\d+)?")
 _RANK_LABEL = re.compile(r'[{,]\s*rank="(?P<rank>\d+)"')
 
+BATCH_SECONDS_RECENT = "podium_batch_seconds_recent"  # mean seconds of the latest batches
 # What the group's watch publishes (podium.teacher.endpoint.metrics writes them, status reads them).
 OLDEST_REQUEST = "podium_oldest_request_seconds"
 CALL_SECONDS = "podium_call_seconds"
@@ -72,6 +73,7 @@ def summary(text: str) -> dict[str, float]:
     took = per_rank(text, RANK_CALL_SECONDS)
     slowest = max(took, key=lambda rank: (took[rank], -rank)) if took else None
     return {
+        "batch_s_recent": values.get(BATCH_SECONDS_RECENT, 0.0),
         "oldest_request_s": values.get(OLDEST_REQUEST, 0.0),
         "stuck": values.get(STUCK, 0.0),
         # the rank whose part of the last call took longest (-1: no call yet), and how long

@@ -20,6 +20,7 @@ import http.client
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ from harness.run import TeacherDef, make_run
 
 import podium
 from podium.client import TeacherFailedError, TeacherUnavailableError
+from podium.launcher.login.status import TeacherStatus, mark_slow_replicas
+from podium.protocol.metrics_text import summary
+from podium.protocol.names import METRICS
 from podium.rendezvous import Generation, RecordWriter, Status, read_record, read_rendezvous, write_rendezvous
 
 MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
@@ -411,6 +415,20 @@ def test_a_slowed_replica_is_drained_and_named_and_p99_stays_within_twice_two_he
     assert slow[0].others_s is not None and slow[0].latency_s > 4 * slow[0].others_s
     assert len(started[1].group.calls) - before < 10  # the first calls that measured it, and a probe
     assert p99_slowed <= 2 * p99_healthy, f"p99 {p99_slowed:.3f}s with a slowed replica, {p99_healthy:.3f}s without"
+    # `podium status` names it too, from each replica's /metrics, by the client's rule
+    rows = [TeacherStatus(name="math", key=MATH.key, aliases=("math",), replica=i, status="ready",
+                          load=_metrics(teacher)) for i, teacher in enumerate(started)]
+    mark_slow_replicas(rows)
+    assert [r.replica for r in rows if r.slow] == [1], [r.load for r in rows]
+    print(rows[1].slow)
+
+
+def _metrics(teacher: Teacher) -> dict[str, float]:
+    """The figures ``podium status`` reads of a replica's /metrics."""
+    url = teacher.writer.record.url
+    assert url is not None
+    with urllib.request.urlopen(url + METRICS, timeout=10) as answer:
+        return summary(answer.read().decode())
 
 
 def test_a_call_held_at_one_replica_is_answered_by_the_other_through_a_hedge(replicas) -> None:

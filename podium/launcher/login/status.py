@@ -71,6 +71,9 @@ class TeacherStatus:
     # (bytes_out_per_s_1m) over the last minute, queue depth, padding share, requests, errors; None
     # when not probed or not answering.
     load: dict[str, float] | None = None
+    # Why this replica is slow beside the teacher's others (its latest batches, by the
+    # client's rule: podium.client.routing.is_slow), else None.
+    slow: str | None = None
 
     @property
     def display(self) -> str:
@@ -135,7 +138,7 @@ class TeacherStatus:
                 "health": self.health,
                 "heartbeat_age_s": self.heartbeat_age_s, "ready": self.ready, "in_plan": self.in_plan,
                 "timings": self.timings, "restart": self.restart, "final": self.final,
-                "submitted_at": self.submitted_at, "load": self.load}
+                "submitted_at": self.submitted_at, "load": self.load, "slow": self.slow}
 
 
 def _probe(record: EndpointRecord, token: str | None,
@@ -248,7 +251,29 @@ def status(run_dir: Path, probe: bool = True, states_of: StatesOf = job_states) 
                 row.health, row.load = _probe(endpoint, token)
         rows.append(row)
     rows.sort(key=lambda r: (not r.in_plan, r.name, r.replica))
+    mark_slow_replicas(rows)
     return rows
+
+
+def mark_slow_replicas(rows: Sequence[TeacherStatus]) -> None:
+    """Each serving replica whose latest batches took longer than the teacher's other
+    replicas' by the rule podium's client drains a slow replica by (:func:`podium.client.routing.is_slow`
+    at ``ClientOptions.slow_factor``) gets :attr:`TeacherStatus.slow` saying so."""
+    from podium.client.options import ClientOptions
+    from podium.client.routing import is_slow, typical_s
+
+    factor = ClientOptions().slow_factor
+    teachers: dict[tuple[str, str], list[tuple[TeacherStatus, float]]] = {}
+    for row in rows:
+        seconds = (row.load or {}).get("batch_s_recent")
+        if seconds:
+            teachers.setdefault((row.name, row.key), []).append((row, seconds))
+    for replicas in teachers.values():
+        for row, own in replicas:
+            others = [s for other, s in replicas if other is not row]
+            if others and is_slow(own, others, factor):
+                row.slow = (f"slow: its latest batches took {own:.2f} s, the other replicas' {typical_s(others):.2f} s;"
+                            f" trainers' clients route around it")
 
 
 class WaitFailed(RuntimeError):

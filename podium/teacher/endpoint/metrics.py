@@ -20,8 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from podium.protocol.latency import Latency, observed
+
 # how readers parse this text (no prometheus_client), and the liveness series they read
 from podium.protocol.metrics_text import (
+    BATCH_SECONDS_RECENT,
     CALL_SECONDS,
     OLDEST_REQUEST,
     RANK_CALL_SECONDS,
@@ -60,6 +63,25 @@ class _Window:
 
 
 __all__ = ["CONTENT_TYPE", "WINDOW_S", "EndpointMetrics", "summary", "totals"]
+
+
+class _Recent:
+    """What the latest batches took, as the exponentially weighted mean podium's client keeps of a
+    replica's answers (:mod:`podium.protocol.latency`; 0 with none; thread-safe). Latest batches,
+    not a time window: a replica its callers route around gets few calls, and what its last ones
+    took is what its callers saw."""
+
+    def __init__(self) -> None:
+        self._latency = Latency()
+        self._lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._latency = observed(self._latency, seconds)
+
+    def mean(self) -> float:
+        with self._lock:
+            return self._latency.seconds or 0.0
 
 
 class _LivenessCollector(Collector):
@@ -139,6 +161,10 @@ class EndpointMetrics:
                                 registry=r)
         self._bytes_1m = _Window()
         self.bytes_rate.labels(**labels).set_function(self._bytes_1m.per_second)
+        self.batch_mean = Gauge(BATCH_SECONDS_RECENT, "Seconds of the latest batches through the group, a weighted mean"
+                                " (0: none); status compares a teacher's replicas by it", ("teacher",), registry=r)
+        self._batch_recent = _Recent()
+        self.batch_mean.labels(**labels).set_function(self._batch_recent.mean)
         self.generation = Gauge("podium_generation_info", "The job and restart that answer (value 1)",
                                 ("teacher", "job_id", "restart"), registry=r)
         self._teacher = teacher
@@ -175,6 +201,7 @@ class EndpointMetrics:
         t = self._teacher
         self.batches.labels(teacher=t).inc()
         self.forward.labels(teacher=t).observe(seconds)
+        self._batch_recent.add(seconds)
         self.batch_tokens.labels(teacher=t).observe(tokens)
         self.computed.labels(teacher=t).inc(computed_tokens if computed_tokens is not None else tokens)
         if microbatches:
