@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -212,8 +213,9 @@ podium:
         assert run_processes(files) == {}
 
 
-def _math_recipe(path: Path, checkpoint: Path, run_dir: Path) -> Path:
-    """A one-teacher local recipe (alias ``math``, one node, CPU) with its run dir."""
+def _math_recipe(path: Path, checkpoint: Path, run_dir: Path, settings: str = "") -> Path:
+    """A one-teacher local recipe (alias ``math``, one node, CPU) with its run dir (``settings``:
+    more lines of its ``podium:`` section)."""
     path.write_text(f"""\
 on_policy_distillation:
   teacher_model_by_agent_name: {{math: {checkpoint}}}
@@ -224,8 +226,35 @@ podium:
   run_dir: {run_dir}
   slurm: {{gpus: false}}
   ray: {{port_range: {RAY_PORTS}}}
-""")
+{settings}""")
     return path
+
+
+def test_a_teacher_whose_warm_up_forward_hangs_never_becomes_ready_and_its_record_names_the_rank(
+        tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
+    """Its worker freezes in the warm-up forward that comes before ready (injected: the rank stops
+    itself): the watch fails the start after ``server.stuck_after_s``, the teacher is never ready,
+    and the record (what ``status`` shows) names the rank and the setting to raise."""
+    run_dir = tmp_path / "run"
+    recipe = _math_recipe(tmp_path / "recipe.yaml", tiny_llama_checkpoint, run_dir,
+                          "  server: {stuck_after_s: 10}\n  restart: {max_consecutive_failures: 1}\n")
+    env = {**os.environ, "PODIUM_FAULTS": "freeze_call_rank=0"}
+    try:
+        up = subprocess.run([sys.executable, "-m", "podium.cli", "up", str(recipe), "--wait", "--timeout", "300"],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=env)
+        assert up.returncode == 1, up.stdout + up.stderr[-3000:]
+        assert "ready" not in [line.split(": ")[-1].split(" ")[0] for line in up.stdout.splitlines()], up.stdout
+        (row,) = json.loads(podium_cli("status", str(run_dir), "--json").stdout)
+        print(row["reason"])
+        assert row["status"] == "failed" and not row["ready"] and "ready" not in row["timings"], row
+        assert "stuck warm-up forward: no progress for" in row["reason"], row["reason"]
+        assert re.search(r"rank 0 \([0-9.]+, pid \d+\) has not finished micro-batch 1 of 1", row["reason"])
+        assert "server.stuck_after_s is 10 s: raise it" in row["reason"], row["reason"]
+    finally:
+        down = podium_cli("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    for _, files in known_teachers(run_dir):
+        assert run_processes(files) == {}
 
 
 def test_local_ray_start_dies_up_prints_its_cause_and_log(tiny_llama_checkpoint: Path, tmp_path: Path) -> None:
