@@ -1,8 +1,8 @@
 """The group's watch on a real TP2 group (tiny Llama, CPU/gloo): a rank frozen for real (SIGSTOP)
 fails its call within the allowance, named as the rank that stopped answering, and the group is
-broken from then on (the launcher then ends the generation: ``test_faults.py`` on Slurm); a rank
-that freezes in the warm-up forward fails the warm-up, naming it and the setting to raise. The
-decisions alone: ``test_liveness.py``."""
+broken from then on (the launcher then ends the generation: ``test_faults.py`` on Slurm); the
+warm-up forward's shape. A rank that freezes in the warm-up forward, through the launcher:
+``test_local_cluster.py``. The decisions alone: ``test_liveness.py``."""
 
 from __future__ import annotations
 
@@ -23,28 +23,19 @@ from podium.protocol.query import ask
 FLOOR_S = 8.0  # the tests' server.stuck_after_s
 
 
-def _tp2_group(checkpoint: Path, **env: str) -> Any:
+@pytest.fixture
+def tp2_group(ray_cluster: Any, tiny_llama_checkpoint: Path) -> Iterator[Any]:
     from podium.teacher.compute.group import GroupOptions, TeacherWorkerGroup
 
-    return TeacherWorkerGroup(teacher_cfg(checkpoint, per_node=2, tp=2),
-                              GroupOptions(stuck_after_s=FLOOR_S, env_vars=env))
-
-
-def _end(group: Any) -> None:
-    """Let a frozen worker go on (SIGCONT) and end the group."""
-    for info in group.worker_info:
+    group = TeacherWorkerGroup(teacher_cfg(tiny_llama_checkpoint, per_node=2, tp=2),
+                               GroupOptions(stuck_after_s=FLOOR_S))
+    yield group
+    for info in group.worker_info:  # a frozen worker goes on, then the group ends
         try:
             os.kill(info.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
     group.shutdown()
-
-
-@pytest.fixture
-def tp2_group(ray_cluster: Any, tiny_llama_checkpoint: Path) -> Iterator[Any]:
-    group = _tp2_group(tiny_llama_checkpoint)
-    yield group
-    _end(group)
 
 
 def test_a_frozen_rank_fails_its_call_named_and_breaks_the_group(tp2_group: Any) -> None:
@@ -76,25 +67,6 @@ def test_a_frozen_rank_fails_its_call_named_and_breaks_the_group(tp2_group: Any)
     assert group.broken == verdict and group.liveness.stuck == verdict
     with pytest.raises(RuntimeError, match=r"broken by an earlier failure: .*stuck call"):
         group.compute(batch, query)
-
-
-def test_a_rank_frozen_in_the_warm_up_forward_fails_the_warm_up_naming_it(ray_cluster: Any,
-                                                                         tiny_llama_checkpoint: Path) -> None:
-    from podium.teacher.compute.waiting import StuckForwardError
-
-    group = _tp2_group(tiny_llama_checkpoint, PODIUM_FAULTS="freeze_call_rank=1")
-    try:
-        with pytest.raises(StuckForwardError) as stuck:
-            group.warm_up()
-        verdict = str(stuck.value)
-        print(verdict)
-        frozen = group.worker_info[1]
-        assert "stuck warm-up forward: no progress for " in verdict
-        assert f"rank 1 ({frozen.node_ip}, pid {frozen.pid}) has not finished micro-batch 1 of 1" in verdict
-        assert verdict.endswith(f"(server.stuck_after_s is {FLOOR_S:g} s: raise it if a first forward of this "
-                                f"model needs longer)")
-    finally:
-        _end(group)
 
 
 def test_the_warm_up_runs_a_full_micro_batch_of_the_longest_rows(llama_group: Any) -> None:
