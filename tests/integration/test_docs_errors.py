@@ -237,6 +237,19 @@ def _client_failed(tmp: Path) -> str:
     return str(TeacherFailedError("math_agent", "4711:3", reason))
 
 
+def _stuck_call(tmp: Path) -> str:
+    from podium.teacher.compute.liveness import CallWatch, RankReport, RankSeat
+
+    seats = [RankSeat(0, "10.0.0.11, pid 4242", 8), RankSeat(1, "10.0.0.12, pid 4243", 8)]
+    watch = CallWatch(9, seats, allowed_s=300.0, started=0.0)
+    for rank in (0, 1):
+        watch.report(rank, RankReport(call=9, microbatches=8, done=2, since_s=0.4), now=1.0)
+    watch.report(0, RankReport(call=9, microbatches=8, done=2, since_s=300.4), now=301.0)
+    verdict = watch.stuck(302.0)
+    assert verdict is not None
+    return verdict
+
+
 def _mamba_kernels(tmp: Path) -> str:
     from podium.config.architecture import MAMBA_KERNELS
     from podium.teacher.model.hybrid_model import MambaKernelsMissing, choose_hybrid_spec
@@ -345,6 +358,7 @@ TRIGGERS: dict[str, Callable[[Path], str]] = {
     "client-unavailable": _client_unavailable,
     "client-failed": _client_failed,
     "mamba-kernels": _mamba_kernels,
+    "stuck-call": _stuck_call,
     "hub-id-not-cached": _hub_id_not_cached,
     "hub-snapshot-gone": _hub_snapshot_gone,
     "no-weights": _weights(),

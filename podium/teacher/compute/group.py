@@ -61,6 +61,8 @@ from podium.teacher.seam import BatchStats, GroupFacts, Liveness, RankLiveness
 
 logger = logging.getLogger(__name__)
 
+# What a stuck warm-up forward adds to its verdict (a cold first forward can need longer than the floor)
+WARM_UP_HINT = " (server.stuck_after_s is {floor:g} s: raise it if a first forward of this model needs longer)"
 SPEED_WEIGHT = 0.3  # the weight of the newest call in the measured speed (an exponential average)
 
 
@@ -398,8 +400,7 @@ class TeacherWorkerGroup:
         except StuckForwardError as exc:
             verdict = str(exc)
             if watch.what != "call":
-                verdict += (f" (server.stuck_after_s is {self.options.stuck_after_s:g} s: raise it if a "
-                            f"first forward of this model needs longer)")
+                verdict += WARM_UP_HINT.format(floor=self.options.stuck_after_s)
             self._broken = self._stuck = f"teacher {self.spec.name!r}: {verdict}"[:2000]
             logger.error("%s", self._stuck)
             raise StuckForwardError(self._stuck) from None
