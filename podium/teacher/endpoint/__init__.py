@@ -29,7 +29,7 @@ The serving layer of a teacher (:mod:`podium.teacher`): it knows its group only 
 """
 
 from podium.teacher.endpoint.config import EndpointConfig
-from podium.teacher.endpoint.errors import RequestError
+from podium.web.errors import RequestError
 from podium.teacher.endpoint.server import EndpointServer
 from podium.teacher.endpoint.thread import ServerThread
 
