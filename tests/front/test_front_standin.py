@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import base64
 import functools
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +30,19 @@ from harness.run import TeacherDef, make_run
 
 from podium.front.serve import FrontError, FrontThread
 from podium.protocol import oip
-from podium.rendezvous import Generation, RecordWriter, Status, read_record, read_rendezvous, write_rendezvous
-from podium.rendezvous.fronts import read_fronts
+from podium.rendezvous import (
+    Generation,
+    RecordWriter,
+    RunLayout,
+    Status,
+    read_record,
+    read_rendezvous,
+    write_rendezvous,
+)
+from podium.rendezvous.fronts import FrontRecord, read_fronts
 from podium.rendezvous.records import STOPPED_BY_DOWN
 
+ROOT = Path(__file__).resolve().parents[2]
 MATH = TeacherDef("c3c3c3c3c3c3", "math", ("math", "code"), replicas=2)
 FAST = {"ready_timeout_s": 120.0, "poll_interval_s": 0.05, "max_poll_interval_s": 0.2, "refresh_s": 0.2}
 IDS = np.array([[5, 9, 2, 7], [3, 1, 0, 0]])
@@ -208,3 +221,46 @@ def test_bad_input_is_refused_plainly(tmp_path: Path, run) -> None:
         front = FrontThread(path, port=port)
         with pytest.raises(FrontError, match=f"cannot listen on 127.0.0.1:{port}"):
             front.start()
+
+
+TRAIN = """
+import os, sys, requests
+assert os.environ["PODIUM_FRONT_URL_MATH"] == os.environ["PODIUM_FRONT_URL"] + "/math"
+assert os.environ["PODIUM_FRONT_URL_CODE"] == os.environ["PODIUM_FRONT_URL"] + "/code"
+print("health", requests.get(os.environ["PODIUM_FRONT_URL_MATH"] + "/health", timeout=60).status_code)
+sys.exit(3)
+"""
+
+
+def podium_front(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "podium.cli", "front", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_exec_runs_the_command_with_the_urls_and_returns_its_code(run) -> None:
+    path, _, _ = run
+    proc = podium_front(str(path.parent), "--listen", "127.0.0.1:0", "--exec", "--", sys.executable, "-c", TRAIN)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, out
+    assert "health 200" in out and "podium front: math: http://127.0.0.1:" in out, out
+    assert read_fronts(RunLayout(path.parent)) == []
+
+
+def test_sigterm_stops_the_front_and_status_shows_it_while_it_runs(run) -> None:
+    path, _, _ = run
+    layout = RunLayout(path.parent)
+    proc = podium_front(str(path.parent))
+    try:
+        until(lambda: read_fronts(layout) != [], what="the front's file")
+        status = subprocess.run([sys.executable, "-m", "podium.cli", "status", str(path.parent)], capture_output=True,
+                                text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        front = read_fronts(layout)[0]
+        assert isinstance(front, FrontRecord)
+        assert f"front: {front.url} pid {proc.pid}" in status.stdout and "(running)" in status.stdout, status.stdout
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert read_fronts(layout) == []
