@@ -260,10 +260,10 @@ def status(
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        from podium.cli_render import print_status
+        from podium.cli_render import print_fronts, print_status
 
         print_status(rows)
-        _print_fronts(target)
+        print_fronts(target)
     planned = [r for r in rows if r.in_plan]
     raise typer.Exit(0 if planned and all(r.ready for r in planned) else 1)
 
@@ -282,35 +282,10 @@ def front(
 ) -> None:
     """One fixed base URL per alias (http://HOST:PORT/<alias>) for trainers that pin one URL: it
     follows the run's generations and replicas as podium's client does."""
-    from podium.front.command import run_front
-    from podium.front.serve import FrontError
+    from podium.front.command import run_checked
 
-    command = list(ctx.args)
-    if exec_ != bool(command):
-        _fail("--exec needs a command after `--` (podium front RUN --exec -- python train.py), and a command "
-              "needs --exec" if exec_ else f"unexpected arguments {command}; a command goes after --exec --")
-    try:
-        code = run_front(str(run_dir), listen, auth=not no_auth, call_timeout_s=call_timeout, command=command,
-                         echo=typer.echo)
-    except FrontError as exc:
-        _fail(str(exc))
-        return
-    raise typer.Exit(code)
-
-
-def _print_fronts(run_dir: Path) -> None:
-    """The run's fronts (``podium front``), one line each, under the teachers' table."""
-    from podium.rendezvous.fronts import FrontRecord, read_fronts
-
-    for found in read_fronts(RunLayout(run_dir)):
-        if not isinstance(found, FrontRecord):
-            typer.echo(f"front: {found}")
-            continue
-        alive = found.alive_here()
-        state = "" if alive is None else " (running)" if alive else " (its process is gone: a stale file)"
-        aliases = ", ".join(f"{a} {u}" for a, u in found.aliases.items())
-        typer.echo(f"front: {found.url} pid {found.pid} on {found.host}{state}{'' if found.auth else ', no auth'}: "
-                   f"{aliases}")
+    raise typer.Exit(run_checked(str(run_dir), listen, not no_auth, call_timeout, exec_, list(ctx.args), _fail,
+                                 typer.echo))
 
 
 @app.command()

@@ -87,3 +87,17 @@ async def _run_command(command: list[str], env: dict[str, str], stop: asyncio.Ev
     code = proc.returncode
     assert code is not None
     return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+
+def run_checked(run: str, listen: str, auth: bool, call_timeout_s: float | None, exec_: bool, command: list[str],
+                fail: Callable[[str], Any], echo: Callable[[str], Any]) -> int:
+    """``podium front``'s arguments checked, then :func:`run_front` (its stdout the URLs); ``fail``
+    says what is wrong and exits."""
+    if exec_ != bool(command):
+        fail("--exec needs a command after `--` (podium front RUN --exec -- python train.py)" if exec_ else
+             f"unexpected arguments {command}; a command goes after --exec --")
+    try:
+        return run_front(run, listen, auth=auth, call_timeout_s=call_timeout_s, command=command, echo=echo)
+    except FrontError as exc:
+        fail(str(exc))
+        return 2
