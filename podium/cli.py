@@ -260,11 +260,32 @@ def status(
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        from podium.cli_render import print_status
+        from podium.cli_render import print_fronts, print_status
 
         print_status(rows)
+        print_fronts(target)
     planned = [r for r in rows if r.in_plan]
     raise typer.Exit(0 if planned and all(r.ready for r in planned) else 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def front(
+    ctx: typer.Context,
+    run_dir: Path = RunDirArg,
+    listen: str = typer.Option("127.0.0.1:0", "--listen", help="HOST:PORT to listen on (port 0: a free one)."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Take calls without the run's token (loopback only)."),
+    call_timeout: float | None = typer.Option(
+        None, "--call-timeout", help="Seconds one call may wait for a ready replica, retries included "
+                                     "(default: podium's client's call_timeout_s)."),
+    exec_: bool = typer.Option(False, "--exec", help="Run the command after `--`, with PODIUM_FRONT_URL and "
+                                                     "PODIUM_FRONT_URL_<ALIAS> set; stop when it exits."),
+) -> None:
+    """One fixed base URL per alias (http://HOST:PORT/<alias>) for trainers that pin one URL: it
+    follows the run's generations and replicas as podium's client does."""
+    from podium.front.command import run_checked
+
+    raise typer.Exit(run_checked(str(run_dir), listen, not no_auth, call_timeout, exec_, list(ctx.args), _fail,
+                                 typer.echo))
 
 
 @app.command()

@@ -279,3 +279,19 @@ class WaitView:
                 table.add_row(r.display, r.job_id or "-", r.generation or "-", r.phase,
                               f"{elapsed - self._since.get(r.display, 0):.0f}s")
             self._live.update(table)
+
+
+def print_fronts(run_dir: Path) -> None:
+    """The run's fronts (``podium front``), one line each, under the teachers' table."""
+    from podium.rendezvous.fronts import FrontRecord, read_fronts
+    from podium.rendezvous.layout import RunLayout
+
+    for found in read_fronts(RunLayout(run_dir)):
+        if not isinstance(found, FrontRecord):
+            print(f"front: {found}")
+            continue
+        alive = found.alive_here()
+        state = "" if alive is None else " (running)" if alive else " (its process is gone: a stale file)"
+        aliases = ", ".join(f"{a} {u}" for a, u in found.aliases.items())
+        auth = "" if found.auth else ", no auth"
+        print(f"front: {found.url} pid {found.pid} on {found.host}{state}{auth}: {aliases}")

@@ -106,6 +106,11 @@ class PodiumClient:
         self._refresh()
         return self.rendezvous.resolve(alias_or_agent_name)
 
+    def aliases(self) -> list[str]:
+        """The run's aliases as ``rendezvous.json`` lists them now (re-read as :meth:`resolve` does)."""
+        self._refresh()
+        return sorted(self.rendezvous.routing)
+
     def _refresh(self) -> None:
         """Re-read ``rendezvous.json`` if it was replaced since it was read (looked at no more often
         than ``refresh_s``): ``podium scale`` changes a teacher's replicas, ``podium up`` a run's."""

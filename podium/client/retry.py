@@ -39,7 +39,7 @@ left). Within it, after each exchange, by the answer's ``X-Podium-Error-Kind`` w
 Owns :func:`decide`, the rules after one exchange, pure: it takes what the exchange produced
 (:class:`Exchange`) and what the call met so far (:class:`Tally`) and returns a :data:`Decision`
 (:class:`Answer`, :class:`Fail`, :class:`BackOff`, :class:`FailOver`) with every message to note or
-log; :meth:`TeacherClient._send <podium.client.teacher.TeacherClient._send>` makes the exchanges,
+log; :meth:`TeacherClient.send <podium.client.teacher.TeacherClient.send>` makes the exchanges,
 reads a replica's record when :func:`asks_answerer` says the rule needs it, and carries the
 decisions out.
 """

@@ -175,11 +175,12 @@ class TeacherClient:
         with self._lock:
             self.retries += 1
 
-    def _send(self, method: str, path: str, body: list | None = None, headers: dict | None = None,
+    def send(self, method: str, path: str, body: list | None = None, headers: dict | None = None,
               timeout_s: float | None = None, watch: BodyWatch | None = None) -> tuple[HTTPResponse, EndpointRecord]:
         """One request, to a replica that can answer, within one deadline, sent again as
         :func:`podium.client.retry.decide` says after each exchange; returns a 2xx response and the
-        record of the generation that gave it."""
+        record of the generation that gave it. Public for ``podium front``, which relays other
+        clients' requests through it (``watch`` sees each answer's bytes as they arrive)."""
         deadline = self._new_deadline(timeout_s)
         tally = Tally()
         while True:
@@ -284,7 +285,7 @@ class TeacherClient:
 
     def metadata(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """``GET /v2/models/<name>``: the teacher's metadata (podium's fields under ``"podium"``)."""
-        resp, _ = self._send("GET", model_path(self.name), timeout_s=timeout_s)
+        resp, _ = self.send("GET", model_path(self.name), timeout_s=timeout_s)
         return json.loads(bytes(resp.body))
 
     def get_logprobs(
@@ -431,7 +432,7 @@ class TeacherClient:
         if header_len is not None:
             headers[oip.HEADER_LENGTH] = str(header_len)
         eager = EagerConversion(outputs, widen_ids=widen)
-        resp, record = self._send("POST", infer_path(self.name), chunks, headers, timeout_s, watch=eager.received)
+        resp, record = self.send("POST", infer_path(self.name), chunks, headers, timeout_s, watch=eager.received)
         if observed:
             self._pipeline.observe(resp.waited_s, resp.received_s)
         try:

@@ -23,6 +23,10 @@ path (relative to ``<run_dir>``)                       mode    written by / hold
 ``teachers/<name>-<key8>/endpoint.json``               0600    only that teacher's head process: the
                                                                endpoint record (status, URL,
                                                                generation, heartbeat, model)
+``fronts/<host>-<pid>.json``                           0644    only the ``podium front`` process
+                                                               ``<pid>`` on ``<host>``: where it
+                                                               listens, each alias's base URL;
+                                                               removed when it stops
 =====================================================  ======  ======================================
 
 ``<name>`` is the teacher's readable name (its first alias) made safe for a file name, ``<key8>``
@@ -45,6 +49,7 @@ RENDEZVOUS_FILE = "rendezvous.json"
 AUTH_TOKEN_FILE = "auth_token"
 TEACHERS_DIR = "teachers"
 ENDPOINT_FILE = "endpoint.json"
+FRONTS_DIR = "fronts"
 
 RENDEZVOUS_MODE = 0o644
 AUTH_TOKEN_MODE = 0o600
@@ -105,6 +110,14 @@ class RunLayout:
     @property
     def teachers_dir(self) -> Path:
         return self.run_dir / TEACHERS_DIR
+
+    @property
+    def fronts_dir(self) -> Path:
+        return self.run_dir / FRONTS_DIR
+
+    def front_path(self, host: str, pid: int) -> Path:
+        """The file of the ``podium front`` process ``pid`` on ``host``."""
+        return self.fronts_dir / f"{safe_name(host)}-{pid}.json"
 
     def teacher_dir(self, name: str, key: str, replica: int = 0) -> Path:
         return self.teachers_dir / teacher_dir_name(name, key, replica)

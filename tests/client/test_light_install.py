@@ -123,9 +123,12 @@ def test_the_node_checks_every_package_of_the_teacher_extra() -> None:
 
 
 def _blocked() -> set[str]:
-    """The import names of every package of the ``teacher`` and ``launcher`` extras."""
-    extras = _project()["optional-dependencies"]
-    blocked = {MODULE_OF.get(n, n.replace("-", "_")) for x in ("teacher", "launcher") for n in map(_name, extras[x])}
+    """The import names of every package of the ``teacher`` and ``launcher`` extras that the base
+    install does not have too (aiohttp: ``podium front`` serves from a trainer's install)."""
+    project = _project()
+    extras, base = project["optional-dependencies"], {_name(r) for r in project["dependencies"]}
+    blocked = {MODULE_OF.get(n, n.replace("-", "_")) for x in ("teacher", "launcher") for n in map(_name, extras[x])
+               if n not in base}
     assert {"torch", "megatron", "ray", "transformers", "submitit"} <= blocked
     return blocked
 
@@ -181,6 +184,33 @@ def test_importing_the_client_stays_light() -> None:
             "assert not {'torch', 'ray', 'megatron'} & set(sys.modules), "
             "{'torch', 'ray', 'megatron'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_the_front_serves_from_the_light_install(tmp_path: Path) -> None:
+    """``podium front`` in a child without the extras: it listens, answers the teacher's logprobs
+    through the alias's base URL, and stops on SIGTERM."""
+    layout, token = make_run(tmp_path, [MATH])
+    teacher = Teacher(FakeGroup(), layout, MATH, token, generation=Generation(8800, 0)).start()
+    code = (f"{BLOCKER}\n"
+            "import json, urllib.request\n"
+            "from podium.front.serve import FrontThread\n"
+            "from harness.infer_requests import infer_body\n"
+            f"front = FrontThread({str(layout.rendezvous_path)!r}).start()\n"
+            "req = urllib.request.Request(front.url + '/math/v2/models/math/infer',"
+            " data=infer_body([[5, 9, 2, 7]], [4]),"
+            f" headers={{'Authorization': 'Bearer {token}', 'Content-Type': 'application/json'}})\n"
+            "print(json.dumps(json.load(urllib.request.urlopen(req, timeout=120))['outputs'][0]['data']))\n"
+            "front.stop()\n"
+            "heavy = sorted(m for m in sys.modules if m.partition('.')[0] in BLOCKED)\n"
+            "assert not heavy, heavy\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**light_env(), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
+    finally:
+        teacher.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = fake_logprobs(np.array([[5, 9, 2, 7]]), np.array([4])).ravel()
+    np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), expected, atol=1e-6)
 
 
 def test_status_and_wait_in_the_light_install_read_a_ready_teacher(tmp_path: Path) -> None:
@@ -260,7 +290,7 @@ def test_a_teacher_whose_node_python_is_a_light_install_fails_at_once_naming_wha
     python = _light_python(tmp_path / "light")
     run_dir = tmp_path / "run"
     recipe = _local_recipe(tmp_path, tiny_llama_checkpoint, slurm={"python": str(python)})
-    missing = "cannot import torch, megatron.core, ray, transformers, safetensors, aiohttp, prometheus_client, psutil"
+    missing = "cannot import torch, megatron.core, ray, transformers, safetensors, prometheus_client, psutil"
     install = "`pip install 'podium[teacher]'`"
     try:
         up = podium("up", str(recipe), "--wait", "--timeout", "120", check=False)

@@ -393,7 +393,7 @@ def test_refusals_are_logged_rate_limited_and_without_the_token(caplog: pytest.L
 
 
 def test_a_reason_phrase_is_one_short_ascii_line() -> None:
-    from podium.teacher.endpoint.errors import REASON_CHARS, reason_phrase
+    from podium.web.errors import REASON_CHARS, reason_phrase
 
     got = reason_phrase("request of 2 rows × 9 positions\n= 18 ≥ 10\tüber")
     assert got == "request of 2 rows x 9 positions = 18 >= 10 ?ber"

@@ -29,8 +29,8 @@ The serving layer of a teacher (:mod:`podium.teacher`): it knows its group only 
 """
 
 from podium.teacher.endpoint.config import EndpointConfig
-from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.server import EndpointServer
 from podium.teacher.endpoint.thread import ServerThread
+from podium.web.errors import RequestError
 
 __all__ = ["EndpointConfig", "EndpointServer", "RequestError", "ServerThread"]

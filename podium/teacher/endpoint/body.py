@@ -22,7 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from podium.protocol import oip
-from podium.teacher.endpoint.errors import RequestError
+from podium.web.errors import RequestError
 
 MIB = 1024 * 1024
 

@@ -15,7 +15,7 @@ from podium.protocol.batch import Batch
 from podium.protocol.names import TOP_K
 from podium.protocol.query import Query
 from podium.teacher.endpoint.config import MIB, EndpointConfig
-from podium.teacher.endpoint.errors import RequestError
+from podium.web.errors import RequestError
 
 
 def check_cost(config: EndpointConfig, batch: Batch, query: Query, binary: dict[str, bool], vocab_size: int, *,

@@ -47,9 +47,9 @@ from podium.teacher.endpoint.batching import RowBlocks
 from podium.teacher.endpoint.body import RawRequest
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.cost import check_cost
-from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.middleware import FRONT_ROUTES, REQUEST_ID, TOKEN_MATCH
 from podium.teacher.seam import GroupFacts
+from podium.web.errors import RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import BasicAuth, web
+from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from podium.protocol import oip
@@ -45,8 +45,9 @@ from podium.protocol.names import (
 )
 from podium.rendezvous.token import tokens_equal
 from podium.teacher.endpoint.config import EndpointConfig
-from podium.teacher.endpoint.errors import RequestError, json_error, openai_error
 from podium.teacher.endpoint.metrics import EndpointMetrics
+from podium.web.auth import check_authorization
+from podium.web.errors import RequestError, json_error, openai_error
 
 logger = logging.getLogger(__name__)
 
@@ -199,30 +200,7 @@ def auth_middleware(token: str, metrics_need_token: bool = False) -> Middleware:
             if not tokens_equal(in_path, token):
                 raise RequestError(401, f"invalid token in the URL ({TOKEN_PATH}/<token>/...)")
             return await handler(request)
-        _check_header(request.headers.get(AUTHORIZATION, ""), token, basic=route in FRONT_ROUTES)
+        check_authorization(request.headers.get(AUTHORIZATION, ""), token, basic=route in FRONT_ROUTES)
         return await handler(request)
 
     return middleware
-
-
-def _check_header(header: str, token: str, *, basic: bool) -> None:
-    """A :class:`RequestError` (401) unless ``header`` carries ``token`` (as Basic's password too
-    where ``basic``); the answer never repeats what was sent."""
-    if not header:
-        # the callers who meet this are other frameworks' clients that send no token: say where it is
-        raise RequestError(401, "missing Authorization: Bearer <token> header (the token is the run's: "
-                                "<run_dir>/auth_token; an OpenAI client's api_key"
-                                f"{'; or a base URL http://podium:<token>@host:port' if basic else ''})",
-                           {"WWW-Authenticate": "Bearer"})
-    scheme, _, given = header.partition(" ")
-    if basic and scheme.lower() == "basic":
-        try:
-            password = BasicAuth.decode(header).password
-        except ValueError:
-            raise RequestError(401, "malformed Basic credentials (send http://podium:<token>@host:port)",
-                               {"WWW-Authenticate": "Bearer"}) from None
-        if not tokens_equal(password, token):
-            raise RequestError(401, "invalid token (the Basic password)", {"WWW-Authenticate": "Bearer"})
-        return
-    if scheme.lower() != "bearer" or not tokens_equal(given.strip(), token):
-        raise RequestError(401, "invalid bearer token", {"WWW-Authenticate": 'Bearer error="invalid_token"'})

@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 from podium.protocol.names import PROOF, PROOF_NONCE
 from podium.rendezvous.token import server_proof
 from podium.teacher.endpoint.config import EndpointConfig
-from podium.teacher.endpoint.errors import json_error
+from podium.web.errors import json_error
 
 NONCE = re.compile(r"[0-9a-fA-F]{32,128}")  # 16..64 random bytes, hex: nothing else is signed
 

@@ -52,7 +52,6 @@ from podium.teacher.endpoint.body import BodyLimits, RawRequest, read_request
 from podium.teacher.endpoint.config import EndpointConfig
 from podium.teacher.endpoint.connections import ConnectionGuard, GuardedSite, guard_middleware
 from podium.teacher.endpoint.cost import check_cost
-from podium.teacher.endpoint.errors import RequestError
 from podium.teacher.endpoint.fronts import ScoringFronts
 from podium.teacher.endpoint.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from podium.teacher.endpoint.metrics import EndpointMetrics
@@ -61,6 +60,7 @@ from podium.teacher.endpoint.runner import GroupRunner, batch_tokens
 from podium.teacher.endpoint.stream import AnswerSender
 from podium.teacher.endpoint.validation import validate_request
 from podium.teacher.seam import ServedGroup
+from podium.web.errors import RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from podium.protocol.names import (
     VALUES_DATATYPE,
 )
 from podium.protocol.query import Query, ask
-from podium.teacher.endpoint.errors import RequestError
+from podium.web.errors import RequestError
 
 
 def validate_request(req: oip.InferRequest, *, vocab_size: int, max_sequence_length: int | None,
