@@ -8,12 +8,17 @@ dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bi
 not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
 odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
 8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
-``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
-embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``nemotron_h``
-(hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a non-zero expert bias, attention
-without positions, a squared-ReLU MLP; routing far from uniform).
+``deepseek_v3`` (DeepSeek-V3 / Kimi K2: multi-latent attention with YaRN, a dense first layer, 8
+experts in 4 groups behind a sigmoid router with expert bias, a shared expert, an MTP layer the
+teacher must skip; ``deepseek_v3_qproj`` with queries projected directly, the rotary dimensions
+stored as halves and the default RoPE), ``gemma3`` (Gemma 3 text: per-layer sliding window and
+RoPE base, post-norms, scaled tied embedding; ``gemma3_mm`` the same as a multimodal checkpoint's
+language model), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
+non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
 
-- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
+- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one;
+  ``make_fp8_checkpoint(source, path, dequantized)``: one of them in DeepSeek-V3's block-scaled fp8
+  on-disk format, and its dequantized copy (the oracle's checkpoint).
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
   convention (position 0 and positions at or past the length are 0);
   ``hf_oracle_log_softmax`` -> ``[B, S, V]`` in the same alignment (``torch.topk`` of it is what
@@ -298,6 +303,52 @@ _BASE_CONFIGS["gemma3_mm"] = (
     ),
 )
 
+# DeepSeek-V3 (Kimi K2's architecture too): every feature it adds moves the logits: multi-latent
+# attention with a query latent (48), a key/value latent (32), heads of 16 + 8 rotary dims for q/k and
+# 12 for v, DeepSeek's YaRN (factor 8 over 16 original positions: 3 of the 4 rotary frequencies
+# interpolated; mscale 1 / mscale_all_dim 0.5: both the rotary concentration and the softmax scale
+# differ from 1), layer 0 dense, then MoE layers whose 8 experts form 4 groups (each token keeps 2,
+# then its top 4 there: 2 per group, as DeepSeek-V3's 8 of 4), a non-zero expert bias, a scale of
+# 2.5, a shared expert; and an MTP layer (``model.layers.3.*``) as real checkpoints ship one.
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,  # the dense first layer's MLP
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    n_routed_experts=8,
+    num_experts_per_tok=4,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=128,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 16,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5},
+    tie_word_embeddings=False,
+    num_nextn_predict_layers=1,
+)
+_BASE_CONFIGS["deepseek_v3"] = ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3)
+# The same with queries projected directly (q_lora_rank null, DeepSeek-V2-Lite's shape), the rotary
+# dimensions stored as two halves (rope_interleave false) and the default RoPE.
+_BASE_CONFIGS["deepseek_v3_qproj"] = (
+    "DeepseekV3Config",
+    "DeepseekV3ForCausalLM",
+    {**_DEEPSEEK_V3, "q_lora_rank": None, "rope_interleave": False,
+     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+)
+_SKEWED = ("nemotron_h", "glm4_moe", "deepseek_v3", "deepseek_v3_qproj")
+
 KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
 
 
@@ -352,7 +403,7 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls_name)(config).to(torch.float32)
     _randomise_(model, seed)
-    if kind in ("nemotron_h", "glm4_moe"):
+    if kind in _SKEWED:
         _skew_routing_(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -362,6 +413,94 @@ def make_tiny_checkpoint(
     if max_shard_size is not None:
         save_kwargs["max_shard_size"] = max_shard_size
     model.save_pretrained(str(path), **save_kwargs)
+    if getattr(config, "num_nextn_predict_layers", 0) and config.model_type == "deepseek_v3":
+        _add_mtp_layer(path, config, seed)
+    return path
+
+
+def _add_mtp_layer(path: Path, config: Any, seed: int) -> None:
+    """Add the multi-token-prediction layer DeepSeek-V3's checkpoints ship as ``model.layers.{L}.*``
+    (``L`` = ``num_hidden_layers``; transformers does not build it): random tensors under its names
+    (a copy of the last layer's, and its own projections), which a teacher must not read."""
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    last, mtp = f"model.layers.{config.num_hidden_layers - 1}.", f"model.layers.{config.num_hidden_layers}."
+    gen = torch.Generator().manual_seed(seed + 2)
+    h = config.hidden_size
+    extra = {mtp + name[len(last):]: torch.randn(t.shape, generator=gen) for name, t in tensors.items()
+             if name.startswith(last)}
+    extra.update({mtp + "enorm.weight": torch.ones(h), mtp + "hnorm.weight": torch.ones(h),
+                  mtp + "eh_proj.weight": torch.randn(h, 2 * h, generator=gen),
+                  mtp + "shared_head.norm.weight": torch.ones(h)})
+    save_file({**tensors, **extra}, str(file), metadata={"format": "pt"})
+
+
+FP8_MAX = 448.0  # the largest float8 e4m3 value
+
+
+def _quantizable(name: str, tensor: torch.Tensor) -> bool:
+    """What DeepSeek-V3 ships in fp8: the layers' linear weights (not norms, not the router)."""
+    return (name.startswith("model.layers.") and name.endswith(".weight") and tensor.dim() == 2
+            and "norm" not in name and not name.endswith("mlp.gate.weight"))
+
+
+def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` as DeepSeek-V3 stores it: float8 e4m3 values and a float32 ``scale_inv`` per
+    ``block`` (the last row/column blocks partial), ``weight ≈ q · scale_inv`` block by block."""
+    br, bc = block
+    rows, cols = weight.shape
+    nr, nc = -(-rows // br), -(-cols // bc)
+    padded = torch.zeros(nr * br, nc * bc, dtype=torch.float32)
+    padded[:rows, :cols] = weight.float()
+    blocks = padded.reshape(nr, br, nc, bc)
+    scale_inv = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
+    q = (blocks / scale_inv[:, None, :, None]).reshape(nr * br, nc * bc)[:rows, :cols].to(torch.float8_e4m3fn)
+    return q, scale_inv
+
+
+def dequantize_fp8_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """The dequantization formula: ``q[i, j] · scale_inv[i // br, j // bc]`` in float32."""
+    rows, cols = q.shape
+    scale = scale_inv.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)[:rows, :cols]
+    return q.float() * scale
+
+
+def make_fp8_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str],
+                        dequantized: str | os.PathLike[str], block: tuple[int, int] = (32, 32)) -> Path:
+    """Write ``source`` (a tiny checkpoint) in DeepSeek-V3's on-disk fp8 format to ``path``: each
+    quantizable weight (:func:`_quantizable`) as float8 e4m3 plus ``<name>_scale_inv``, the config's
+    ``quantization_config`` saying so; and the same model dequantized (plain float32, no
+    ``quantization_config``) to ``dequantized``, for the oracle. Returns ``path``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source, path, dequantized = Path(source), Path(path), Path(dequantized)
+    tensors = load_file(str(source / "model.safetensors"))
+    quantized: dict[str, torch.Tensor] = {}
+    plain: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if _quantizable(name, tensor):
+            q, scale_inv = quantize_fp8_blocks(tensor, block)
+            quantized[name], quantized[name + "_scale_inv"] = q, scale_inv
+            plain[name] = dequantize_fp8_blocks(q, scale_inv, block)
+        else:
+            quantized[name] = plain[name] = tensor
+    config = json.loads((source / "config.json").read_text())
+    for where, weights, conf in (
+        (path, quantized, {**config, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                             "activation_scheme": "dynamic",
+                                                             "weight_block_size": list(block)}}),
+        (dequantized, plain, config),
+    ):
+        where.mkdir(parents=True, exist_ok=True)
+        save_file(weights, str(where / "model.safetensors"), metadata={"format": "pt"})
+        (where / "config.json").write_text(json.dumps(conf, indent=2))
+        if (source / "generation_config.json").is_file():
+            shutil.copy(source / "generation_config.json", where / "generation_config.json")
     return path
 
 

@@ -58,6 +58,12 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
+# DeepSeek-V3's model_type, and Kimi K2's (the same architecture, DeepseekV3ForCausalLM, its own values)
+DEEPSEEK_V3_TYPES = ("deepseek_v3", "kimi_k2")
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
+# The one quantized format podium reads (DeepSeek-V3's, Kimi K2's): float8 e4m3 weights, each with
+# a float32 ``weight_scale_inv`` per block of weight_block_size rows × columns, dequantized as read.
+FP8 = "fp8"
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
 _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
@@ -152,11 +158,139 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
     """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
     the worker's describer refuses the same."""
     config = language_config(config)
+    problems = quantization_problems(config)
     if config.get("model_type") == GLM4_MOE:
-        return _glm_problems(config)
-    if config.get("model_type") == GEMMA3_TEXT:
-        return _gemma3_problems(config)
-    return []
+        problems += _glm_problems(config)
+    elif config.get("model_type") == GEMMA3_TEXT:
+        problems += _gemma3_problems(config)
+    elif is_deepseek_v3(config):
+        problems += _deepseek_problems(config)
+    return problems
+
+
+def is_deepseek_v3(config: Mapping[str, Any]) -> bool:
+    """DeepSeek-V3 or Kimi K2 (``DeepseekV3ForCausalLM``, whatever the model_type)."""
+    return config.get("model_type") in DEEPSEEK_V3_TYPES or DEEPSEEK_V3 in (config.get("architectures") or [])
+
+
+def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The (rows, columns) of a block-scaled fp8 checkpoint's scale blocks, or None (not fp8)."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping) or quant.get("quant_method") != FP8:
+        return None
+    block = quant.get("weight_block_size")
+    if (isinstance(block, (list, tuple)) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        return int(block[0]), int(block[1])
+    return None
+
+
+def quantization_problems(config: Mapping[str, Any]) -> list[str]:
+    """Why podium cannot read a quantized checkpoint's weights (nothing for an unquantized one, or
+    for DeepSeek's block-scaled fp8: see :data:`FP8`)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return []
+    if not isinstance(quant, Mapping) or quant.get("quant_method") != FP8:
+        method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
+        return [f"quantization_config.quant_method={method!r}: podium reads unquantized weights and block-scaled "
+                f"fp8 ({FP8!r} with weight_block_size, as DeepSeek-V3 ships) only"]
+    problems = []
+    if fp8_block_size(config) is None:
+        problems.append(f"quantization_config.weight_block_size={quant.get('weight_block_size')!r}: podium reads "
+                        "fp8 weights scaled per block (a [rows, columns] block size, weight_scale_inv per block); "
+                        "per-tensor or per-channel scales are not read")
+    if (fmt := quant.get("fmt", "e4m3")) != "e4m3":
+        problems.append(f"quantization_config.fmt={fmt!r}: podium reads float8 e4m3 weights only")
+    if (scheme := quant.get("activation_scheme", "dynamic")) != "dynamic":
+        problems.append(f"quantization_config.activation_scheme={scheme!r}: podium dequantizes the weights and "
+                        "computes in the teacher's precision; static activation scales are not applied")
+    return problems
+
+
+def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's RoPE parameters as one mapping (transformers 5 ``rope_parameters`` over 4.x
+    ``rope_scaling``), ``rope_type`` filled in."""
+    params: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(key), Mapping):
+            params.update(config[key])
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    return params
+
+
+def deepseek_yarn(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """DeepSeek's YaRN as megatron-core's MLA takes it (None: not YaRN). transformers scales the rotary
+    cos/sin by ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` only when both are set, else
+    by ``mscale(factor)``, and the softmax by ``mscale(factor, mscale_all_dim)²``; megatron-core always
+    takes the ratio: without ``mscale_all_dim`` that is (1, 0) (:func:`_deepseek_problems` refuses
+    ``mscale_all_dim`` without ``mscale``)."""
+    params = rope_parameters(config)
+    if params["rope_type"] != "yarn":
+        return None
+    original = int(params.get("original_max_position_embeddings") or 4096)
+    factor = params.get("factor") or int(config.get("max_position_embeddings") or original) / original
+    mscale, all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if not all_dim:
+        mscale, all_dim = 1.0, 0.0
+    return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original,
+            "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
+            "mscale": float(mscale or 1.0), "mscale_all_dim": float(all_dim)}
+
+
+def _group_problems(config: Mapping[str, Any]) -> list[str]:
+    """Group-limited routing megatron-core scores as transformers does (each group by its top 2)."""
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    groups = (_int(config, "n_group") or ("", 1))[1]
+    chosen = (_int(config, "topk_group") or ("", 1))[1]
+    experts = experts_of(config)
+    problems = []
+    if groups > 1:
+        if experts % groups or experts // groups < 2:
+            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
+        if topk % chosen or topk // chosen != 2:
+            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
+                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
+                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    return problems
+
+
+def _deepseek_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    params = rope_parameters(config)
+    kind = params["rope_type"]
+    if kind not in ("default", "yarn"):
+        problems.append(f"rope_parameters.rope_type={kind!r}: DeepSeek-V3 is mapped with the default RoPE or YaRN "
+                        "(megatron-core's MLA takes those two)")
+    if kind == "yarn":
+        if params.get("attention_factor") is not None:
+            problems.append(f"rope_parameters.attention_factor={params['attention_factor']}: megatron-core's YaRN "
+                            "derives it from factor, mscale and mscale_all_dim")
+        if params.get("truncate", True) is False:
+            problems.append("rope_parameters.truncate=false: megatron-core's MLA rounds YaRN's correction range")
+        if params.get("mscale_all_dim") and not params.get("mscale"):
+            problems.append(f"rope_parameters.mscale={params.get('mscale')!r} with mscale_all_dim="
+                            f"{params['mscale_all_dim']}: transformers then scales the rotary dims by "
+                            "mscale(factor) and megatron-core by mscale(factor, 1) / mscale(factor, mscale_all_dim)")
+    if (act := config.get("hidden_act", "silu")) != "silu":
+        problems.append(f"hidden_act={act!r}: DeepSeek-V3's MLPs are mapped as SwiGLU (silu) only")
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    if topk > 1 and not config.get("norm_topk_prob", True):
+        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
+                        "(always, for top-k > 1)")
+    if (method := config.get("topk_method", "noaux_tc")) != "noaux_tc":
+        problems.append(f"topk_method={method!r}: DeepSeek-V3 routes with noaux_tc (a sigmoid score plus "
+                        "e_score_correction_bias picks the experts), as transformers and megatron-core compute it")
+    if (scoring := config.get("scoring_func", "sigmoid")) != "sigmoid":
+        problems.append(f"scoring_func={scoring!r}: DeepSeek-V3's router is mapped with sigmoid scores only")
+    if config.get("attention_bias"):
+        problems.append("attention_bias=true: megatron-core's MLA projections have no bias")
+    if (freq := config.get("moe_layer_freq", 1)) != 1:
+        problems.append(f"moe_layer_freq={freq}: every layer from first_k_dense_replace on is MoE in transformers' "
+                        "DeepSeek-V3; other layer mixes are not mapped")
+    if not _int(config, "kv_lora_rank"):
+        problems.append(f"kv_lora_rank={config.get('kv_lora_rank')!r}: DeepSeek-V3 needs multi-latent attention")
+    return problems + _group_problems(config)
 
 
 def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -219,16 +353,7 @@ def _glm_problems(config: Mapping[str, Any]) -> list[str]:
     if topk > 1 and not config.get("norm_topk_prob", True):
         problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
                         "(always, for top-k > 1)")
-    groups = (_int(config, "n_group") or ("", 1))[1]
-    chosen = (_int(config, "topk_group") or ("", 1))[1]
-    experts = experts_of(config)
-    if groups > 1:
-        if experts % groups or experts // groups < 2:
-            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
-        if topk % chosen or topk // chosen != 2:
-            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
-                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
-                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    problems += _group_problems(config)
     attention = _attention(config)
     factor = partial_rotary_factor(config, GLM_PARTIAL_ROTARY)
     if attention is not None:
@@ -250,6 +375,8 @@ def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[s
         problem = attention_tp_problem(*attention, tp)
         if problem:
             problems.append(f"num_attention_heads={attention[0]}, num_key_value_heads={attention[1]}: {problem}")
+    if is_deepseek_v3(config):
+        problems.extend(_mla_problems(config, tp))
     if config.get("model_type") == NEMOTRON_H:
         problems.extend(_mamba_problems(config, tp, cp))
         problems.extend(_pipeline_problems(config, layout.pipeline_model_parallel_size))
@@ -281,12 +408,28 @@ def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[s
         problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
-    if config.get("model_type") == GLM4_MOE and routed:  # GLM: n_shared_experts experts of moe_intermediate_size
+    if (config.get("model_type") == GLM4_MOE or is_deepseek_v3(config)) and routed:
+        # GLM, DeepSeek-V3: n_shared_experts experts of moe_intermediate_size
         count = config.get("n_shared_experts", 1)
         shared = ("moe_intermediate_size × n_shared_experts", routed[1] * int(count)) if count else None
     if shared and shared[1] % tp:
         problems.append(f"{shared[0]}={shared[1]}: TP{tp} must divide the shared expert's MLP, which is split "
                         f"over the attention TP ({shared[1]} / {tp} is not whole)")
+    return problems
+
+
+def _mla_problems(config: Mapping[str, Any], tp: int) -> list[str]:
+    """Multi-latent attention over TP: megatron-core's local MLA splits the latent down-projections'
+    rows over TP (``q_lora_rank``, ``kv_lora_rank + qk_rope_head_dim``) and gathers them."""
+    problems = []
+    q_rank = (_int(config, "q_lora_rank") or ("", 0))[1]
+    kv_rank = (_int(config, "kv_lora_rank") or ("", 0))[1]
+    rope = (_int(config, "qk_rope_head_dim") or ("", 0))[1]
+    if q_rank % tp:
+        problems.append(f"q_lora_rank={q_rank}: TP{tp} must divide the query latent ({q_rank} / {tp} is not whole)")
+    if (kv_rank + rope) % tp:
+        problems.append(f"kv_lora_rank={kv_rank}, qk_rope_head_dim={rope}: TP{tp} must divide the key/value latent "
+                        f"and the rotary key ({kv_rank} + {rope} = {kv_rank + rope}; / {tp} is not whole)")
     return problems
 
 
@@ -358,6 +501,16 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
             line += (f"; EP{ep}·ETP{etp} spans {nodes} nodes ({layout.gpus_per_node} GPUs each): the token "
                      f"all-to-all{moe_layers} crosses the network")
         lines.append(line)
+    if is_deepseek_v3(config) and attention is not None and not _mla_problems(config, tp):
+        q_rank = config.get("q_lora_rank")
+        lines.append(f"attention: multi-latent (kv_lora_rank={config.get('kv_lora_rank')}, q_lora_rank={q_rank}, "
+                     f"{'YaRN' if deepseek_yarn(config) else 'RoPE'} on qk_rope_head_dim="
+                     f"{config.get('qk_rope_head_dim')}); TP{tp} gives each rank {attention[0] // tp} of the "
+                     f"{attention[0]} heads and all-gathers the latents (megatron-core's MLA)")
+    if (block := fp8_block_size(config)) is not None:
+        lines.append(f"weights: fp8 (e4m3) in {block[0]}×{block[1]} blocks with weight_scale_inv, dequantized to "
+                     "the teacher's precision as each rank reads its slices (its GPUs hold the dequantized "
+                     "weights: twice the fp8 bytes in bf16)")
     pp = layout.pipeline_model_parallel_size
     if nemotron and pp > 1 and pattern and not len(pattern) % pp:
         lines.append(_pipeline_stages(pattern, pp))

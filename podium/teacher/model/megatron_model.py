@@ -46,11 +46,12 @@ def _sdpa_core_attention_cls() -> type:
     class SDPACoreAttention(MegatronModule):
         """Megatron core attention on ``torch.nn.functional.scaled_dot_product_attention``.
 
-        Inputs ``query [sq, b, np, hn]``, ``key/value [sk, b, ng, hn]`` (this rank's heads),
-        output ``[sq, b, np·hn]``. Causal when no mask is given (right padding keeps valid
-        positions exact); GQA without repeating K/V where torch supports it; sliding window from
-        ``config.window_size`` (left, 0) on the layers ``config.window_attn_skip_freq`` says slide
-        (all when it is None). Inference only (no dropout).
+        Inputs ``query [sq, b, np, hn]``, ``key [sk, b, ng, hn]``, ``value [sk, b, ng, hv]`` (this
+        rank's heads; multi-latent attention's value heads ``hv`` = ``v_channels`` differ from its
+        query/key heads ``hn`` = ``k_channels``), output ``[sq, b, np·hv]``. Causal when no mask
+        is given (right padding keeps valid positions exact); GQA without repeating K/V where torch
+        supports it; sliding window from ``config.window_size`` (left, 0) on the layers
+        ``config.window_attn_skip_freq`` says slide (all when it is None). Inference only (no dropout).
         """
 
         def __init__(
@@ -61,6 +62,8 @@ def _sdpa_core_attention_cls() -> type:
             attention_type: str,
             attention_dropout: float | None = None,
             softmax_scale: float | None = None,
+            k_channels: int | None = None,
+            v_channels: int | None = None,
             cp_comm_type: str | None = None,
             pg_collection: Any = None,
         ) -> None:
@@ -82,7 +85,7 @@ def _sdpa_core_attention_cls() -> type:
         ) -> torch.Tensor:
             if packed_seq_params is not None or attention_bias is not None:
                 raise NotImplementedError("SDPACoreAttention: packed sequences / attention bias")
-            sq, b, nq, hn = query.shape
+            sq, b, nq, _ = query.shape
             # Views only: the kernel takes strided inputs and writes its output in the query's
             # layout, so the result below is already [s, b, h·d] in memory (copying to a [b, s]
             # layout first cost more than it saved in the kernel).
@@ -112,7 +115,7 @@ def _sdpa_core_attention_cls() -> type:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, **kwargs
             )
-            return out.permute(2, 0, 1, 3).reshape(sq, b, nq * hn)
+            return out.permute(2, 0, 1, 3).reshape(sq, b, nq * v.shape[-1])
 
     return SDPACoreAttention
 

@@ -13,6 +13,13 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   a per-expert bias (``e_score_correction_bias``), optionally among the best ``topk_group`` of
   ``n_group`` expert groups, weights renormalised and scaled by ``routed_scaling_factor``, plus
   ``n_shared_experts`` ungated shared experts; the map is the Llama family's;
+- ``deepseek_v3``: DeepSeek-V3 and Kimi K2 (``DeepseekV3ForCausalLM``): multi-latent attention
+  (queries through a ``q_lora_rank`` bottleneck or projected directly, keys and values from a shared
+  ``kv_lora_rank`` latent, RoPE on ``qk_rope_head_dim`` of each head, stored interleaved unless
+  ``rope_interleave`` is false) with DeepSeek's YaRN (``mscale``/``mscale_all_dim``: the rotary
+  concentration and the softmax scale); the first ``first_k_dense_replace`` layers dense, the rest
+  MoE as GLM-4.5's (sigmoid router with ``e_score_correction_bias``, expert groups,
+  ``routed_scaling_factor``, ``n_shared_experts``);
 - ``gemma3``: Gemma 3 text (``Gemma3ForCausalLM``): sliding-window layers by ``layer_types`` with
   their own RoPE base, global layers with the model's (default or linear), q/k RMSNorm, softmax
   scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
@@ -37,6 +44,7 @@ from typing import Any
 from podium.config.architecture import (
     GEMMA3_LAYER_TYPES,
     GLM_PARTIAL_ROTARY,
+    deepseek_yarn,
     field_problems,
     gemma3_layer_types,
     gemma3_rope,
@@ -55,9 +63,11 @@ MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
     "Glm4MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "DeepseekV3ForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
 }
 # The shared expert's HF block name (under the MoE block), per architecture that has one.
-SHARED_EXPERT_NAMES: dict[str, str] = {"Qwen2MoeForCausalLM": "shared_expert", "Glm4MoeForCausalLM": "shared_experts"}
+SHARED_EXPERT_NAMES: dict[str, str] = {"Qwen2MoeForCausalLM": "shared_expert", "Glm4MoeForCausalLM": "shared_experts",
+                                       "DeepseekV3ForCausalLM": "shared_experts"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class ModelDescription:
     """What podium needs to know about a checkpoint's architecture (from its HF config)."""
 
     architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "gpt2" or "nemotron_h"
+    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "deepseek_v3", "gemma3", "gpt2", "nemotron_h"
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -79,7 +89,9 @@ class ModelDescription:
     activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
     position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
+    # {"rope_type": "llama3"|"linear", "factor": …}; DeepSeek's {"rope_type": "yarn", "factor",
+    # "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}
+    rope_scaling: Mapping[str, Any] | None = None
     rotary_percent: float = 1.0  # the share of head_dim RoPE rotates (the first dimensions; GLM: 0.5)
     qkv_bias: bool = False
     attn_out_bias: bool = False
@@ -118,6 +130,17 @@ class ModelDescription:
     # choosing its top-k among the best ``moe_router_group_topk`` groups (GLM-4.5's n_group/topk_group).
     moe_router_num_groups: int = 0
     moe_router_group_topk: int = 0
+    # Multi-latent attention (DeepSeek-V3, Kimi K2; ``kv_lora_rank`` 0: none): queries through a
+    # ``q_lora_rank`` bottleneck (0: projected directly), keys and values from one shared latent of
+    # ``kv_lora_rank`` plus a shared rotary key of ``qk_rope_head_dim``; each head's query/key is
+    # ``qk_nope_head_dim`` + ``qk_rope_head_dim`` wide, its value ``v_head_dim``. ``rope_interleave``:
+    # the rotary dimensions are stored as interleaved pairs (DeepSeek's layout, megatron-core's MLA's).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True
     # A hybrid model (Nemotron-H): one symbol per layer, ``M`` Mamba-2, ``*`` attention, ``-`` MLP,
     # ``E`` MoE ("" for a transformer), and the Mamba-2 mixer's shape.
     hybrid_pattern: str = ""
@@ -131,6 +154,10 @@ class ModelDescription:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def is_hybrid(self) -> bool:
@@ -182,6 +209,7 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
             "megatron-bridge to a torch_dist checkpoint"
         )
     family = _FAMILIES[arch]
+    _refused_fields(config, arch, checkpoint)  # a quantization podium cannot read, a field it cannot honour
     return _DESCRIBERS[family](config, arch, family, checkpoint)
 
 
@@ -388,7 +416,6 @@ def _refused_fields(config: Mapping[str, Any], arch: str, checkpoint: str) -> No
 def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """GLM-4.5 / 4.6 (see the module doc). MTP layers (``num_nextn_predict_layers``, stored as
     layers past ``num_hidden_layers``) are not part of the teacher."""
-    _refused_fields(config, arch, checkpoint)
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
@@ -438,7 +465,6 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
 def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """Gemma 3 text (see the module doc); of a multimodal checkpoint, its language model."""
     config = language_config(config)
-    _refused_fields(config, arch, checkpoint)
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
@@ -478,10 +504,70 @@ def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoi
     )
 
 
+def _describe_deepseek_v3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """DeepSeek-V3 / Kimi K2 (see the module doc). The MTP layers (``num_nextn_predict_layers``,
+    stored as ``model.layers.{num_hidden_layers + i}.*``) are not part of the teacher."""
+    heads = int(config["num_attention_heads"])
+    layers = int(config["num_hidden_layers"])
+    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    nope, rope = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
+    dense = int(config.get("first_k_dense_replace") or 0)  # then MoE on every layer (moe_layer_freq 1)
+    ffn = int(config["moe_intermediate_size"])
+    groups = int(config.get("n_group") or 1)
+    theta, _ = _rope(config, checkpoint) if deepseek_yarn(config) is None else (_rope_theta(config), None)
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=int(config["hidden_size"]),
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        head_dim=nope + rope,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="swiglu",
+        position_embedding_type="rope",
+        rotary_base=theta,
+        rope_scaling=deepseek_yarn(config),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        moe_topk=topk,
+        moe_ffn_hidden_size=ffn,
+        norm_topk_prob=True,
+        moe_layers=tuple(i >= dense for i in range(layers)),
+        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts") or 0),
+        moe_score_function="sigmoid",
+        moe_expert_bias=True,
+        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        moe_router_num_groups=groups if groups > 1 else 0,
+        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        kv_lora_rank=int(config["kv_lora_rank"]),
+        q_lora_rank=int(config.get("q_lora_rank") or 0),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(config["v_head_dim"]),
+        rope_interleave=bool(config.get("rope_interleave", True)),
+        hf_config=dict(config),
+    )
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float:
+    params = config.get("rope_parameters")
+    inner = params.get("rope_theta") if isinstance(params, Mapping) else None
+    return float(inner if inner is not None else config.get("rope_theta", 10000.0))
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "glm4_moe": _describe_glm4_moe,
+    "deepseek_v3": _describe_deepseek_v3,
     "gemma3": _describe_gemma3,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
