@@ -16,9 +16,8 @@ RoPE base, post-norms, scaled tied embedding; ``gemma3_mm`` the same as a multim
 language model), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
 non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
 
-- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one;
-  ``make_fp8_checkpoint(source, path, dequantized)``: one of them in DeepSeek-V3's block-scaled fp8
-  on-disk format, and its dequantized copy (the oracle's checkpoint).
+- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one (:mod:`.tiny_fp8` writes one
+  in DeepSeek-V3's block-scaled fp8 format).
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
   convention (position 0 and positions at or past the length are 0);
   ``hf_oracle_log_softmax`` -> ``[B, S, V]`` in the same alignment (``torch.topk`` of it is what
@@ -303,13 +302,10 @@ _BASE_CONFIGS["gemma3_mm"] = (
     ),
 )
 
-# DeepSeek-V3 (Kimi K2's architecture too): every feature it adds moves the logits: multi-latent
-# attention with a query latent (48), a key/value latent (32), heads of 16 + 8 rotary dims for q/k and
-# 12 for v, DeepSeek's YaRN (factor 8 over 16 original positions: 3 of the 4 rotary frequencies
-# interpolated; mscale 1 / mscale_all_dim 0.5: both the rotary concentration and the softmax scale
-# differ from 1), layer 0 dense, then MoE layers whose 8 experts form 4 groups (each token keeps 2,
-# then its top 4 there: 2 per group, as DeepSeek-V3's 8 of 4), a non-zero expert bias, a scale of
-# 2.5, a shared expert; and an MTP layer (``model.layers.3.*``) as real checkpoints ship one.
+# DeepSeek-V3 (Kimi K2's architecture): multi-latent attention (query latent 48, key/value latent 32,
+# q/k heads 16 + 8 rotary, v heads 12) with YaRN (3 of 4 rotary frequencies interpolated; mscale 1,
+# mscale_all_dim 0.5: rotary concentration and softmax scale both != 1), layer 0 dense, then 8 experts
+# in 4 groups (2 kept, top 4: 2 per group), expert bias, scale 2.5, a shared expert, an MTP layer.
 _DEEPSEEK_V3: dict[str, Any] = dict(
     vocab_size=256,
     hidden_size=64,
@@ -339,8 +335,7 @@ _DEEPSEEK_V3: dict[str, Any] = dict(
     num_nextn_predict_layers=1,
 )
 _BASE_CONFIGS["deepseek_v3"] = ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3)
-# The same with queries projected directly (q_lora_rank null, DeepSeek-V2-Lite's shape), the rotary
-# dimensions stored as two halves (rope_interleave false) and the default RoPE.
+# Queries projected directly (q_lora_rank null), rotary dims stored as halves, the default RoPE.
 _BASE_CONFIGS["deepseek_v3_qproj"] = (
     "DeepseekV3Config",
     "DeepseekV3ForCausalLM",
@@ -419,9 +414,8 @@ def make_tiny_checkpoint(
 
 
 def _add_mtp_layer(path: Path, config: Any, seed: int) -> None:
-    """Add the multi-token-prediction layer DeepSeek-V3's checkpoints ship as ``model.layers.{L}.*``
-    (``L`` = ``num_hidden_layers``; transformers does not build it): random tensors under its names
-    (a copy of the last layer's, and its own projections), which a teacher must not read."""
+    """Add the MTP layer DeepSeek-V3 ships as ``model.layers.{num_hidden_layers}.*`` (transformers does
+    not build it): random tensors under its names, which a teacher must not read."""
     from safetensors.torch import load_file, save_file
 
     file = path / "model.safetensors"
@@ -435,73 +429,6 @@ def _add_mtp_layer(path: Path, config: Any, seed: int) -> None:
                   mtp + "eh_proj.weight": torch.randn(h, 2 * h, generator=gen),
                   mtp + "shared_head.norm.weight": torch.ones(h)})
     save_file({**tensors, **extra}, str(file), metadata={"format": "pt"})
-
-
-FP8_MAX = 448.0  # the largest float8 e4m3 value
-
-
-def _quantizable(name: str, tensor: torch.Tensor) -> bool:
-    """What DeepSeek-V3 ships in fp8: the layers' linear weights (not norms, not the router)."""
-    return (name.startswith("model.layers.") and name.endswith(".weight") and tensor.dim() == 2
-            and "norm" not in name and not name.endswith("mlp.gate.weight"))
-
-
-def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` as DeepSeek-V3 stores it: float8 e4m3 values and a float32 ``scale_inv`` per
-    ``block`` (the last row/column blocks partial), ``weight ≈ q · scale_inv`` block by block."""
-    br, bc = block
-    rows, cols = weight.shape
-    nr, nc = -(-rows // br), -(-cols // bc)
-    padded = torch.zeros(nr * br, nc * bc, dtype=torch.float32)
-    padded[:rows, :cols] = weight.float()
-    blocks = padded.reshape(nr, br, nc, bc)
-    scale_inv = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
-    q = (blocks / scale_inv[:, None, :, None]).reshape(nr * br, nc * bc)[:rows, :cols].to(torch.float8_e4m3fn)
-    return q, scale_inv
-
-
-def dequantize_fp8_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """The dequantization formula: ``q[i, j] · scale_inv[i // br, j // bc]`` in float32."""
-    rows, cols = q.shape
-    scale = scale_inv.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)[:rows, :cols]
-    return q.float() * scale
-
-
-def make_fp8_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str],
-                        dequantized: str | os.PathLike[str], block: tuple[int, int] = (32, 32)) -> Path:
-    """Write ``source`` (a tiny checkpoint) in DeepSeek-V3's on-disk fp8 format to ``path``: each
-    quantizable weight (:func:`_quantizable`) as float8 e4m3 plus ``<name>_scale_inv``, the config's
-    ``quantization_config`` saying so; and the same model dequantized (plain float32, no
-    ``quantization_config``) to ``dequantized``, for the oracle. Returns ``path``."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    source, path, dequantized = Path(source), Path(path), Path(dequantized)
-    tensors = load_file(str(source / "model.safetensors"))
-    quantized: dict[str, torch.Tensor] = {}
-    plain: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        if _quantizable(name, tensor):
-            q, scale_inv = quantize_fp8_blocks(tensor, block)
-            quantized[name], quantized[name + "_scale_inv"] = q, scale_inv
-            plain[name] = dequantize_fp8_blocks(q, scale_inv, block)
-        else:
-            quantized[name] = plain[name] = tensor
-    config = json.loads((source / "config.json").read_text())
-    for where, weights, conf in (
-        (path, quantized, {**config, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
-                                                             "activation_scheme": "dynamic",
-                                                             "weight_block_size": list(block)}}),
-        (dequantized, plain, config),
-    ):
-        where.mkdir(parents=True, exist_ok=True)
-        save_file(weights, str(where / "model.safetensors"), metadata={"format": "pt"})
-        (where / "config.json").write_text(json.dumps(conf, indent=2))
-        if (source / "generation_config.json").is_file():
-            shutil.copy(source / "generation_config.json", where / "generation_config.json")
-    return path
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,16 @@ before it builds the model:
   group-limited routing whose group score is not the sum of each group's top 2
   (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
   ``topk / group_topk``), a partial rotary dimension that is not a whole even number;
+- DeepSeek-V3 / Kimi K2 (``DeepseekV3ForCausalLM``, ``model_type`` ``deepseek_v3`` or ``kimi_k2``):
+  TP divides the latent down-projections (``q_lora_rank``, ``kv_lora_rank + qk_rope_head_dim``:
+  megatron-core's local MLA splits their rows over TP); refused by name: a RoPE other than the
+  default or YaRN, YaRN with an explicit ``attention_factor``, ``truncate: false`` or
+  ``mscale_all_dim`` without ``mscale`` (:func:`deepseek_yarn` says how megatron-core takes the
+  rest), ``topk_method`` other than ``noaux_tc``, ``scoring_func`` other than sigmoid,
+  ``norm_topk_prob`` false, ``moe_layer_freq`` other than 1, attention biases, GLM-4.5's group rule;
+- quantized checkpoints (any family, :func:`quantization_problems`): podium reads block-scaled fp8
+  (``quant_method: fp8`` with ``weight_block_size``, e4m3, dynamic activations: DeepSeek-V3's and
+  Kimi K2's format), dequantized as read; any other ``quantization_config`` is refused with why;
 - Gemma 3 text (``model_type`` ``gemma3_text``, or the language model of a multimodal ``gemma3``
   checkpoint: :func:`language_config`): refused by name where podium's model would differ
   from transformers: attention or final logit softcapping, bidirectional attention, attention
@@ -42,6 +52,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from podium.config.layout import ParallelLayout
+from podium.config.quantization import fp8_block_size, quantization_problems
+from podium.config.rope import deepseek_yarn, partial_rotary_factor, rope_parameters, rope_type
 
 NEMOTRON_H = "nemotron_h"
 GLM4_MOE = "glm4_moe"
@@ -61,9 +73,6 @@ GLM_PARTIAL_ROTARY = 0.5
 # DeepSeek-V3's model_type, and Kimi K2's (the same architecture, DeepseekV3ForCausalLM, its own values)
 DEEPSEEK_V3_TYPES = ("deepseek_v3", "kimi_k2")
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
-# The one quantized format podium reads (DeepSeek-V3's, Kimi K2's): float8 e4m3 weights, each with
-# a float32 ``weight_scale_inv`` per block of weight_block_size rows × columns, dequantized as read.
-FP8 = "fp8"
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
 _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
@@ -126,24 +135,6 @@ def layer_pattern(config: Mapping[str, Any]) -> str:
     return "".join(_BLOCK_TYPES.get(str(kind), "?") for kind in kinds)
 
 
-def rope_type(config: Mapping[str, Any]) -> str:
-    """The RoPE type a config asks for (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
-    for key in ("rope_scaling", "rope_parameters"):
-        params = config.get(key)
-        if isinstance(params, Mapping) and (params.get("rope_type") or params.get("type")):
-            return str(params.get("rope_type") or params.get("type"))
-    return "default"
-
-
-def partial_rotary_factor(config: Mapping[str, Any], default: float = 1.0) -> float:
-    """The share of each head's dimensions RoPE rotates (``partial_rotary_factor``, top level or in
-    ``rope_parameters``)."""
-    params = config.get("rope_parameters")
-    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
-    value = inner if inner is not None else config.get("partial_rotary_factor")
-    return float(value) if value is not None else default
-
-
 def language_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's config: a multimodal Gemma 3's ``text_config`` over transformers'
     defaults (with the outer ``architectures``), else ``config`` itself."""
@@ -171,71 +162,6 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
 def is_deepseek_v3(config: Mapping[str, Any]) -> bool:
     """DeepSeek-V3 or Kimi K2 (``DeepseekV3ForCausalLM``, whatever the model_type)."""
     return config.get("model_type") in DEEPSEEK_V3_TYPES or DEEPSEEK_V3 in (config.get("architectures") or [])
-
-
-def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int] | None:
-    """The (rows, columns) of a block-scaled fp8 checkpoint's scale blocks, or None (not fp8)."""
-    quant = config.get("quantization_config")
-    if not isinstance(quant, Mapping) or quant.get("quant_method") != FP8:
-        return None
-    block = quant.get("weight_block_size")
-    if (isinstance(block, (list, tuple)) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        return int(block[0]), int(block[1])
-    return None
-
-
-def quantization_problems(config: Mapping[str, Any]) -> list[str]:
-    """Why podium cannot read a quantized checkpoint's weights (nothing for an unquantized one, or
-    for DeepSeek's block-scaled fp8: see :data:`FP8`)."""
-    quant = config.get("quantization_config")
-    if quant is None:
-        return []
-    if not isinstance(quant, Mapping) or quant.get("quant_method") != FP8:
-        method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
-        return [f"quantization_config.quant_method={method!r}: podium reads unquantized weights and block-scaled "
-                f"fp8 ({FP8!r} with weight_block_size, as DeepSeek-V3 ships) only"]
-    problems = []
-    if fp8_block_size(config) is None:
-        problems.append(f"quantization_config.weight_block_size={quant.get('weight_block_size')!r}: podium reads "
-                        "fp8 weights scaled per block (a [rows, columns] block size, weight_scale_inv per block); "
-                        "per-tensor or per-channel scales are not read")
-    if (fmt := quant.get("fmt", "e4m3")) != "e4m3":
-        problems.append(f"quantization_config.fmt={fmt!r}: podium reads float8 e4m3 weights only")
-    if (scheme := quant.get("activation_scheme", "dynamic")) != "dynamic":
-        problems.append(f"quantization_config.activation_scheme={scheme!r}: podium dequantizes the weights and "
-                        "computes in the teacher's precision; static activation scales are not applied")
-    return problems
-
-
-def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A config's RoPE parameters as one mapping (transformers 5 ``rope_parameters`` over 4.x
-    ``rope_scaling``), ``rope_type`` filled in."""
-    params: dict[str, Any] = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        if isinstance(config.get(key), Mapping):
-            params.update(config[key])
-    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
-    return params
-
-
-def deepseek_yarn(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """DeepSeek's YaRN as megatron-core's MLA takes it (None: not YaRN). transformers scales the rotary
-    cos/sin by ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` only when both are set, else
-    by ``mscale(factor)``, and the softmax by ``mscale(factor, mscale_all_dim)²``; megatron-core always
-    takes the ratio: without ``mscale_all_dim`` that is (1, 0) (:func:`_deepseek_problems` refuses
-    ``mscale_all_dim`` without ``mscale``)."""
-    params = rope_parameters(config)
-    if params["rope_type"] != "yarn":
-        return None
-    original = int(params.get("original_max_position_embeddings") or 4096)
-    factor = params.get("factor") or int(config.get("max_position_embeddings") or original) / original
-    mscale, all_dim = params.get("mscale"), params.get("mscale_all_dim")
-    if not all_dim:
-        mscale, all_dim = 1.0, 0.0
-    return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original,
-            "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
-            "mscale": float(mscale or 1.0), "mscale_all_dim": float(all_dim)}
 
 
 def _group_problems(config: Mapping[str, Any]) -> list[str]:

@@ -52,7 +52,7 @@ def test_fp8_weights_are_read_dequantized_slice_by_slice(tiny_deepseek_v3_fp8_ch
     ``q · scale_inv`` of the blocks covering it, read without the rest of the tensor."""
     from safetensors.torch import load_file
 
-    from podium.apps.tiny_models import dequantize_fp8_blocks
+    from podium.apps.tiny_fp8 import dequantize_fp8_blocks
     from podium.teacher.model.hf import SafetensorsCheckpoint
 
     fp8, _ = tiny_deepseek_v3_fp8_checkpoints

@@ -46,12 +46,10 @@ def _sdpa_core_attention_cls() -> type:
     class SDPACoreAttention(MegatronModule):
         """Megatron core attention on ``torch.nn.functional.scaled_dot_product_attention``.
 
-        Inputs ``query [sq, b, np, hn]``, ``key [sk, b, ng, hn]``, ``value [sk, b, ng, hv]`` (this
-        rank's heads; multi-latent attention's value heads ``hv`` = ``v_channels`` differ from its
-        query/key heads ``hn`` = ``k_channels``), output ``[sq, b, np·hv]``. Causal when no mask
-        is given (right padding keeps valid positions exact); GQA without repeating K/V where torch
-        supports it; sliding window from ``config.window_size`` (left, 0) on the layers
-        ``config.window_attn_skip_freq`` says slide (all when it is None). Inference only (no dropout).
+        Inputs ``query``/``key [s, b, heads, k_channels]``, ``value [s, b, heads, v_channels]``
+        (this rank's heads; MLA's value heads are narrower), output ``[sq, b, np·v_channels]``.
+        Causal without a mask (right padding keeps valid positions exact); GQA without repeating
+        K/V where torch can; window ``config.window_size`` on the layers ``window_attn_skip_freq`` says.
         """
 
         def __init__(
@@ -62,8 +60,7 @@ def _sdpa_core_attention_cls() -> type:
             attention_type: str,
             attention_dropout: float | None = None,
             softmax_scale: float | None = None,
-            k_channels: int | None = None,
-            v_channels: int | None = None,
+            k_channels: int | None = None, v_channels: int | None = None,  # MLA's q/k and v head dims
             cp_comm_type: str | None = None,
             pg_collection: Any = None,
         ) -> None:

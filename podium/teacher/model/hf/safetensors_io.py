@@ -97,8 +97,6 @@ class SafetensorsCheckpoint:
 
     def _read_fp8(self, name: str, rows: slice | None, cols: slice | None) -> torch.Tensor:
         """``name[rows, cols]`` dequantized with the scale blocks that cover it (module doc)."""
-        import torch
-
         assert self.fp8_block is not None
         sl = self._slice(name)
         shape = tuple(sl.get_shape())

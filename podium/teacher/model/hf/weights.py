@@ -15,7 +15,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from podium.config.architecture import fp8_block_size
+from podium.config.quantization import fp8_block_size
 from podium.teacher.model.hf.description import ModelDescription
 from podium.teacher.model.hf.registry import WEIGHT_MAPS
 from podium.teacher.model.hf.safetensors_io import SafetensorsCheckpoint
