@@ -17,7 +17,8 @@ Logprobs within 1e-4 of the oracle (fp32). Negative controls (``deepseek_control
 same model with the plain RoPE instead of YaRN, without ``mscale_all_dim``, without its expert
 groups or without the routed scaling factor is far from HF, and so is the directly projected,
 halves-layout checkpoint (``q_lora_rank`` null, ``rope_interleave`` false) loaded without
-interleaving its rotary rows (each measured below); podium's build matches HF on both.
+interleaving its rotary rows (measured logit differences ~9.1, ~7.7, ~10.3, ~9.2 and ~14.6); podium's
+build matches HF on both (1.2e-5, 9.5e-6).
 """
 
 from __future__ import annotations
