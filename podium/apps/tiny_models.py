@@ -8,12 +8,16 @@ dense layer between two MoE layers), ``qwen2_moe`` (the same layer mix, q/k/v bi
 not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2`` (Conv1D, tied,
 odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
 8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
-``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
-embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``nemotron_h``
-(hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a non-zero expert bias, attention
-without positions, a squared-ReLU MLP; routing far from uniform).
+``deepseek_v3`` (DeepSeek-V3 / Kimi K2: multi-latent attention with YaRN, a dense first layer, 8
+experts in 4 groups behind a sigmoid router with expert bias, a shared expert, an MTP layer the
+teacher must skip; ``deepseek_v3_qproj`` with queries projected directly, the rotary dimensions
+stored as halves and the default RoPE), ``gemma3`` (Gemma 3 text: per-layer sliding window and
+RoPE base, post-norms, scaled tied embedding; ``gemma3_mm`` the same as a multimodal checkpoint's
+language model), ``nemotron_h`` (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a
+non-zero expert bias, attention without positions, a squared-ReLU MLP; routing far from uniform).
 
-- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one.
+- ``make_tiny_checkpoint(kind, path, **config_overrides)``: write one (:mod:`.tiny_fp8` writes one
+  in DeepSeek-V3's block-scaled fp8 format).
 - ``hf_oracle_logprobs(path, input_ids, input_lengths) -> float32 [B, S]`` in NeMo RL's
   convention (position 0 and positions at or past the length are 0);
   ``hf_oracle_log_softmax`` -> ``[B, S, V]`` in the same alignment (``torch.topk`` of it is what
@@ -298,6 +302,48 @@ _BASE_CONFIGS["gemma3_mm"] = (
     ),
 )
 
+# DeepSeek-V3 (Kimi K2's architecture): multi-latent attention (query latent 48, key/value latent 32,
+# q/k heads 16 + 8 rotary, v heads 12) with YaRN (3 of 4 rotary frequencies interpolated; mscale 1,
+# mscale_all_dim 0.5: rotary concentration and softmax scale both != 1), layer 0 dense, then 8 experts
+# in 4 groups (2 kept, top 4: 2 per group), expert bias, scale 2.5, a shared expert, an MTP layer.
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,  # the dense first layer's MLP
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    n_routed_experts=8,
+    num_experts_per_tok=4,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=128,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 16,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5},
+    tie_word_embeddings=False,
+    num_nextn_predict_layers=1,
+)
+_BASE_CONFIGS["deepseek_v3"] = ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3)
+# Queries projected directly (q_lora_rank null), rotary dims stored as halves, the default RoPE.
+_BASE_CONFIGS["deepseek_v3_qproj"] = (
+    "DeepseekV3Config",
+    "DeepseekV3ForCausalLM",
+    {**_DEEPSEEK_V3, "q_lora_rank": None, "rope_interleave": False,
+     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+)
+_SKEWED = ("nemotron_h", "glm4_moe", "deepseek_v3", "deepseek_v3_qproj")
+
 KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
 
 
@@ -352,7 +398,7 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls_name)(config).to(torch.float32)
     _randomise_(model, seed)
-    if kind in ("nemotron_h", "glm4_moe"):
+    if kind in _SKEWED:
         _skew_routing_(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -362,7 +408,27 @@ def make_tiny_checkpoint(
     if max_shard_size is not None:
         save_kwargs["max_shard_size"] = max_shard_size
     model.save_pretrained(str(path), **save_kwargs)
+    if getattr(config, "num_nextn_predict_layers", 0) and config.model_type == "deepseek_v3":
+        _add_mtp_layer(path, config, seed)
     return path
+
+
+def _add_mtp_layer(path: Path, config: Any, seed: int) -> None:
+    """Add the MTP layer DeepSeek-V3 ships as ``model.layers.{num_hidden_layers}.*`` (transformers does
+    not build it): random tensors under its names, which a teacher must not read."""
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    last, mtp = f"model.layers.{config.num_hidden_layers - 1}.", f"model.layers.{config.num_hidden_layers}."
+    gen = torch.Generator().manual_seed(seed + 2)
+    h = config.hidden_size
+    extra = {mtp + name[len(last):]: torch.randn(t.shape, generator=gen) for name, t in tensors.items()
+             if name.startswith(last)}
+    extra.update({mtp + "enorm.weight": torch.ones(h), mtp + "hnorm.weight": torch.ones(h),
+                  mtp + "eh_proj.weight": torch.randn(h, 2 * h, generator=gen),
+                  mtp + "shared_head.norm.weight": torch.ones(h)})
+    save_file({**tensors, **extra}, str(file), metadata={"format": "pt"})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,16 @@ before it builds the model:
   group-limited routing whose group score is not the sum of each group's top 2
   (``num_experts_per_tok / topk_group`` must be 2, as megatron-core scores a group by its top
   ``topk / group_topk``), a partial rotary dimension that is not a whole even number;
+- DeepSeek-V3 / Kimi K2 (``DeepseekV3ForCausalLM``, ``model_type`` ``deepseek_v3`` or ``kimi_k2``):
+  TP divides the latent down-projections (``q_lora_rank``, ``kv_lora_rank + qk_rope_head_dim``:
+  megatron-core's local MLA splits their rows over TP); refused by name: a RoPE other than the
+  default or YaRN, YaRN with an explicit ``attention_factor``, ``truncate: false`` or
+  ``mscale_all_dim`` without ``mscale`` (:func:`deepseek_yarn` says how megatron-core takes the
+  rest), ``topk_method`` other than ``noaux_tc``, ``scoring_func`` other than sigmoid,
+  ``norm_topk_prob`` false, ``moe_layer_freq`` other than 1, attention biases, GLM-4.5's group rule;
+- quantized checkpoints (any family, :func:`quantization_problems`): podium reads block-scaled fp8
+  (``quant_method: fp8`` with ``weight_block_size``, e4m3, dynamic activations: DeepSeek-V3's and
+  Kimi K2's format), dequantized as read; any other ``quantization_config`` is refused with why;
 - Gemma 3 text (``model_type`` ``gemma3_text``, or the language model of a multimodal ``gemma3``
   checkpoint: :func:`language_config`): refused by name where podium's model would differ
   from transformers: attention or final logit softcapping, bidirectional attention, attention
@@ -42,6 +52,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from podium.config.layout import ParallelLayout
+from podium.config.quantization import fp8_block_size, quantization_problems
+from podium.config.rope import deepseek_yarn, partial_rotary_factor, rope_parameters, rope_type
 
 NEMOTRON_H = "nemotron_h"
 GLM4_MOE = "glm4_moe"
@@ -58,6 +70,9 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
+# DeepSeek-V3's model_type, and Kimi K2's (the same architecture, DeepseekV3ForCausalLM, its own values)
+DEEPSEEK_V3_TYPES = ("deepseek_v3", "kimi_k2")
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
 _LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "E": "MoE", "-": "MLP"}
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
@@ -120,24 +135,6 @@ def layer_pattern(config: Mapping[str, Any]) -> str:
     return "".join(_BLOCK_TYPES.get(str(kind), "?") for kind in kinds)
 
 
-def rope_type(config: Mapping[str, Any]) -> str:
-    """The RoPE type a config asks for (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
-    for key in ("rope_scaling", "rope_parameters"):
-        params = config.get(key)
-        if isinstance(params, Mapping) and (params.get("rope_type") or params.get("type")):
-            return str(params.get("rope_type") or params.get("type"))
-    return "default"
-
-
-def partial_rotary_factor(config: Mapping[str, Any], default: float = 1.0) -> float:
-    """The share of each head's dimensions RoPE rotates (``partial_rotary_factor``, top level or in
-    ``rope_parameters``)."""
-    params = config.get("rope_parameters")
-    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
-    value = inner if inner is not None else config.get("partial_rotary_factor")
-    return float(value) if value is not None else default
-
-
 def language_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's config: a multimodal Gemma 3's ``text_config`` over transformers'
     defaults (with the outer ``architectures``), else ``config`` itself."""
@@ -152,11 +149,74 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
     """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
     the worker's describer refuses the same."""
     config = language_config(config)
+    problems = quantization_problems(config)
     if config.get("model_type") == GLM4_MOE:
-        return _glm_problems(config)
-    if config.get("model_type") == GEMMA3_TEXT:
-        return _gemma3_problems(config)
-    return []
+        problems += _glm_problems(config)
+    elif config.get("model_type") == GEMMA3_TEXT:
+        problems += _gemma3_problems(config)
+    elif is_deepseek_v3(config):
+        problems += _deepseek_problems(config)
+    return problems
+
+
+def is_deepseek_v3(config: Mapping[str, Any]) -> bool:
+    """DeepSeek-V3 or Kimi K2 (``DeepseekV3ForCausalLM``, whatever the model_type)."""
+    return config.get("model_type") in DEEPSEEK_V3_TYPES or DEEPSEEK_V3 in (config.get("architectures") or [])
+
+
+def _group_problems(config: Mapping[str, Any]) -> list[str]:
+    """Group-limited routing megatron-core scores as transformers does (each group by its top 2)."""
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    groups = (_int(config, "n_group") or ("", 1))[1]
+    chosen = (_int(config, "topk_group") or ("", 1))[1]
+    experts = experts_of(config)
+    problems = []
+    if groups > 1:
+        if experts % groups or experts // groups < 2:
+            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
+        if topk % chosen or topk // chosen != 2:
+            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
+                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
+                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    return problems
+
+
+def _deepseek_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    params = rope_parameters(config)
+    kind = params["rope_type"]
+    if kind not in ("default", "yarn"):
+        problems.append(f"rope_parameters.rope_type={kind!r}: DeepSeek-V3 is mapped with the default RoPE or YaRN "
+                        "(megatron-core's MLA takes those two)")
+    if kind == "yarn":
+        if params.get("attention_factor") is not None:
+            problems.append(f"rope_parameters.attention_factor={params['attention_factor']}: megatron-core's YaRN "
+                            "derives it from factor, mscale and mscale_all_dim")
+        if params.get("truncate", True) is False:
+            problems.append("rope_parameters.truncate=false: megatron-core's MLA rounds YaRN's correction range")
+        if params.get("mscale_all_dim") and not params.get("mscale"):
+            problems.append(f"rope_parameters.mscale={params.get('mscale')!r} with mscale_all_dim="
+                            f"{params['mscale_all_dim']}: transformers then scales the rotary dims by "
+                            "mscale(factor) and megatron-core by mscale(factor, 1) / mscale(factor, mscale_all_dim)")
+    if (act := config.get("hidden_act", "silu")) != "silu":
+        problems.append(f"hidden_act={act!r}: DeepSeek-V3's MLPs are mapped as SwiGLU (silu) only")
+    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
+    if topk > 1 and not config.get("norm_topk_prob", True):
+        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
+                        "(always, for top-k > 1)")
+    if (method := config.get("topk_method", "noaux_tc")) != "noaux_tc":
+        problems.append(f"topk_method={method!r}: DeepSeek-V3 routes with noaux_tc (a sigmoid score plus "
+                        "e_score_correction_bias picks the experts), as transformers and megatron-core compute it")
+    if (scoring := config.get("scoring_func", "sigmoid")) != "sigmoid":
+        problems.append(f"scoring_func={scoring!r}: DeepSeek-V3's router is mapped with sigmoid scores only")
+    if config.get("attention_bias"):
+        problems.append("attention_bias=true: megatron-core's MLA projections have no bias")
+    if (freq := config.get("moe_layer_freq", 1)) != 1:
+        problems.append(f"moe_layer_freq={freq}: every layer from first_k_dense_replace on is MoE in transformers' "
+                        "DeepSeek-V3; other layer mixes are not mapped")
+    if not _int(config, "kv_lora_rank"):
+        problems.append(f"kv_lora_rank={config.get('kv_lora_rank')!r}: DeepSeek-V3 needs multi-latent attention")
+    return problems + _group_problems(config)
 
 
 def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -219,16 +279,7 @@ def _glm_problems(config: Mapping[str, Any]) -> list[str]:
     if topk > 1 and not config.get("norm_topk_prob", True):
         problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
                         "(always, for top-k > 1)")
-    groups = (_int(config, "n_group") or ("", 1))[1]
-    chosen = (_int(config, "topk_group") or ("", 1))[1]
-    experts = experts_of(config)
-    if groups > 1:
-        if experts % groups or experts // groups < 2:
-            problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
-        if topk % chosen or topk // chosen != 2:
-            problems.append(f"n_group={groups}, topk_group={chosen}, num_experts_per_tok={topk}: transformers scores a "
-                            f"group by its top 2 experts, megatron-core by its top num_experts_per_tok / topk_group "
-                            f"({topk} / {chosen}); podium serves group-limited routing only where that is 2")
+    problems += _group_problems(config)
     attention = _attention(config)
     factor = partial_rotary_factor(config, GLM_PARTIAL_ROTARY)
     if attention is not None:
@@ -250,6 +301,8 @@ def layout_problems(config: Mapping[str, Any], layout: ParallelLayout) -> list[s
         problem = attention_tp_problem(*attention, tp)
         if problem:
             problems.append(f"num_attention_heads={attention[0]}, num_key_value_heads={attention[1]}: {problem}")
+    if is_deepseek_v3(config):
+        problems.extend(_mla_problems(config, tp))
     if config.get("model_type") == NEMOTRON_H:
         problems.extend(_mamba_problems(config, tp, cp))
         problems.extend(_pipeline_problems(config, layout.pipeline_model_parallel_size))
@@ -281,12 +334,28 @@ def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[s
         problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
-    if config.get("model_type") == GLM4_MOE and routed:  # GLM: n_shared_experts experts of moe_intermediate_size
+    if (config.get("model_type") == GLM4_MOE or is_deepseek_v3(config)) and routed:
+        # GLM, DeepSeek-V3: n_shared_experts experts of moe_intermediate_size
         count = config.get("n_shared_experts", 1)
         shared = ("moe_intermediate_size × n_shared_experts", routed[1] * int(count)) if count else None
     if shared and shared[1] % tp:
         problems.append(f"{shared[0]}={shared[1]}: TP{tp} must divide the shared expert's MLP, which is split "
                         f"over the attention TP ({shared[1]} / {tp} is not whole)")
+    return problems
+
+
+def _mla_problems(config: Mapping[str, Any], tp: int) -> list[str]:
+    """Multi-latent attention over TP: megatron-core's local MLA splits the latent down-projections'
+    rows over TP (``q_lora_rank``, ``kv_lora_rank + qk_rope_head_dim``) and gathers them."""
+    problems = []
+    q_rank = (_int(config, "q_lora_rank") or ("", 0))[1]
+    kv_rank = (_int(config, "kv_lora_rank") or ("", 0))[1]
+    rope = (_int(config, "qk_rope_head_dim") or ("", 0))[1]
+    if q_rank % tp:
+        problems.append(f"q_lora_rank={q_rank}: TP{tp} must divide the query latent ({q_rank} / {tp} is not whole)")
+    if (kv_rank + rope) % tp:
+        problems.append(f"kv_lora_rank={kv_rank}, qk_rope_head_dim={rope}: TP{tp} must divide the key/value latent "
+                        f"and the rotary key ({kv_rank} + {rope} = {kv_rank + rope}; / {tp} is not whole)")
     return problems
 
 
@@ -358,6 +427,16 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
             line += (f"; EP{ep}·ETP{etp} spans {nodes} nodes ({layout.gpus_per_node} GPUs each): the token "
                      f"all-to-all{moe_layers} crosses the network")
         lines.append(line)
+    if is_deepseek_v3(config) and attention is not None and not _mla_problems(config, tp):
+        q_rank = config.get("q_lora_rank")
+        lines.append(f"attention: multi-latent (kv_lora_rank={config.get('kv_lora_rank')}, q_lora_rank={q_rank}, "
+                     f"{'YaRN' if deepseek_yarn(config) else 'RoPE'} on qk_rope_head_dim="
+                     f"{config.get('qk_rope_head_dim')}); TP{tp} gives each rank {attention[0] // tp} of the "
+                     f"{attention[0]} heads and all-gathers the latents (megatron-core's MLA)")
+    if (block := fp8_block_size(config)) is not None:
+        lines.append(f"weights: fp8 (e4m3) in {block[0]}×{block[1]} blocks with weight_scale_inv, dequantized to "
+                     "the teacher's precision as each rank reads its slices (its GPUs hold the dequantized "
+                     "weights: twice the fp8 bytes in bf16)")
     pp = layout.pipeline_model_parallel_size
     if nemotron and pp > 1 and pattern and not len(pattern) % pp:
         lines.append(_pipeline_stages(pattern, pp))

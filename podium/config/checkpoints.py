@@ -57,6 +57,8 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "MixtralForCausalLM": "llama",  # + routed experts (block_sparse_moe.gate, .experts.E.w1/w3/w2)
     # GLM-4.5/4.6: Llama-style names; sigmoid router with expert bias and groups, shared experts
     "Glm4MoeForCausalLM": "glm4_moe",
+    # DeepSeek-V3 and Kimi K2: multi-latent attention with YaRN; GLM-4.5's routing; MTP layers not read
+    "DeepseekV3ForCausalLM": "deepseek_v3",
     # Gemma 3 text: per-layer sliding window and RoPE base, post-norms, (1 + w) norms, scaled embedding
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (language_model.*); images not served

@@ -17,6 +17,11 @@ builds the final norm                                       (``ssm.mamba_block``
                                                             the re-export changes nothing)
 ``te_general_gemm`` in     undefined without TE (podium's   from 0.17: defined as ``None`` without TE
 ``moe_utils``              ``te_general_gemm`` shim)        (the shim is not needed)
+MLA's ``HAVE_TE``          True without TE (it imports      from 0.17: TransformerEngine's own
+(``multi_latent_attention``) megatron's TE extension, whose ``HAVE_TE`` (podium's ``mla_have_te``
+                           classes are mocks there: the      shim is not needed)
+                           ``isinstance`` on them fails;
+                           podium's ``mla_have_te`` shim)
 Mamba conv parameters      ``mixer.conv1d.{weight,bias}``   0.19: ``mixer.conv1d_weight``,
 (state-dict names)         (an ``nn.Conv1d``)               ``mixer.conv1d_bias`` (direct parameters;
                                                             distributed-checkpoint keys stay
@@ -47,6 +52,7 @@ import re
 from typing import Any
 
 TE_GEMM_NAME_DEFINED = (0, 17)  # moe_utils defines te_general_gemm = None without TransformerEngine
+MLA_HAVE_TE_FIXED = (0, 17)  # multi_latent_attention takes HAVE_TE from the TE extension (False without TE)
 PATTERN_PIPES = (0, 17)  # hybrid_override_pattern -> hybrid_layer_pattern, where '|' marks the PP stages
 HYBRID_RENAMED = (0, 18)  # MambaModel/MambaStack -> HybridModel/HybridStack, models.hybrid package
 CONV1D_PARAMETERS = (0, 19)  # the Mamba mixer's nn.Conv1d -> conv1d_weight/conv1d_bias parameters
@@ -68,7 +74,8 @@ MEGATRON_VERSION: tuple[int, ...] = _installed_version()
 def shims_not_needed() -> frozenset[str]:
     """podium's CPU shims (``cuda_shims``) that this release does not need: they are not applied, and
     ``tests/teacher/test_cuda_shims.py`` checks that their scenario works without them."""
-    return frozenset({"te_general_gemm"}) if MEGATRON_VERSION >= TE_GEMM_NAME_DEFINED else frozenset()
+    fixed = {"te_general_gemm": TE_GEMM_NAME_DEFINED, "mla_have_te": MLA_HAVE_TE_FIXED}
+    return frozenset(name for name, release in fixed.items() if release <= MEGATRON_VERSION)
 
 
 def hybrid_model_class() -> type:

@@ -1,7 +1,8 @@
-"""``podium plan`` of the teacher families added after the first nine: a GLM-4.5-shaped ``config.json``
-is planned and described (its experts over EP, its MoE needs); each checkpoint field podium cannot
-honour is refused at plan time naming the field, and the worker's describer refuses the same
-(one rule: ``podium.config.architecture.field_problems``). Configs only: no weights are read."""
+"""``podium plan`` of the teacher families added after the first nine: GLM-4.5-, Gemma 3-, DeepSeek-V3- and
+Kimi K2-shaped ``config.json`` files are planned and described (experts over EP, MoE, multi-latent
+attention and fp8 needs); a quantization podium cannot read is refused for any family; each checkpoint
+field podium cannot honour is refused at plan time naming the field, and the worker's describer
+refuses the same (one rule: ``podium.config.architecture.field_problems``). Configs only: no weights are read."""
 
 from __future__ import annotations
 
@@ -158,3 +159,96 @@ def test_a_multimodal_gemma3_is_planned_as_its_language_model_with_transformers_
     with pytest.raises(ConfigError, match=re.escape("attn_logit_softcapping=50.0")):  # read in text_config
         require_checkpoints(_plan(capped, {**config, "text_config": {**config["text_config"],
                                                                       "attn_logit_softcapping": 50.0}}))
+
+
+# DeepSeek-V3's config.json as published (transformers 4 field names, its fp8 quantization_config)
+DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "n_shared_experts": 1, "first_k_dense_replace": 3,
+    "moe_layer_freq": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid", "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "max_position_embeddings": 163840, "num_nextn_predict_layers": 1, "attention_bias": False,
+    "tie_word_embeddings": False,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+# Kimi K2: the same architecture under its own model_type and values (one expert group, 384 experts)
+KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "n_routed_experts": 384, "n_group": 1, "topk_group": 1,
+           "num_attention_heads": 64, "num_key_value_heads": 64, "first_k_dense_replace": 1,
+           "routed_scaling_factor": 2.827, "rope_theta": 50000.0,
+           "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0}}
+
+
+@pytest.mark.parametrize("config", [DEEPSEEK_V3, KIMI_K2], ids=["deepseek_v3", "kimi_k2"])
+def test_deepseek_v3_and_kimi_k2_in_fp8_are_planned_and_described(tmp_path: Path, config: dict[str, Any]) -> None:
+    from podium.config.checkpoints import checkpoint_needs
+
+    plan = _plan(tmp_path, config)
+    require_checkpoints(plan)  # nothing refused
+    (teacher,) = plan.teachers
+    needs = " ".join(checkpoint_needs(teacher.model_name, teacher))
+    heads = config["num_attention_heads"]
+    assert f"attention: multi-latent (kv_lora_rank=512, q_lora_rank=1536, YaRN on qk_rope_head_dim=64); TP8 gives " \
+           f"each rank {heads // 8} of the {heads} heads" in needs
+    assert "weights: fp8 (e4m3) in 128×128 blocks with weight_scale_inv, dequantized" in needs
+    assert f"experts: {config['n_routed_experts']} over EP8" in needs
+    desc = describe_hf_config(config)
+    assert (desc.family, desc.is_mla, desc.head_dim, desc.v_head_dim, desc.num_layers) == (
+        "deepseek_v3", True, 192, 128, 61)
+    dense = config["first_k_dense_replace"]
+    assert desc.moe_layers == (False,) * dense + (True,) * (61 - dense)
+    assert desc.rope_scaling is not None and desc.rope_scaling["factor"] == config["rope_scaling"]["factor"]
+    assert (desc.moe_router_num_groups, desc.moe_router_group_topk) == ((8, 4) if config["n_group"] > 1 else (0, 0))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rope_scaling": {"type": "dynamic", "factor": 4.0}},
+     "rope_parameters.rope_type='dynamic': DeepSeek-V3 is mapped with the default RoPE or YaRN"),
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale": 0}},
+     "rope_parameters.mscale=0 with mscale_all_dim=1.0"),
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "truncate": False}}, "rope_parameters.truncate=false"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method='group_limited_greedy': DeepSeek-V3 routes with noaux_tc"),
+    ({"scoring_func": "softmax"}, "scoring_func='softmax': DeepSeek-V3's router is mapped with sigmoid scores only"),
+    ({"norm_topk_prob": False}, "norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights"),
+    ({"moe_layer_freq": 2}, "moe_layer_freq=2: every layer from first_k_dense_replace on is MoE"),
+    ({"attention_bias": True}, "attention_bias=true: megatron-core's MLA projections have no bias"),
+    ({"n_group": 8, "topk_group": 2}, "n_group=8, topk_group=2, num_experts_per_tok=8: transformers scores a group"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}},
+     "quantization_config.quant_method='awq': podium reads unquantized weights and block-scaled fp8"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}},
+     "quantization_config.weight_block_size=None: podium reads fp8 weights scaled per block"),
+    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "fmt": "e5m2"}},
+     "quantization_config.fmt='e5m2': podium reads float8 e4m3 weights only"),
+])
+def test_a_deepseek_field_or_quantization_podium_cannot_honour_is_refused_at_plan_and_by_the_describer(
+        tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    config = {**DEEPSEEK_V3, **change}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        require_checkpoints(_plan(tmp_path, config))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        describe_hf_config(config)
+
+
+def test_a_quantization_podium_cannot_read_is_refused_for_any_family(tmp_path: Path) -> None:
+    config = {**GLM45, "quantization_config": {"quant_method": "gptq", "bits": 4}}
+    with pytest.raises(ConfigError, match=re.escape("quantization_config.quant_method='gptq'")):
+        require_checkpoints(_plan(tmp_path, config))
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128, "hidden_size": 64,
+             "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "quantization_config": {"quant_method": "bitsandbytes"}}
+    with pytest.raises(ValueError, match=re.escape("quantization_config.quant_method='bitsandbytes'")):
+        describe_hf_config(llama)
+
+
+def test_mla_latents_that_tp_cannot_split_are_refused_at_plan(tmp_path: Path) -> None:
+    config = {**DEEPSEEK_V3, "q_lora_rank": 1540, "kv_lora_rank": 500}
+    with pytest.raises(ConfigError) as err:
+        require_checkpoints(_plan(tmp_path, config))
+    assert "q_lora_rank=1540: TP8 must divide the query latent (1540 / 8 is not whole)" in str(err.value)
+    assert "kv_lora_rank=500, qk_rope_head_dim=64: TP8 must divide the key/value latent and the rotary key " \
+           "(500 + 64 = 564; / 8 is not whole)" in str(err.value)

@@ -191,10 +191,10 @@ def _hf_dir(root: Path, name: str, config: dict) -> Path:
 
 
 @pytest.mark.parametrize(("config", "ep", "message"), [
-    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, 1,
-     "architecture 'DeepseekV3ForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
+    ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}, 1,
+     "architecture 'GptOssForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
      "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, "
-     "Glm4MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+     "Glm4MoeForCausalLM, DeepseekV3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
      "GPT2LMHeadModel, NemotronHForCausalLM)"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
      "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),

@@ -12,7 +12,9 @@ Scenarios:
 - ``tied_pp2``: two ranks, PP2 with tied embeddings, model construction (needs ``tied_embedding_cuda``);
 - ``moe_ep2``: two ranks, a Qwen3-MoE-shaped model built as podium builds it (experts split EP2,
   the ``alltoall`` dispatcher), one forward (needs ``te_general_gemm``, ``moe_dtoh_stream``,
-  ``moe_dtoh_sync``).
+  ``moe_dtoh_sync``);
+- ``mla``: one rank, a DeepSeek-V3-shaped model (multi-latent attention) built as podium builds it,
+  one forward (needs ``mla_have_te``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import traceback
 
 from forked_cases import import_shared, run_each
 
-SCENARIOS = ("forward", "save", "tied_pp2", "moe_ep2")
+SCENARIOS = ("forward", "save", "tied_pp2", "moe_ep2", "mla")
 
 
 def _build(pp: int):
@@ -63,8 +65,8 @@ def _rank(rank: int, world: int, store: str, scenario: str, skip: str, out: str)
     from podium.teacher.model.parallel import destroy_parallel, init_parallel
 
     apply_cuda_shims(skip=[skip] if skip else [])
-    if scenario == "moe_ep2":
-        _moe_forward(rank, world, store)
+    if scenario in ("moe_ep2", "mla"):
+        _moe_forward(rank, world, store, MOE_CONFIG if scenario == "moe_ep2" else MLA_CONFIG)
         return
     init_parallel(rank, world, store, {"pipeline_model_parallel_size": world})
     try:
@@ -89,7 +91,18 @@ MOE_CONFIG = {
 }
 
 
-def _moe_forward(rank: int, world: int, store: str) -> None:
+MLA_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "max_position_embeddings": 32,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "mscale": 1.0,
+                     "mscale_all_dim": 1.0},
+}
+
+
+def _moe_forward(rank: int, world: int, store: str, hf_config: dict) -> None:
     import torch
 
     from podium.teacher.model.hf import describe_hf_config
@@ -100,7 +113,7 @@ def _moe_forward(rank: int, world: int, store: str) -> None:
     parallel = {"expert_model_parallel_size": world}
     init_parallel(rank, world, store, parallel)
     try:
-        desc = describe_hf_config(MOE_CONFIG)
+        desc = describe_hf_config(hf_config)
         config = build_transformer_config(desc, parallel, "fp32")
         assert config.moe_token_dispatcher_type == "alltoall", config.moe_token_dispatcher_type
         model = build_gpt_model(desc, config, 64)

@@ -25,9 +25,10 @@ pytestmark = [pytest.mark.megatron]
 
 SCRIPT = Path(__file__).with_name("shim_scenarios.py")
 NEEDED_BY = {"current_device": "forward", "synchronize": "save", "tied_embedding_cuda": "tied_pp2",
-             "te_general_gemm": "moe_ep2", "moe_dtoh_stream": "moe_ep2", "moe_dtoh_sync": "moe_ep2"}
-# What the failure without the shim says (all but one are about CUDA).
-FAILS_WITH = {"te_general_gemm": "te_general_gemm"}
+             "te_general_gemm": "moe_ep2", "moe_dtoh_stream": "moe_ep2", "moe_dtoh_sync": "moe_ep2",
+             "mla_have_te": "mla"}
+# What the failure without the shim says (all but two are about CUDA).
+FAILS_WITH = {"te_general_gemm": "te_general_gemm", "mla_have_te": "isinstance() arg 2 must be a type"}
 
 
 def test_every_shim_has_a_scenario():

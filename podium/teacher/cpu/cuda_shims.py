@@ -27,6 +27,12 @@ new one, fails that test instead of hiding):
     only when TransformerEngine imports: ``NameError`` without TE, *also on a GPU*. The shim defines
     it as ``None`` (the router then uses torch). Applied wherever TE is absent, before megatron-core
     0.17 (which defines it as ``None`` itself; :mod:`podium.teacher.megatron_compat`).
+``mla_have_te``
+    ``multi_latent_attention`` sets ``HAVE_TE`` when it can import megatron's TransformerEngine
+    extension, which imports without TE (its classes are then mocks), and ``MLASelfAttention``'s
+    constructor calls ``isinstance(self.linear_proj, TELinear)`` on such a mock: ``TypeError``, *also
+    on a GPU without TE*. The shim sets the module's ``HAVE_TE`` False where TE is absent, before
+    megatron-core 0.17 (which takes TE's own flag; :mod:`podium.teacher.megatron_compat`).
 ``moe_dtoh_stream``
     Building the ``alltoall`` token dispatcher creates a class-wide ``torch.cuda.Stream()`` for its
     device-to-host copies. The shim sets a placeholder, so none is created.
@@ -47,7 +53,7 @@ from typing import Any
 from podium.teacher.cpu.shims import Shim, ShimSet, cuda_available, mark, module_missing
 from podium.teacher.megatron_compat import shims_not_needed
 
-NO_TE_SHIMS: tuple[str, ...] = ("te_general_gemm",)  # needed wherever TransformerEngine is absent
+NO_TE_SHIMS: tuple[str, ...] = ("te_general_gemm", "mla_have_te")  # needed wherever TransformerEngine is absent
 
 
 def _shim_current_device() -> None:
@@ -97,6 +103,12 @@ def _shim_te_general_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _shim_mla_have_te() -> None:
+    import megatron.core.transformer.multi_latent_attention as mla
+
+    mla.HAVE_TE = False
+
+
 @mark
 class _NoStream:
     """Stands where the ``alltoall`` dispatcher keeps its device-to-host CUDA stream."""
@@ -144,6 +156,7 @@ CUDA_SHIMS = ShimSet("CUDA", [Shim(name, apply, _needed(name)) for name, apply i
     ("synchronize", _shim_synchronize),
     ("tied_embedding_cuda", _shim_tied_embedding_cuda),
     ("te_general_gemm", _shim_te_general_gemm),
+    ("mla_have_te", _shim_mla_have_te),
     ("moe_dtoh_stream", _shim_moe_dtoh_stream),
     ("moe_dtoh_sync", _shim_moe_dtoh_sync),
 )])

@@ -193,13 +193,45 @@ def build_transformer_config(
         kwargs["softmax_scale"] = desc.softmax_scale
     if desc.is_hybrid:
         kwargs.update(hybrid_settings(desc))
+    config_cls: type[TransformerConfig] = TransformerConfig
+    if desc.is_mla:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        config_cls = MLATransformerConfig
+        kwargs.update(mla_settings(desc))
     kwargs.update(config_overrides)
     if desc.is_moe:
         kwargs.update(moe_settings(desc, parallel, config_overrides, where))
     try:
-        return TransformerConfig(**kwargs)
+        return config_cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise ValueError(f"{desc.architecture}: invalid Megatron TransformerConfig ({exc})") from exc
+
+
+def mla_settings(desc: ModelDescription) -> dict[str, Any]:
+    """Multi-latent attention (DeepSeek-V3): ``MLATransformerConfig``'s fields. Its query and key/value
+    latent norms are the spec's q/k layernorms (``qk_layernorm``); RoPE on ``qk_pos_emb_head_dim``
+    of each head, YaRN with DeepSeek's ``mscale``/``mscale_all_dim`` (the softmax scale follows from
+    them: megatron-core's MLA computes it as transformers does) or the plain RoPE."""
+    yarn = desc.rope_scaling if (desc.rope_scaling or {}).get("rope_type") == "yarn" else None
+    settings: dict[str, Any] = dict(
+        multi_latent_attention=True,
+        q_lora_rank=desc.q_lora_rank or None,
+        kv_lora_rank=desc.kv_lora_rank,
+        qk_head_dim=desc.qk_nope_head_dim,
+        qk_pos_emb_head_dim=desc.qk_rope_head_dim,
+        v_head_dim=desc.v_head_dim,
+        qk_layernorm=True,
+        rotary_base=desc.rotary_base,
+        rope_type="yarn" if yarn else "rope",
+        rotary_scaling_factor=1.0,  # YaRN's factor; 1: the softmax scale is 1/sqrt(q head dim)
+    )
+    if yarn:
+        settings.update(rotary_scaling_factor=float(yarn["factor"]),
+                        original_max_position_embeddings=int(yarn["original_max_position_embeddings"]),
+                        beta_fast=float(yarn["beta_fast"]), beta_slow=float(yarn["beta_slow"]),
+                        mscale=float(yarn["mscale"]), mscale_all_dim=float(yarn["mscale_all_dim"]))
+    return settings
 
 
 def hybrid_settings(desc: ModelDescription) -> dict[str, Any]:

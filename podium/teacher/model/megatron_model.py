@@ -46,11 +46,10 @@ def _sdpa_core_attention_cls() -> type:
     class SDPACoreAttention(MegatronModule):
         """Megatron core attention on ``torch.nn.functional.scaled_dot_product_attention``.
 
-        Inputs ``query [sq, b, np, hn]``, ``key/value [sk, b, ng, hn]`` (this rank's heads),
-        output ``[sq, b, np·hn]``. Causal when no mask is given (right padding keeps valid
-        positions exact); GQA without repeating K/V where torch supports it; sliding window from
-        ``config.window_size`` (left, 0) on the layers ``config.window_attn_skip_freq`` says slide
-        (all when it is None). Inference only (no dropout).
+        Inputs ``query``/``key [s, b, heads, k_channels]``, ``value [s, b, heads, v_channels]``
+        (this rank's heads; MLA's value heads are narrower), output ``[sq, b, np·v_channels]``.
+        Causal without a mask (right padding keeps valid positions exact); GQA without repeating
+        K/V where torch can; window ``config.window_size`` on the layers ``window_attn_skip_freq`` says.
         """
 
         def __init__(
@@ -61,6 +60,7 @@ def _sdpa_core_attention_cls() -> type:
             attention_type: str,
             attention_dropout: float | None = None,
             softmax_scale: float | None = None,
+            k_channels: int | None = None, v_channels: int | None = None,  # MLA's q/k and v head dims
             cp_comm_type: str | None = None,
             pg_collection: Any = None,
         ) -> None:
@@ -82,7 +82,7 @@ def _sdpa_core_attention_cls() -> type:
         ) -> torch.Tensor:
             if packed_seq_params is not None or attention_bias is not None:
                 raise NotImplementedError("SDPACoreAttention: packed sequences / attention bias")
-            sq, b, nq, hn = query.shape
+            sq, b, nq, _ = query.shape
             # Views only: the kernel takes strided inputs and writes its output in the query's
             # layout, so the result below is already [s, b, h·d] in memory (copying to a [b, s]
             # layout first cost more than it saved in the kernel).
@@ -112,7 +112,7 @@ def _sdpa_core_attention_cls() -> type:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, **kwargs
             )
-            return out.permute(2, 0, 1, 3).reshape(sq, b, nq * hn)
+            return out.permute(2, 0, 1, 3).reshape(sq, b, nq * v.shape[-1])
 
     return SDPACoreAttention
 

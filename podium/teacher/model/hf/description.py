@@ -1,7 +1,7 @@
 """What podium needs to know about an HF checkpoint's architecture, read from its ``config.json``.
 
-This module owns :class:`ModelDescription` and ``describe_hf_config``, which normalises the config
-of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
+This module owns ``describe_hf_config``, which fills a :class:`.model_description.ModelDescription`
+from the config of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
 
 - ``llama``: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), and the MoE models Qwen3-MoE
   (q/k norm, layer mix by ``decoder_sparse_step`` / ``mlp_only_layers``, ``norm_topk_prob``),
@@ -13,6 +13,13 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   a per-expert bias (``e_score_correction_bias``), optionally among the best ``topk_group`` of
   ``n_group`` expert groups, weights renormalised and scaled by ``routed_scaling_factor``, plus
   ``n_shared_experts`` ungated shared experts; the map is the Llama family's;
+- ``deepseek_v3``: DeepSeek-V3 and Kimi K2 (``DeepseekV3ForCausalLM``): multi-latent attention
+  (queries through a ``q_lora_rank`` bottleneck or projected directly, keys and values from a shared
+  ``kv_lora_rank`` latent, RoPE on ``qk_rope_head_dim`` of each head, stored interleaved unless
+  ``rope_interleave`` is false) with DeepSeek's YaRN (``mscale``/``mscale_all_dim``: the rotary
+  concentration and the softmax scale); the first ``first_k_dense_replace`` layers dense, the rest
+  MoE as GLM-4.5's (sigmoid router with ``e_score_correction_bias``, expert groups,
+  ``routed_scaling_factor``, ``n_shared_experts``);
 - ``gemma3``: Gemma 3 text (``Gemma3ForCausalLM``): sliding-window layers by ``layer_types`` with
   their own RoPE base, global layers with the model's (default or linear), q/k RMSNorm, softmax
   scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
@@ -31,7 +38,6 @@ Anything else is a ``ValueError`` naming the checkpoint, the architecture and th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from podium.config.architecture import (
@@ -41,109 +47,15 @@ from podium.config.architecture import (
     gemma3_layer_types,
     gemma3_rope,
     language_config,
-    partial_rotary_factor,
 )
 from podium.config.checkpoints import ARCHITECTURE_FAMILIES, SUPPORTED_ARCHITECTURES
+from podium.config.rope import deepseek_yarn, partial_rotary_factor
+from podium.teacher.model.hf.model_description import MOE_NAMES, SHARED_EXPERT_NAMES, ModelDescription
 
 # HF architecture name -> family (the one list: config.checkpoints).
 _FAMILIES = ARCHITECTURE_FAMILIES
-# HF names of an MoE layer's router and experts, per architecture: (block prefix, router, expert
-# gate/up/down projections). Its keys are the architectures with routed experts; the MoE map
-# (``moe``) reads the names.
-MOE_NAMES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
-    "Qwen3MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
-    "Qwen2MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
-    "MixtralForCausalLM": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
-    "Glm4MoeForCausalLM": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
-}
-# The shared expert's HF block name (under the MoE block), per architecture that has one.
-SHARED_EXPERT_NAMES: dict[str, str] = {"Qwen2MoeForCausalLM": "shared_expert", "Glm4MoeForCausalLM": "shared_experts"}
 
-
-@dataclass(frozen=True)
-class ModelDescription:
-    """What podium needs to know about a checkpoint's architecture (from its HF config)."""
-
-    architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "gpt2" or "nemotron_h"
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    vocab_size: int
-    max_position_embeddings: int
-    normalization: str  # "RMSNorm" | "LayerNorm"
-    norm_eps: float
-    activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
-    position_embedding_type: str  # "rope" | "learned_absolute" | "none"
-    rotary_base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
-    rotary_percent: float = 1.0  # the share of head_dim RoPE rotates (the first dimensions; GLM: 0.5)
-    qkv_bias: bool = False
-    attn_out_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-    tied_embeddings: bool = False
-    sliding_window: int | None = None
-    # Gemma 3: the layers that slide (empty: all, when ``sliding_window`` is set), their RoPE base
-    # (None: ``rotary_base``), the softmax scale (None: 1/√head_dim), the token embedding's scale,
-    # and a norm after the attention and after the MLP (before each residual add).
-    window_layers: tuple[bool, ...] = ()
-    local_rotary_base: float | None = None
-    softmax_scale: float | None = None
-    embedding_scale: float | None = None
-    post_norms: bool = False
-    # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
-    # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
-    num_experts: int = 0
-    moe_topk: int = 0
-    moe_ffn_hidden_size: int = 0
-    norm_topk_prob: bool = True
-    moe_layers: tuple[bool, ...] = ()
-    # A shared expert on every MoE layer (0: none): its MLP size, and whether a sigmoid gate
-    # (a linear map of the layer input to one value per token) scales its output.
-    moe_shared_ffn_hidden_size: int = 0
-    moe_shared_expert_gate: bool = False
-    # The router: "softmax", or "sigmoid" scores whose top-k are picked after adding a per-expert
-    # bias (``moe_expert_bias``, kept in fp32) and weighed without it; the top-k weights are then
-    # multiplied by ``moe_routed_scaling_factor`` (None: 1). ``moe_latent_size`` > 0: the routed
-    # experts work in a latent space, between two projections of the hidden state.
-    moe_score_function: str = "softmax"
-    moe_expert_bias: bool = False
-    moe_routed_scaling_factor: float | None = None
-    moe_latent_size: int = 0
-    # Group-limited routing (0: none): the experts in ``moe_router_num_groups`` groups, each token
-    # choosing its top-k among the best ``moe_router_group_topk`` groups (GLM-4.5's n_group/topk_group).
-    moe_router_num_groups: int = 0
-    moe_router_group_topk: int = 0
-    # A hybrid model (Nemotron-H): one symbol per layer, ``M`` Mamba-2, ``*`` attention, ``-`` MLP,
-    # ``E`` MoE ("" for a transformer), and the Mamba-2 mixer's shape.
-    hybrid_pattern: str = ""
-    mamba_num_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_num_groups: int = 0
-    mamba_state_dim: int = 0
-    mamba_conv_kernel: int = 0
-    hf_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def is_hybrid(self) -> bool:
-        return bool(self.hybrid_pattern)
-
-    @property
-    def any_linear_bias(self) -> bool:
-        return self.attn_out_bias or self.mlp_bias
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("hf_config")
-        return out
+__all__ = ["MOE_NAMES", "SHARED_EXPERT_NAMES", "ModelDescription", "describe_hf_config"]
 
 
 def _rope(config: Mapping[str, Any], checkpoint: str) -> tuple[float, dict[str, Any] | None]:
@@ -182,6 +94,7 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
             "megatron-bridge to a torch_dist checkpoint"
         )
     family = _FAMILIES[arch]
+    _refused_fields(config, arch, checkpoint)  # a quantization podium cannot read, a field it cannot honour
     return _DESCRIBERS[family](config, arch, family, checkpoint)
 
 
@@ -388,7 +301,6 @@ def _refused_fields(config: Mapping[str, Any], arch: str, checkpoint: str) -> No
 def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """GLM-4.5 / 4.6 (see the module doc). MTP layers (``num_nextn_predict_layers``, stored as
     layers past ``num_hidden_layers``) are not part of the teacher."""
-    _refused_fields(config, arch, checkpoint)
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
@@ -438,7 +350,6 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
 def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """Gemma 3 text (see the module doc); of a multimodal checkpoint, its language model."""
     config = language_config(config)
-    _refused_fields(config, arch, checkpoint)
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
@@ -478,10 +389,70 @@ def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoi
     )
 
 
+def _describe_deepseek_v3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    """DeepSeek-V3 / Kimi K2 (see the module doc). The MTP layers (``num_nextn_predict_layers``,
+    stored as ``model.layers.{num_hidden_layers + i}.*``) are not part of the teacher."""
+    heads = int(config["num_attention_heads"])
+    layers = int(config["num_hidden_layers"])
+    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
+    topk = int(config.get("num_experts_per_tok") or 0)
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    nope, rope = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
+    dense = int(config.get("first_k_dense_replace") or 0)  # then MoE on every layer (moe_layer_freq 1)
+    ffn = int(config["moe_intermediate_size"])
+    groups = int(config.get("n_group") or 1)
+    theta, _ = _rope(config, checkpoint) if deepseek_yarn(config) is None else (_rope_theta(config), None)
+    return ModelDescription(
+        architecture=arch,
+        family=family,
+        num_layers=layers,
+        hidden_size=int(config["hidden_size"]),
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        head_dim=nope + rope,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="swiglu",
+        position_embedding_type="rope",
+        rotary_base=theta,
+        rope_scaling=deepseek_yarn(config),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        moe_topk=topk,
+        moe_ffn_hidden_size=ffn,
+        norm_topk_prob=True,
+        moe_layers=tuple(i >= dense for i in range(layers)),
+        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts") or 0),
+        moe_score_function="sigmoid",
+        moe_expert_bias=True,
+        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        moe_router_num_groups=groups if groups > 1 else 0,
+        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        kv_lora_rank=int(config["kv_lora_rank"]),
+        q_lora_rank=int(config.get("q_lora_rank") or 0),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(config["v_head_dim"]),
+        rope_interleave=bool(config.get("rope_interleave", True)),
+        hf_config=dict(config),
+    )
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float:
+    params = config.get("rope_parameters")
+    inner = params.get("rope_theta") if isinstance(params, Mapping) else None
+    return float(inner if inner is not None else config.get("rope_theta", 10000.0))
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "glm4_moe": _describe_glm4_moe,
+    "deepseek_v3": _describe_deepseek_v3,
     "gemma3": _describe_gemma3,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,

@@ -3,7 +3,9 @@
 This module owns ``load_hf_weights``: for every parameter the rank's model holds, the HF tensor(s)
 it comes from and the rank's slice of them (the family's map, :data:`.registry.WEIGHT_MAPS`; the
 slice arithmetic, :mod:`.slices`), checked against the parameter's shape and copied into it. No
-rank reads a full tensor it only holds part of, nothing is written next to the checkpoint.
+rank reads a full tensor it only holds part of, nothing is written next to the checkpoint. Block-scaled
+fp8 weights (DeepSeek-V3's ``quantization_config``) are dequantized slice by slice as they are read
+(:class:`.safetensors_io.SafetensorsCheckpoint`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from podium.config.quantization import fp8_block_size
 from podium.teacher.model.hf.description import ModelDescription
 from podium.teacher.model.hf.registry import WEIGHT_MAPS
 from podium.teacher.model.hf.safetensors_io import SafetensorsCheckpoint
@@ -48,11 +51,24 @@ def _targets(model: Any) -> list[tuple[str, torch.Tensor]]:
         (n, b) for n, b in model.named_buffers() if b is not None and n.endswith(_CHECKPOINT_BUFFERS)]
 
 
-def _log_skipped(ckpt: SafetensorsCheckpoint, where: str | os.PathLike[str]) -> None:
-    skipped = [n for n in ckpt.names() if n.startswith("mtp.")]
+_HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def mtp_tensors(ckpt: SafetensorsCheckpoint, desc: ModelDescription) -> list[str]:
+    """The checkpoint's multi-token-prediction tensors, which a teacher never reads: Nemotron-H's
+    ``mtp.*``, DeepSeek-V3's and GLM-4.5's layers past ``num_hidden_layers`` (``model.layers.{L}.*``)."""
+    def is_mtp(name: str) -> bool:
+        match = _HF_LAYER_RE.match(name)
+        return name.startswith("mtp.") or (match is not None and int(match.group(1)) >= desc.num_layers)
+
+    return [name for name in ckpt.names() if is_mtp(name)]
+
+
+def _log_skipped(ckpt: SafetensorsCheckpoint, desc: ModelDescription, where: str | os.PathLike[str]) -> None:
+    skipped = mtp_tensors(ckpt, desc)
     if skipped:
-        logger.info("%s: %d multi-token-prediction tensors (mtp.*) not loaded: a teacher does not use them",
-                    where, len(skipped))
+        logger.info("%s: %d multi-token-prediction tensors (mtp.*, layers past num_hidden_layers) not loaded: a "
+                    "teacher does not use them", where, len(skipped))
 
 
 def _source(reader: SliceReader, name: str, layers: dict[int, int],
@@ -103,11 +119,11 @@ def load_hf_weights(
     """
     import torch
 
-    ckpt = SafetensorsCheckpoint(checkpoint)
+    ckpt = SafetensorsCheckpoint(checkpoint, fp8_block=fp8_block_size(desc.hf_config))
     reader = SliceReader(ckpt, desc, layout)
     layers = _global_layer_numbers(model)
     loaded = 0
-    _log_skipped(ckpt, checkpoint)
+    _log_skipped(ckpt, desc, checkpoint)
     with torch.no_grad():
         for name, param in _targets(model):
             tensor = _check(_source(reader, name, layers, checkpoint), param, name, reader, checkpoint)
