@@ -5,7 +5,16 @@ each route in turn: rows of ``--rows`` prompts x ``--tokens`` tokens, top-``--k`
 position. ``openai``: ``POST /v1/completions`` with ``prompt_logprobs: k`` (vLLM's shape, the rank of
 each prompt token included), the answer parsed by ``json.loads``; ``oip``: ``POST /v2/models/m/infer``
 asking ``logprobs``, ``topk_logprobs`` and ``topk_indices`` as binary tensors, decoded by
-podium's codec. The teacher is a stand-in that answers at once (fixed arrays), so what is timed is
+podium's codec.
+
+Support scoring (the teacher's logprobs of ``--k`` ids the caller names at every position, e.g. the
+student's top-k), side by side: ``vllm_support``: vLLM's teacher scoring on ``POST
+/inference/v1/generate`` (``sampling_params.prompt_logprob_token_ids``, one sequence a request as
+vLLM's route takes, every scored row; the answer's base64 ``.npy`` decoded by ``np.load``);
+``oip_support``: ``candidate_ids [B, S, k]`` in, ``candidate_logprobs`` out, binary. ``openai`` is
+the JSON a caller without either sends for the same signal (top-k, not its own support).
+
+The teacher is a stand-in that answers at once (fixed arrays), so what is timed is
 the fronts' own cost: parsing, the JSON answer built on the endpoint's codec threads, the bytes on
 the wire and the caller's parsing. Printed: tokens/s of each route, the ratio, the bytes per token,
 and p50/p99 of a call.
@@ -16,6 +25,8 @@ and p50/p99 of a call.
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import statistics
 import sys
@@ -35,7 +46,15 @@ from bench_common import add_common_args, emit  # noqa: E402
 
 from podium.config.launcher import ServerSettings  # noqa: E402
 from podium.protocol import oip  # noqa: E402
-from podium.protocol.names import OPENAI_COMPLETIONS, TARGET_RANK, TOPK_INDICES, TOPK_LOGPROBS  # noqa: E402
+from podium.protocol.names import (  # noqa: E402
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
+    OPENAI_COMPLETIONS,
+    TARGET_RANK,
+    TOPK_INDICES,
+    TOPK_LOGPROBS,
+    VLLM_TOKEN_GENERATE,
+)
 from podium.teacher.endpoint import EndpointConfig, ServerThread  # noqa: E402
 from podium.teacher.seam import GroupFacts, Liveness  # noqa: E402
 
@@ -56,7 +75,7 @@ class FixedAnswerGroup:
 
     def compute(self, batch: Any, query: Any) -> dict[str, np.ndarray]:
         rows, width, k = batch.rows, batch.width, query.top_k or 1
-        key = (rows, width, k, query.outputs)
+        key = (rows, width, k, query.outputs, batch.candidates)
         if key not in self._cache:
             rng = np.random.default_rng(0)
             out = {"logprobs": -rng.random((rows, width), dtype=np.float32) * 5}
@@ -64,6 +83,8 @@ class FixedAnswerGroup:
             out[TOPK_INDICES] = rng.integers(0, VOCAB, (rows, width, k), dtype=np.int64)
             if TARGET_RANK in query.outputs:
                 out[TARGET_RANK] = rng.integers(1, VOCAB, (rows, width), dtype=np.int64)
+            if CANDIDATE_LOGPROBS in query.outputs:
+                out[CANDIDATE_LOGPROBS] = -rng.random((rows, width, batch.candidates), dtype=np.float32) * 5
             self._cache[key] = {name: out[name] for name in query.outputs}
         return self._cache[key]
 
@@ -90,6 +111,28 @@ def oip_call(session: requests.Session, url: str, ids: np.ndarray, k: int) -> in
     resp.raise_for_status()
     answer = oip.decode_response(resp.content, int(resp.headers[oip.HEADER_LENGTH]))
     assert answer.outputs[TOPK_INDICES].shape == (*ids.shape, k)
+    return len(resp.content)
+
+
+def vllm_support_call(session: requests.Session, url: str, row: list[int], support: list[list[int]]) -> int:
+    body = {"model": "m", "token_ids": row, "sampling_params": {"max_tokens": 1, "prompt_logprob_token_ids": support}}
+    resp = session.post(url + VLLM_TOKEN_GENERATE, json=body, timeout=120)
+    resp.raise_for_status()
+    scores = np.load(io.BytesIO(base64.b64decode(json.loads(resp.content)["prompt_token_id_logprobs"])))
+    assert scores.shape == (len(row) - 1, len(support[0]))
+    return len(resp.content)
+
+
+def oip_support_call(session: requests.Session, url: str, ids: np.ndarray, support: np.ndarray) -> int:
+    lengths = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)
+    chunks, header = oip.encode_request([("input_ids", ids), ("input_lengths", lengths), (CANDIDATE_IDS, support)],
+                                        outputs=[CANDIDATE_LOGPROBS])
+    body = b"".join(bytes(c) for c in chunks)
+    resp = session.post(url + "/v2/models/m/infer", data=body, timeout=120,
+                        headers={oip.HEADER_LENGTH: str(header), "Content-Type": oip.BINARY_CONTENT_TYPE})
+    resp.raise_for_status()
+    answer = oip.decode_response(resp.content, int(resp.headers[oip.HEADER_LENGTH]))
+    assert answer.outputs[CANDIDATE_LOGPROBS].shape == support.shape
     return len(resp.content)
 
 
@@ -135,25 +178,33 @@ def main() -> None:
         args.callers, args.rows, args.tokens, args.seconds = 4, 2, 64, 1.0
     ids = np.random.default_rng(1).integers(0, VOCAB, (args.rows, args.tokens), dtype=np.int64)
     prompts = ids.tolist()
+    support = np.random.default_rng(2).integers(0, VOCAB, (*ids.shape, args.k), dtype=np.int64)  # [B, S, k]
+    row_support = support[0, :-1].tolist()  # vLLM's form: one list per scored row of one sequence
     server = ServerThread(FixedAnswerGroup(), EndpointConfig(
         served_name="m", token=TOKEN, server=ServerSettings(port_range=(24000, 24999), max_top_k=64,
                                                             max_request_tokens=1 << 22)))
     server.start()
     server.set_ready(True)
     try:
-        routes = {"openai": lambda s: openai_call(s, server.url, prompts, args.k),
-                  "oip": lambda s: oip_call(s, server.url, ids, args.k)}
+        whole = args.rows * args.tokens
+        routes = {"openai": (lambda s: openai_call(s, server.url, prompts, args.k), whole),
+                  "oip": (lambda s: oip_call(s, server.url, ids, args.k), whole),
+                  "vllm_support": (lambda s: vllm_support_call(s, server.url, prompts[0], row_support), args.tokens),
+                  "oip_support": (lambda s: oip_support_call(s, server.url, ids, support), whole)}
         result: dict[str, Any] = {"callers": args.callers, "rows": args.rows, "tokens": args.tokens, "k": args.k}
-        for name, call in routes.items():
+        for name, (call, tokens) in routes.items():
             call_once = call  # warm up: the connection, the group's cached arrays
             with requests.Session() as s:
                 s.headers["Authorization"] = f"Bearer {TOKEN}"
                 call_once(s)
             run = drive(call, args.callers, args.seconds)
-            run["tokens_per_s"] = run["calls"] * args.rows * args.tokens / run["seconds"]
-            run["bytes_per_token"] = run["bytes_per_call"] / (args.rows * args.tokens)
+            run["tokens_per_s"] = run["calls"] * tokens / run["seconds"]
+            run["bytes_per_token"] = run["bytes_per_call"] / tokens
             result[name] = run
         result["oip_over_openai"] = result["oip"]["tokens_per_s"] / result["openai"]["tokens_per_s"]
+        result["vllm_support_over_openai"] = result["vllm_support"]["tokens_per_s"] / result["openai"]["tokens_per_s"]
+        result["oip_support_over_vllm_support"] = (result["oip_support"]["tokens_per_s"]
+                                                   / result["vllm_support"]["tokens_per_s"])
     finally:
         server.stop()
     emit(result, args.json)

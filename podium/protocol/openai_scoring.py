@@ -23,7 +23,9 @@ vLLM's token-in ``POST /inference/v1/generate`` (prime-rl's teacher call) is the
 another request shape: :mod:`podium.protocol.vllm_generate`.
 
 Refused (400, naming the field): ``n``/``best_of`` other than 1, ``stream``, ``suffix``, a
-non-empty ``logit_bias`` (it would change the processed logprobs). Sampling fields that cannot
+non-empty ``logit_bias`` (it would change the processed logprobs), vLLM's teacher-scoring fields
+``prompt_logprob_token_ids`` / ``prompt_logprob_start`` (vLLM serves them on its token-in route only;
+ignored, a caller would read a missing matrix). Sampling fields that cannot
 change a prompt's logprobs (``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, penalties...) and
 unknown fields are ignored, as vLLM does.
 """
@@ -41,6 +43,7 @@ from podium.protocol.scoring import (
     FieldError,
     RawJSON,
     RowAnswer,
+    ScoredRows,
     ScoringCall,
     TokenNames,
     dumps,
@@ -51,6 +54,9 @@ from podium.protocol.scoring import (
     token_rows,
 )
 
+# vLLM's teacher scoring (podium.protocol.vllm_generate): not an OpenAI-compatible route's field in
+# vLLM; refused here rather than ignored, so a caller never takes a missing matrix for an answer.
+TOKEN_ID_SCORING_FIELDS = ("prompt_logprob_token_ids", "prompt_logprob_start")
 OPENAI_DEFAULT_MAX_TOKENS = 16  # what an OpenAI completion generates when max_tokens is absent
 REFUSED = {
     "stream": "podium answers whole (no streaming)",
@@ -72,6 +78,7 @@ class CompletionForm:
     return_token_ids: bool
     texts: Sequence[str] | None  # the prompts as sent, when text
     detokenize: bool = True  # vLLM's sampling parameter: false, no token text (decoded_token null)
+    scored_rows: ScoredRows | None = None  # vLLM's prompt_logprob_token_ids (/inference/v1/generate only)
 
 
 def check_max_tokens(value: int, field: str, default: str | None) -> None:
@@ -100,6 +107,10 @@ def parse_completion(body: Any, tokenize: Callable[[str, bool], list[int]] | Non
             raise FieldError(field, why)
     if body.get("logit_bias"):
         raise FieldError("logit_bias", "would change the logprobs podium answers; not supported")
+    for field in TOKEN_ID_SCORING_FIELDS:
+        if body.get(field) is not None:
+            raise FieldError(field, "vLLM's teacher scoring is served on /inference/v1/generate (in its "
+                                    "sampling_params), not on the OpenAI-compatible routes (as vLLM)")
     echo, as_ids, want_ids, special = (_bool(body, name, default) for name, default in (
         ("echo", False), ("return_tokens_as_token_ids", False), ("return_token_ids", False),
         ("add_special_tokens", True)))

@@ -35,6 +35,7 @@ import numpy as np
 
 from podium.protocol.batch import Batch, BatchError, validate_batch
 from podium.protocol.names import (
+    CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
     LOGPROBS,
     TARGET_RANK,
@@ -68,9 +69,14 @@ class ScoringCall:
     rank: bool = False  # the rank of each prompt token (vLLM's prompt-logprob ``rank``)
     next_token: bool = False  # also the most likely token after each prompt
     candidates: Sequence[Sequence[int]] | None = None  # per row: ids scored at every position
+    # Or ids per position: int [B, P, C] (P <= the longest row), next-token alignment (position t: ids
+    # scored against the distribution after token t), -1 a padding entry (computed on id 0; its answer
+    # is the front's to mask); checked against the vocabulary, refusals naming ``candidates_field``.
+    position_candidates: np.ndarray | None = None
     ids_field: str = "prompt"
     top_k_field: str = "logprobs"
     temperature_field: str = TEMPERATURE
+    candidates_field: str = CANDIDATE_IDS
 
     def ask(self, *, vocab_size: int, max_sequence_length: int | None) -> tuple[Batch, Query]:
         """The checked batch and query (a :class:`FieldError` naming the field at fault)."""
@@ -84,6 +90,15 @@ class ScoringCall:
         if self.candidates is not None:
             support = np.asarray(self.candidates, dtype=np.int64)  # [B, C], the same at every position
             cands = np.broadcast_to(support[:, None, :], (len(self.rows), width, support.shape[1]))
+        elif self.position_candidates is not None:
+            given = np.asarray(self.position_candidates, dtype=np.int64)
+            outside = (given < -1) | (given >= vocab_size)
+            if outside.any():
+                b, t, c = (int(x[0]) for x in np.nonzero(outside))
+                raise FieldError(self.candidates_field, f"id {int(given[b, t, c])} is outside the vocabulary "
+                                                        f"(0..{vocab_size - 1}; -1 pads a row)")
+            cands = np.zeros((len(self.rows), width, given.shape[2]), dtype=np.int64)
+            cands[:, :given.shape[1]] = np.maximum(given, 0)
         try:
             batch = validate_batch(ids, lengths, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
                                    candidate_ids=cands)
@@ -118,6 +133,33 @@ class RowAnswer:
     next_logprob: float | None = None
     next_top_ids: np.ndarray | None = None  # [k]
     next_top_logprobs: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """vLLM's teacher scoring (``prompt_logprob_token_ids``): causal rows ``start .. n - 2`` of a
+    prompt of ``n`` tokens, row ``j`` (the distribution after token ``start + j``, the one token
+    ``start + j + 1`` came from) scored at its own candidate ids; ``ids`` int64 ``[n - 1 - start, K]``,
+    -1 padding a shorter row (answered ``-inf``)."""
+
+    start: int
+    ids: np.ndarray
+
+    def position_candidates(self, rows: int = 1) -> np.ndarray:
+        """The ids as :attr:`ScoringCall.position_candidates` ``[rows, start + R, K]`` (the rows
+        before ``start`` unscored: -1)."""
+        out = np.full((rows, self.start + self.ids.shape[0], self.ids.shape[1]), -1, dtype=np.int64)
+        out[:, self.start:] = self.ids
+        return out
+
+    def answer(self, answer: RowAnswer) -> np.ndarray:
+        """The float32 ``[R, K]`` matrix from a row's answer: row ``j`` is the distribution token
+        ``start + j + 1`` came from (:attr:`RowAnswer.candidate_logprobs`' alignment), -inf where padded."""
+        assert answer.candidate_logprobs is not None, "the call asked for candidate logprobs"
+        rows = self.ids.shape[0]
+        scores = np.array(answer.candidate_logprobs[self.start + 1:self.start + 1 + rows], dtype=np.float32)
+        scores[self.ids < 0] = -np.inf
+        return scores
 
 
 def row_answers(call: ScoringCall, outputs: Mapping[str, np.ndarray]) -> list[RowAnswer]:

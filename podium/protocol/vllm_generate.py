@@ -15,6 +15,20 @@ top ``k`` (vLLM's ``Logprob``; the same maps as ``/v1/completions`` writes:
 ``sampling_params.detokenize: false``, as vLLM writes it then). ``choices`` holds one choice whose
 ``token_ids`` is the most likely next token with ``max_tokens: 1`` (none with 0).
 
+**Teacher scoring** (vLLM's "Prompt Token ID Logprobs", ``docs/training/prompt_token_id_logprobs.md``;
+vLLM PRs #54335, #56984): ``sampling_params.prompt_logprob_token_ids``, one candidate list per
+scored causal row (ragged lists padded with ``-1``), and ``prompt_logprob_start`` (default 0), the
+first row scored. There must be exactly ``len(token_ids) - 1 - prompt_logprob_start`` lists; row
+``j`` is the distribution after token ``start + j`` (the one token ``start + j + 1`` came from),
+its columns in the list's order. The answer's top-level ``prompt_token_id_logprobs`` is that
+``[rows, K]`` float32 matrix as a base64 ``.npy`` (``np.load(io.BytesIO(b64decode(...)))``), ``-inf``
+where a row was padded; ``null`` when not asked. One prefill (podium's candidate logprobs, the
+group's ``get_logprobs_on_support``), alongside ``prompt_logprobs`` when both are asked. Refused as
+vLLM refuses them: no non-empty list, an id outside ``-1..V-1``, a row count other than the
+prompt's, ``prompt_logprob_start`` without the lists; the widest list over ``podium.server.max_top_k``
+is a 413 (vLLM's bound is ``--max-logprobs``). ``temperature`` scales these logits as it scales
+``prompt_logprobs`` (podium's rule; vLLM's default ``--logprobs-mode`` answers raw logprobs).
+
 The rules are ``/v1/completions``' (:mod:`podium.protocol.openai_scoring`), with the sampling
 fields inside ``sampling_params`` (named so in errors): ``max_tokens`` 0 or 1 (absent: vLLM's
 default 16, refused), ``n`` / ``best_of`` 1, no ``logit_bias``; ``temperature`` as there. Refused
@@ -24,8 +38,12 @@ logprobs in chat form: podium answers the prompt's), a batch of sequences (vLLM'
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from podium.protocol.oip import brief
 from podium.protocol.openai_scoring import (
@@ -35,9 +53,22 @@ from podium.protocol.openai_scoring import (
     check_one_choice,
     prompt_logprobs_json,
 )
-from podium.protocol.scoring import FieldError, RowAnswer, ScoringCall, TokenNames, dumps, int_field, token_rows
+from podium.protocol.scoring import (
+    FieldError,
+    RowAnswer,
+    ScoredRows,
+    ScoringCall,
+    TokenNames,
+    dumps,
+    int_field,
+    token_rows,
+)
 
 PARAMS = "sampling_params"
+TOKEN_IDS = "prompt_logprob_token_ids"
+START = "prompt_logprob_start"
+ANSWER = "prompt_token_id_logprobs"  # the response's field: base64 of the matrix's .npy
+PAD_ID = -1
 
 
 def parse_token_generate(body: Any) -> CompletionForm:
@@ -74,12 +105,45 @@ def parse_token_generate(body: Any) -> CompletionForm:
     detokenize = params.get("detokenize", True)
     if not isinstance(detokenize, bool):
         raise FieldError(f"{PARAMS}.detokenize", f"must be true or false, got {brief(detokenize)}")
+    scored = scored_rows(params, len(rows[0]))
     call = ScoringCall(rows=rows, top_k=k or 0, temperature=params.get("temperature"), rank=k is not None,
                        next_token=max_tokens == 1, ids_field="token_ids", top_k_field=f"{PARAMS}.prompt_logprobs",
-                       temperature_field=f"{PARAMS}.temperature")
+                       temperature_field=f"{PARAMS}.temperature",
+                       position_candidates=None if scored is None else scored.position_candidates(),
+                       candidates_field=f"{PARAMS}.{TOKEN_IDS}")
     return CompletionForm(call=call, model=model, prompt_logprobs=k, logprobs=None, echo=False,
                           max_tokens=max_tokens, as_ids=False, return_token_ids=False, texts=None,
-                          detokenize=detokenize)
+                          detokenize=detokenize, scored_rows=scored)
+
+
+def scored_rows(params: Mapping[str, Any], prompt_len: int) -> ScoredRows | None:
+    """The teacher-scoring request of ``sampling_params`` (see the module doc), or None: the lists
+    padded with -1 to the widest; a :class:`FieldError` naming the field vLLM would refuse."""
+    field, start_field = f"{PARAMS}.{TOKEN_IDS}", f"{PARAMS}.{START}"
+    value = params.get(TOKEN_IDS)
+    start = int_field(params, START, None, lo=0, named=start_field)
+    if value is None:
+        if start is not None:
+            raise FieldError(start_field, f"needs {field} (the candidate ids of each scored row)")
+        return None
+    start = start or 0
+    if not isinstance(value, list) or not all(isinstance(row, list) for row in value) or all(not r for r in value):
+        raise FieldError(field, "must be a non-empty integer array of shape [num_rows, num_ids]: one list of "
+                                f"candidate ids per scored row, {PAD_ID} padding, got {brief(value)}")
+    expected = max(prompt_len - 1 - start, 0)
+    if len(value) != expected:
+        raise FieldError(field, f"has {len(value)} rows, but the prompt has {expected} scored rows "
+                                f"(prompt_len - 1 - {START} = {prompt_len} - 1 - {start})")
+    ids = np.full((len(value), max(len(row) for row in value)), PAD_ID, dtype=np.int64)
+    for j, row in enumerate(value):
+        bad = next((v for v in row if type(v) is not int), None)  # bool is not an id
+        if bad is not None:
+            raise FieldError(field, f"row {j} holds {brief(bad)}, not a token id (an integer; {PAD_ID} pads a row)")
+        try:
+            ids[j, :len(row)] = row
+        except OverflowError:
+            raise FieldError(field, f"row {j} holds an id outside the vocabulary") from None
+    return ScoredRows(start=start, ids=ids)
 
 
 def _param(params: Mapping[str, Any], field: str, default: int | None, *, bool_as_int: bool = False) -> int | None:
@@ -95,5 +159,13 @@ def token_generate_response(form: CompletionForm, answers: Sequence[RowAnswer], 
         "request_id": request_id,
         "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "token_ids": generated}],
         "prompt_logprobs": prompt_logprobs_json(form, answer, names) if form.prompt_logprobs is not None else None,
+        ANSWER: None if form.scored_rows is None else npy_base64(form.scored_rows.answer(answer)),
         "kv_transfer_params": None,
     })
+
+
+def npy_base64(matrix: np.ndarray) -> str:
+    """``matrix`` as vLLM writes ``prompt_token_id_logprobs``: its ``.npy`` bytes, base64 (ASCII)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(matrix, dtype=np.float32), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

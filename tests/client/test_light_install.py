@@ -75,6 +75,7 @@ import podium.client
 import podium.nemo_rl
 import podium.protocol
 import podium.rendezvous
+import podium.verl
 from podium.nemo_rl import RemoteTeacherWorkerGroup
 
 ids, lengths = np.load(sys.argv[2] + "/batch.npy"), np.load(sys.argv[2] + "/lengths.npy")

@@ -7,6 +7,9 @@ tokenizer), in the shapes trainers send, against the HF ``transformers`` fp32 or
 - vLLM's token-in ``/inference/v1/generate`` as prime-rl sends it (its ``AsyncOpenAI`` client's
   own ``post``, so with the token), at T = 1 and T = 0.7: the top-level ``prompt_logprobs`` and the
   next token;
+- vLLM's teacher scoring on that route (``prompt_logprob_token_ids`` per scored row, ``-1``
+  padding, ``prompt_logprob_start``) through the same client's ``post``: the base64 ``.npy``
+  matrix equals the oracle at each row's own ids, ``-inf`` where padded; its refusals named;
 - SGLang's ``/generate`` as slime sends it (plain aiohttp), input and top logprobs: unscaled at
   T = 0.7 as stock SGLang's, scaled with ``podium_temp_scaled_logprobs``;
 - 401 without the token, a 4xx for generation, ids past the vocabulary and k past max_top_k.
@@ -20,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import openai
 import pytest
 from harness.lifecycle import Teacher
 from harness.run import LLAMA, make_run
 from harness.scoring_oracle import (
+    ATOL,
     check_echo_logprobs,
     check_generate,
     check_prompt_logprobs,
@@ -98,6 +103,87 @@ def test_token_in_generate_as_prime_rl_sends_it(teacher: tuple[Teacher, str], ti
     for answer, row, exp in zip(asyncio.run(both()), PROMPTS, expected, strict=True):
         check_prompt_logprobs(answer["prompt_logprobs"], exp, row, k)
         assert answer["choices"][0]["token_ids"] == [next_token_oracle(tiny_llama_checkpoint, row, temperature)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_teacher_scoring_through_the_openai_clients_post(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path,
+                                                        temperature: float) -> None:
+    """vLLM's "Prompt Token ID Logprobs (Teacher Scoring)": a prompt + response, the student's top-K
+    ids per response position (ragged, ``-1`` padded) from ``prompt_logprob_start = len(prompt) - 1``;
+    ``scores[i, j] = log p(ids[i][j] | prompt + response[:i])`` within 1e-4 of transformers fp32."""
+    import base64
+    import io
+
+    try:
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+
+    served, token = teacher
+    client = openai.AsyncOpenAI(base_url=served.url + OPENAI_BASE, api_key=token, max_retries=0)
+    url = str(client.base_url).rstrip("/").removesuffix(OPENAI_BASE) + VLLM_TOKEN_GENERATE
+    prompt, response = [5, 17, 99], [3, 200, 41, 7, 12]
+    row = prompt + response
+    topk = [[3, 200, 1, 0], [200, -1, -1, -1], [41, 7, 255, 9], [7, 12, -1, -1], [12, 5, 4, 3]]
+    ragged = [[3, 200, 1, 0], [200], [41, 7, 255, 9], [7, 12, -1], [12, 5, 4, 3]]  # padded by the teacher
+
+    async def post(lists: list[list[int]], start: int | None) -> Any:
+        params: dict[str, Any] = {"max_tokens": 1, "temperature": temperature, "prompt_logprob_token_ids": lists}
+        if start is not None:
+            params["prompt_logprob_start"] = start
+        answer = await client.post(url, cast_to=httpx.Response, body={"model": "math", "token_ids": row,
+                                                                      "sampling_params": params})
+        return answer.json()
+
+    async def calls() -> list[Any]:
+        full = [[i % VOCAB, (i * 7) % VOCAB] for i in range(len(row) - 1)]  # start 0 (absent): every row
+        try:
+            return list(await asyncio.gather(post(topk, len(prompt) - 1), post(ragged, len(prompt) - 1),
+                                             post(full, None)))
+        finally:
+            await client.close()
+
+    padded, ragged_answer, whole = asyncio.run(calls())
+    expected = oracle(tiny_llama_checkpoint, [row], temperature)[0]  # [n, V], row i: the distribution of token i
+
+    def check(answer: Any, lists: list[list[int]], start: int) -> None:
+        scores = np.load(io.BytesIO(base64.b64decode(answer["prompt_token_id_logprobs"])))
+        width = max(map(len, lists))
+        assert scores.dtype == np.float32 and scores.shape == (len(row) - 1 - start, width)
+        for i, ids in enumerate(lists):
+            for j in range(width):
+                if j >= len(ids) or ids[j] == -1:
+                    assert scores[i, j] == -np.inf
+                else:
+                    assert abs(float(scores[i, j]) - float(expected[start + i + 1, ids[j]])) < ATOL, (i, j)
+
+    check(padded, topk, len(prompt) - 1)
+    check(ragged_answer, ragged, len(prompt) - 1)
+    check(whole, [[i % VOCAB, (i * 7) % VOCAB] for i in range(len(row) - 1)], 0)
+    assert padded["prompt_logprobs"] is None
+    assert padded["choices"][0]["token_ids"] == [next_token_oracle(tiny_llama_checkpoint, row, temperature)]
+
+
+def test_teacher_scoring_refusals(teacher: tuple[Teacher, str]) -> None:
+    """vLLM's refusals, named: a row count other than the prompt's, an id past the vocabulary, a start
+    without the lists (400); a row wider than max_top_k (413, podium's bound for vLLM's --max-logprobs)."""
+    served, token = teacher
+    row = [5, 17, 99, 3]
+    bad = [({"prompt_logprob_token_ids": [[1], [2]]}, 400, "has 2 rows, but the prompt has 3 scored rows"),
+           ({"prompt_logprob_token_ids": [[1], [VOCAB]], "prompt_logprob_start": 1}, 400, "outside the vocabulary"),
+           ({"prompt_logprob_start": 1}, 400, "needs sampling_params.prompt_logprob_token_ids"),
+           ({"prompt_logprob_token_ids": [list(range(MAX_TOP_K + 1))] * 3}, 413, "podium.server.max_top_k")]
+
+    async def call(params: dict[str, Any]) -> tuple[int, Any]:
+        body = {"token_ids": row, "sampling_params": {"max_tokens": 1, **params}}
+        async with (aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session,
+                    session.post(served.url + VLLM_TOKEN_GENERATE, json=body) as resp):
+            return resp.status, await resp.json()
+
+    for params, status, words in bad:
+        got_status, error = asyncio.run(call(params))
+        assert got_status == status and words in error["error"]["message"], error
+        assert error["error"]["param"].startswith("sampling_params.prompt_logprob_")
 
 
 def test_echo_form_equals_the_oracle(teacher: tuple[Teacher, str], tiny_llama_checkpoint: Path) -> None:

@@ -57,6 +57,7 @@ EXPECTED_SKIPS = sorted([
     ("docs/nemo_rl.md", "needs NeMo RL's trainer (setup, async_grpo_train)"),
     ("docs/nemo_rl.md", "needs NeMo RL's distillation setup"),
     ("docs/nemo_rl.md", "needs NeMo RL's SingleController setup"),
+    ("docs/scoring_fronts.md", "needs verl's trainer"),
 ])
 TEST_SITE = """\
 podium:

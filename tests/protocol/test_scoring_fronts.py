@@ -77,6 +77,8 @@ OK = {"prompt": [1, 2, 3], "max_tokens": 0}
     ({**OK, "prompt_logprobs": -1}, "prompt_logprobs"),
     ({**OK, "prompt_logprobs": "3"}, "prompt_logprobs"),
     ({**OK, "logprobs": -2}, "logprobs"),
+    ({**OK, "prompt_logprob_token_ids": [[1], [2]]}, "prompt_logprob_token_ids"),
+    ({**OK, "prompt_logprob_start": 0}, "prompt_logprob_start"),
     ({**OK, "logprobs": 1.5}, "logprobs"),
 ])
 def test_completion_refusals_name_the_field(body: Any, field: str) -> None:
@@ -222,6 +224,8 @@ def teacher_outputs(call: ScoringCall, k: int, seed: int = 0) -> dict[str, np.nd
            TARGET_RANK: rng.integers(1, VOCAB, (rows, width))}
     if call.candidates is not None:
         out[CANDIDATE_LOGPROBS] = -rng.random((rows, width, len(call.candidates[0])), dtype=np.float32)
+    if call.position_candidates is not None:
+        out[CANDIDATE_LOGPROBS] = -rng.random((rows, width, call.position_candidates.shape[-1]), dtype=np.float32)
     return out
 
 
@@ -403,8 +407,9 @@ def test_token_generate_answers_as_prime_rl_reads_it() -> None:
     outputs = teacher_outputs(form.call, 2)
     answer = json.loads(token_generate_response(form, row_answers(form.call, outputs), TokenNames(None),
                                                 request_id="r1"))
-    assert set(answer) == {"request_id", "choices", "prompt_logprobs", "kv_transfer_params"}
-    assert answer["request_id"] == "r1"
+    assert set(answer) == {"request_id", "choices", "prompt_logprobs", "prompt_token_id_logprobs",
+                           "kv_transfer_params"}
+    assert answer["request_id"] == "r1" and answer["prompt_token_id_logprobs"] is None
     (choice,) = answer["choices"]
     assert choice["token_ids"] == [int(outputs[TOPK_INDICES][0, len(row), 0])]
     got = answer["prompt_logprobs"]
@@ -435,3 +440,70 @@ def test_token_generate_without_detokenize_writes_no_token_text() -> None:
         assert {t: e["logprob"] for t, e in named.items()} == {t: e["logprob"] for t, e in nameless.items()}
     refused(parse_token_generate, {"token_ids": row, "sampling_params": {**params, "detokenize": 0}},
             "sampling_params.detokenize")
+
+
+SCORE = {"token_ids": [5, 9, 2, 7, 11], "sampling_params": {"max_tokens": 1}}
+
+
+def scoring(**params: Any) -> dict[str, Any]:
+    return {**SCORE, "sampling_params": {**SCORE["sampling_params"], **params}}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (scoring(prompt_logprob_start=1), "sampling_params.prompt_logprob_start"),
+    (scoring(prompt_logprob_token_ids=[[1], [2], [3], [4]], prompt_logprob_start=-1),
+     "sampling_params.prompt_logprob_start"),
+    (scoring(prompt_logprob_token_ids=[1, 2, 3, 4]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[], [], [], []]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[1], [2], [3]]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[1], [2]], prompt_logprob_start=1), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[1], [2], [True], [4]]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[1], [2], [3.0], [4]]), "sampling_params.prompt_logprob_token_ids"),
+    (scoring(prompt_logprob_token_ids=[[1], [2], [2**70], [4]]), "sampling_params.prompt_logprob_token_ids"),
+])
+def test_teacher_scoring_refusals_name_the_field(body: Any, field: str) -> None:
+    """vLLM's refusals of ``prompt_logprob_token_ids`` (its Rust frontend's ``LogprobsError``): empty,
+    not ``[rows][ids]`` of integers, a row count other than ``prompt_len - 1 - prompt_logprob_start``,
+    a start without the lists."""
+    refused(parse_token_generate, body, field)
+
+
+@pytest.mark.parametrize("bad", [-2, VOCAB])
+def test_teacher_scoring_ids_outside_the_vocabulary_are_refused(bad: int) -> None:
+    body = scoring(prompt_logprob_token_ids=[[1], [2, -1], [bad], [4]])
+    message = refused(lambda b: checked(parse_token_generate(b)), body, "sampling_params.prompt_logprob_token_ids")
+    assert f"id {bad} is outside the vocabulary" in message and "-1 pads" in message
+
+
+def decode_npy(text: str) -> np.ndarray:
+    """How vLLM's docs read ``prompt_token_id_logprobs``."""
+    import base64
+    import io
+
+    return np.load(io.BytesIO(base64.b64decode(text)))
+
+
+@pytest.mark.parametrize("start", [0, 2])
+def test_teacher_scoring_answers_vllms_matrix(start: int) -> None:
+    """Row ``j`` of the ``[rows, K]`` float32 matrix is the distribution after token ``start + j``
+    (podium's candidate logprobs at next-token position ``start + j``) at that row's own ids, in
+    their order; ``-1`` padding answers ``-inf``; ``prompt_logprobs`` beside it when asked."""
+    row = SCORE["token_ids"]
+    lists = [[3, 1, 4], [1], [5, 9], [2, 6, 5]][start:]
+    form = parse_token_generate(scoring(prompt_logprob_token_ids=lists, prompt_logprob_start=start,
+                                        prompt_logprobs=2))
+    batch, query = checked(form)
+    assert CANDIDATE_LOGPROBS in query.outputs and batch.candidate_ids is not None
+    for j, ids in enumerate(lists):  # asked at next-token position start + j, padding computed on id 0
+        assert batch.candidate_ids[0, start + j].tolist() == [*ids, *[0] * (3 - len(ids))]
+    outputs = teacher_outputs(form.call, 2)
+    answer = json.loads(token_generate_response(form, row_answers(form.call, outputs), TokenNames(None),
+                                                request_id="r"))
+    matrix = decode_npy(answer["prompt_token_id_logprobs"])
+    assert matrix.dtype == np.float32 and matrix.shape == (len(lists), 3)
+    for j, ids in enumerate(lists):
+        assert matrix[j, :len(ids)].tolist() == outputs[CANDIDATE_LOGPROBS][0, start + j, :len(ids)].tolist()
+        assert np.isneginf(matrix[j, len(ids):]).all()
+    assert len(answer["prompt_logprobs"]) == len(row)  # prompt_logprobs as without the lists
+    assert answer["choices"][0]["token_ids"] == [int(outputs[TOPK_INDICES][0, len(row), 0])]

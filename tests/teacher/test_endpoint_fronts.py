@@ -139,6 +139,19 @@ BAD_FIELDS = [
      400, "retrun_logprob"),
     (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2], "sampling_params": {"max_tokens": 3}}, 400,
      "sampling_params.max_tokens"),
+    (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2, 3], "sampling_params": {
+        "max_tokens": 1, "prompt_logprob_token_ids": [[1], [2], [3]]}}, 400,
+     "sampling_params.prompt_logprob_token_ids"),
+    (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2, 3], "sampling_params": {
+        "max_tokens": 1, "prompt_logprob_token_ids": [[1], [VOCAB]]}}, 400,
+     "sampling_params.prompt_logprob_token_ids"),
+    (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2, 3], "sampling_params": {
+        "max_tokens": 1, "prompt_logprob_token_ids": [list(range(9)), [1]]}}, 413,
+     "sampling_params.prompt_logprob_token_ids"),
+    (VLLM_TOKEN_GENERATE, {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1, "prompt_logprob_start": 1}},
+     400, "sampling_params.prompt_logprob_start"),
+    (OPENAI_COMPLETIONS, {"prompt": [1, 2, 3], "max_tokens": 0, "prompt_logprob_token_ids": [[1], [2]]}, 400,
+     "prompt_logprob_token_ids"),
 ]
 
 
@@ -195,6 +208,23 @@ def test_token_in_generate_over_http(server: Any) -> None:
     assert len(got["choices"][0]["token_ids"]) == 1
     bad = post(server, VLLM_TOKEN_GENERATE, {"token_ids": row, "sampling_params": {"prompt_logprobs": 1}})
     assert bad.status_code == 400 and "'sampling_params.max_tokens'" in bad.json()["error"]["message"]
+
+
+def test_teacher_scoring_over_http(server: Any) -> None:
+    """vLLM's teacher scoring on ``/inference/v1/generate``: the group's candidate logprobs (here
+    -id/10) of each row's own ids as the base64 ``.npy`` ``prompt_token_id_logprobs``, -1 padding -inf."""
+    import base64
+    import io
+
+    lists = [[7, 3], [-1, 11], [5]]
+    answer = post(server, VLLM_TOKEN_GENERATE, {"model": "math", "token_ids": [3, 4, 5, 6, 8], "sampling_params": {
+        "max_tokens": 1, "prompt_logprob_token_ids": lists, "prompt_logprob_start": 1}})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    matrix = np.load(io.BytesIO(base64.b64decode(got["prompt_token_id_logprobs"])))
+    expected = np.array([[-0.7, -0.3], [-np.inf, -1.1], [-0.5, -np.inf]], dtype=np.float32)
+    assert matrix.dtype == np.float32 and np.array_equal(matrix, expected)
+    assert got["prompt_logprobs"] is None and len(got["choices"][0]["token_ids"]) == 1
 
 
 def test_text_prompts_through_the_checkpoints_tokenizer(tokenizers: tuple[Any, Any, Any]) -> None:

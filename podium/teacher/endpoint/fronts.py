@@ -29,6 +29,7 @@ from aiohttp import web
 from podium.protocol import oip
 from podium.protocol.batch import Batch, BatchError
 from podium.protocol.names import (
+    CANDIDATE_LOGPROBS,
     OPENAI_COMPLETIONS,
     OPENAI_MODELS,
     PLAIN_HEALTH,
@@ -218,12 +219,21 @@ class ScoringFronts:
     def _checked(self, call: ScoringCall) -> tuple[Batch, Query]:
         """The call's batch and query (the one validation), refused over the endpoint's cost bounds."""
         server = self.server
+        if call.position_candidates is not None:  # vLLM bounds the widest list by --max-logprobs; podium by max_top_k
+            width, most = int(call.position_candidates.shape[-1]), server.config.max_top_k(server.vocab_size)
+            if width > most:
+                raise RequestError(413, f"field {call.candidates_field!r}: a row of {width} candidate ids is over this "
+                                        f"teacher's limit of {most} (podium.server.max_top_k)",
+                                   param=call.candidates_field)
         try:
             batch, query = call.ask(vocab_size=server.vocab_size, max_sequence_length=server.facts.max_sequence_length)
         except BatchError as exc:
             raise RequestError(400, str(exc), param=exc.param) from None
         try:
-            check_cost(server.config, batch, query, dict.fromkeys(query.outputs, False), server.vocab_size)
+            binary = dict.fromkeys(query.outputs, False)  # JSON text, about JSON_BYTES_PER_VALUE a value
+            if call.position_candidates is not None:  # vLLM's teacher scoring: a .npy float32 matrix, base64
+                binary[CANDIDATE_LOGPROBS] = True
+            check_cost(server.config, batch, query, binary, server.vocab_size)
         except RequestError as exc:
             field = call.top_k_field if exc.param == TOP_K else call.ids_field
             raise RequestError(exc.status, f"field {field!r}: {exc.message}", exc.headers, param=field) from None
