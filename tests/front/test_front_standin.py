@@ -1,8 +1,9 @@
 """``podium front`` in front of stand-in teachers (numpy groups behind real podium endpoints and
 lifecycles, records in a real run dir): one fixed URL per alias through a generation change, a
 replica added, the teacher stopped; auth as the teachers take it; bad input. The same front in
-front of the real Megatron teacher: ``test_front_real.py``; on the Slurm cluster:
-``tests/integration/test_front_slurm.py``.
+front of the real Megatron teacher: ``test_front_real.py``; on the Slurm cluster, beside the
+client through a replica's preemption, ``podium scale`` and ``podium down``:
+``tests/integration/test_replicas_slurm.py``.
 """
 
 from __future__ import annotations

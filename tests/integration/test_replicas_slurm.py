@@ -13,9 +13,11 @@ partition ``low``) starts with ``podium.replicas: 2``:
    (same jobs, same generations), the rendezvous lists three and the client calls the new one;
 4. ``podium scale RUN solo 1``: replicas 1 and 2 leave the rendezvous, then stop; the client goes
    on with replica 0;
-5. ``podium down``.
+5. ``podium down``: a call through the front fails at once, with 410 naming the teacher.
 
-The client never sees an error, and every answer equals the oracle's.
+All along, beside the client, a trainer that pins one URL calls SGLang's ``/generate`` through
+``podium front``'s base URL for the alias: the front follows the replicas, the preemption and the
+scaling as the client does. Neither sees an error, and every answer equals the oracle's.
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import requests
+from fixtures.checkpoints import hf_oracle_logprobs
 from harness.cli import podium
 from harness.client_loop import COMEBACK_S
 from harness.faults import RecordWatcher, preempt, serve_with_client
+from harness.front_caller import ROW, Caller
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 
+from podium.front.serve import FrontThread
 from podium.launcher.common.files import TeacherFiles
 from podium.launcher.login.run_dir import known_teachers
 from podium.rendezvous import read_rendezvous
+from podium.rendezvous.token import read_token
 from podium.teacher.endpoint.metrics import summary
 
 
@@ -72,6 +80,10 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
                           slurm={"cpus_per_task": slurm_cluster.cpus_per_node}, teachers={"solo": {"replicas": 2}})
     run_dir = slurm_scratch / "run"
     served = serve_with_client(recipe, run_dir, "solo", tiny_qwen2_checkpoint)
+    token = read_token(run_dir / "auth_token")
+    expected = hf_oracle_logprobs(tiny_qwen2_checkpoint, np.array([ROW]), np.array([len(ROW)])).numpy()[0, 1:]
+    front = FrontThread(run_dir, refresh_s=1.0).start()
+    caller = Caller(f"{front.url}/solo", token, expected).start()
     try:
         # 1. Two replicas, two jobs, both listed and both called.
         replicas = replicas_of(run_dir)
@@ -132,11 +144,21 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
         wait_for(lambda: requests_served(replicas[0]) >= on_zero + 3, "replica 0 answering alone",
                  timeout_s=120, interval_s=SLOW_POLL_S)
         calls = served.assert_client_clean(0)
+        caller.stop()
+        assert caller.errors == [] and caller.answers >= 10, (caller.answers, caller.errors[:3])
+        podium("down", str(run_dir))  # 5. stopped: a call through the front fails at once, naming it
+        gone = requests.post(f"{front.url}/solo/generate", json={"input_ids": ROW, "return_logprob": True},
+                             timeout=120, headers={"Authorization": f"Bearer {token}"})
+        assert gone.status_code == 410, gone.text
+        assert "'solo'" in gone.json()["error"]["message"] and "was stopped at" in gone.json()["error"]["message"]
     finally:
+        caller.stop()
+        front.stop()
         served.client.stop()
         served.watcher.stop()
         podium("down", str(run_dir), check=False)
-    print(json.dumps({"replicas_test": {"calls": calls, "retried": served.client.retries,
+    print(json.dumps({"replicas_test": {"calls": calls, "front_calls": caller.answers,
+                                        "retried": served.client.retries,
                                         "replica1_away_s": round(t_ready - t_stopped, 1)}}))
 
 
