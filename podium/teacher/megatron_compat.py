@@ -31,6 +31,9 @@ pipeline stages (PP > 1)   (0.16); ``MambaStack`` gives     which ``|`` marks th
                            stage p layers                   (``MEM|*-E``); the old name, or a pattern
                            ``[p·L/PP, (p+1)·L/PP)`` of the  without ``|``, is still split that even
                            ``L`` (``|`` is not a symbol)    way, with a logged deprecation
+a layer spec's ``mlp`` (the   a ``ModuleSpec`` (its            0.19: ``functools.partial(MLP.as_mlp_
+local GPT spec)             ``submodules``)                  submodule, submodules=...)`` (0.17, 0.18
+                                                            not read): :func:`mlp_submodules`
 =========================  ===============================  ==========================================
 
 Both split a Nemotron-H pattern the same way: ``L/PP`` consecutive layers per stage (podium needs
@@ -133,3 +136,14 @@ def mamba_conv1d_params() -> dict[str, str]:
     if MEGATRON_VERSION >= CONV1D_PARAMETERS:
         return {"mixer.conv1d_weight": "conv1d.weight", "mixer.conv1d_bias": "conv1d.bias"}
     return {"mixer.conv1d.weight": "conv1d.weight", "mixer.conv1d.bias": "conv1d.bias"}
+
+
+def mlp_submodules(mlp: Any) -> Any:
+    """The ``MLPSubmodules`` of a layer spec's ``mlp``, to change in place: a ``ModuleSpec``'s
+    ``submodules``, or (0.19) the ``submodules`` keyword of the ``functools.partial`` the local
+    GPT spec holds."""
+    import functools
+
+    if isinstance(mlp, functools.partial):
+        return mlp.keywords["submodules"]
+    return mlp.submodules

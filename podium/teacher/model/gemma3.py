@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from podium.teacher.megatron_compat import mlp_submodules
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -97,7 +99,8 @@ def gemma3_layer_spec(spec: Any, local_base: float, sliding: tuple[bool, ...], u
         norm = sub.input_layernorm
     attention = sub.self_attention
     attention.submodules.linear_proj = with_post_norm(attention.submodules.linear_proj, norm)
-    sub.mlp.submodules.linear_fc2 = with_post_norm(sub.mlp.submodules.linear_fc2, norm)
+    mlp = mlp_submodules(sub.mlp)
+    mlp.linear_fc2 = with_post_norm(mlp.linear_fc2, norm)
     attention.module = local_rope_attention_cls(attention.module, local_base, sliding)
     return spec
 
