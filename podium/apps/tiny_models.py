@@ -9,7 +9,9 @@ not renormalised, a gated shared expert), ``mixtral`` (4 experts, top-2), ``gpt2
 odd vocab 101), ``glm4_moe`` (GLM-4.5: partial RoPE, q/k norm, q/k/v bias, a dense first layer,
 8 experts in 2 groups behind a sigmoid router with a non-zero expert bias, a shared expert),
 ``gemma3`` (Gemma 3 text: per-layer sliding window and RoPE base, post-norms, scaled tied
-embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``nemotron_h``
+embedding; ``gemma3_mm`` the same as a multimodal checkpoint's language model), ``gpt_oss``
+(attention sinks, a sliding and a full layer, YaRN, biases everywhere, 4 fused experts behind a
+biased router, a clamped SwiGLU), ``nemotron_h``
 (hybrid ``MEM*-E``: Mamba-2, latent MoE with a shared expert and a non-zero expert bias, attention
 without positions, a squared-ReLU MLP; routing far from uniform).
 
@@ -298,6 +300,33 @@ _BASE_CONFIGS["gemma3_mm"] = (
     ),
 )
 
+# gpt-oss: layer 0 slides (window 4, shorter than the test sequences), layer 1 is global; YaRN
+# stretching 16 positions 4x (the sequences reach past 16), an explicit head_dim (24 != 64 / 4), a
+# SwiGLU limit of 1.5 (7.0 in the published models) so the clamp bites on these small activations.
+_BASE_CONFIGS["gpt_oss"] = (
+    "GptOssConfig",
+    "GptOssForCausalLM",
+    dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16},
+        max_position_embeddings=64,
+        swiglu_limit=1.5,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+)
+
 KINDS: tuple[str, ...] = tuple(_BASE_CONFIGS)
 
 
@@ -354,6 +383,11 @@ def make_tiny_checkpoint(
     _randomise_(model, seed)
     if kind in ("nemotron_h", "glm4_moe"):
         _skew_routing_(model, seed)
+    if kind == "gpt_oss":  # sinks of a few units: each head gives a visible share to its sink
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("self_attn.sinks"):
+                    param.mul_(10.0)
     if config.tie_word_embeddings:
         model.tie_weights()
     path = Path(path)

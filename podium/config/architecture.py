@@ -29,7 +29,14 @@ before it builds the model:
   checkpoint: :func:`language_config`): refused by name where podium's model would differ
   from transformers: attention or final logit softcapping, bidirectional attention, attention
   biases, an activation other than tanh-GELU, a global RoPE other than default/linear or a local
-  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention.
+  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention;
+- gpt-oss (``model_type`` ``gpt_oss``): refused by name where megatron-core's model would differ:
+  a RoPE other than YaRN or default (and YaRN with an explicit ``attention_factor``), a SwiGLU gain
+  (``swiglu_alpha``) other than megatron-core's ``quick_gelu`` 1.702, no attention bias, a layer
+  type other than sliding/full attention;
+- quantized checkpoints (``quantization_config``): podium reads only what it can dequantize as it
+  reads (:data:`READABLE_QUANTIZATION`: gpt-oss's MXFP4 experts); any other ``quant_method`` is
+  refused naming it, and the plan's needs say what a readable one costs.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -56,6 +63,10 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
+GPT_OSS = "gpt_oss"
+GPT_OSS_SWIGLU_ALPHA = 1.702  # megatron-core's quick_gelu gain, fixed in its code
+# model_type -> the quant_methods podium dequantizes as it reads (podium.teacher.model.hf.mxfp4)
+READABLE_QUANTIZATION: dict[str, tuple[str, ...]] = {GPT_OSS: ("mxfp4",)}
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
 # hybrid_override_pattern letters, and transformers' layers_block_type names for them
@@ -152,11 +163,69 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
     """The checkpoint fields podium cannot honour for this model, each named (see the module doc);
     the worker's describer refuses the same."""
     config = language_config(config)
+    problems = quantization_problems(config)
     if config.get("model_type") == GLM4_MOE:
-        return _glm_problems(config)
+        return problems + _glm_problems(config)
     if config.get("model_type") == GEMMA3_TEXT:
-        return _gemma3_problems(config)
-    return []
+        return problems + _gemma3_problems(config)
+    if config.get("model_type") == GPT_OSS:
+        return problems + _gpt_oss_problems(config)
+    return problems
+
+
+def quant_method(config: Mapping[str, Any]) -> str | None:
+    """The checkpoint's ``quantization_config.quant_method`` (None: not quantized)."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    return str(quant.get("quant_method") or "unknown")
+
+
+def quantization_problems(config: Mapping[str, Any]) -> list[str]:
+    """A quantization podium cannot read, with the reason (see :data:`READABLE_QUANTIZATION`)."""
+    method = quant_method(config)
+    if method is None:
+        return []
+    readable = READABLE_QUANTIZATION.get(str(config.get("model_type")), ())
+    if method in readable:
+        return []
+    where = (f"podium dequantizes only {', '.join(readable)} for {config.get('model_type')}" if readable
+             else f"podium reads no quantized {config.get('model_type')} weights")
+    return [f"quantization_config.quant_method={method!r}: {where}; serve a dequantized (bf16/fp32) copy"]
+
+
+def gpt_oss_rope(config: Mapping[str, Any]) -> dict[str, Any]:
+    """gpt-oss's RoPE (``rope_type``, ``rope_theta`` and YaRN's fields): transformers 5's
+    ``rope_parameters`` or 4.x's ``rope_scaling`` + ``rope_theta``, over transformers' defaults (YaRN
+    ×32 of 4096 positions, base 150000)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if not params:
+        params = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                  "original_max_position_embeddings": 4096}
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    params.setdefault("rope_theta", config.get("rope_theta", 150000.0))
+    return params
+
+
+def _gpt_oss_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    rope = gpt_oss_rope(config)
+    if rope["rope_type"] not in ("yarn", "default"):
+        problems.append(f"rope_parameters.rope_type={rope['rope_type']!r}: gpt-oss is mapped with YaRN or the "
+                        "default RoPE only")
+    if rope["rope_type"] == "yarn" and rope.get("attention_factor") is not None:
+        problems.append(f"rope_parameters.attention_factor={rope['attention_factor']}: megatron-core derives YaRN's "
+                        "attention factor from factor/mscale; an explicit one is not served")
+    alpha = config.get("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
+    if float(alpha) != GPT_OSS_SWIGLU_ALPHA:
+        problems.append(f"swiglu_alpha={alpha}: megatron-core's quick_gelu fixes the SwiGLU gain at "
+                        f"{GPT_OSS_SWIGLU_ALPHA}")
+    if not config.get("attention_bias", True):
+        problems.append("attention_bias=false: gpt-oss is mapped with its q/k/v and o_proj biases")
+    unknown = sorted(set(config.get("layer_types") or []) - set(GEMMA3_LAYER_TYPES))
+    if unknown:
+        problems.append(f"layer_types {unknown}: supported: {', '.join(GEMMA3_LAYER_TYPES)}")
+    return problems
 
 
 def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -277,8 +346,10 @@ def _pipeline_problems(config: Mapping[str, Any], pp: int) -> list[str]:
 def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[str]:
     problems = []
     routed = _int(config, "moe_intermediate_size")
+    if config.get("model_type") == GPT_OSS:  # gpt-oss: every expert's MLP is intermediate_size
+        routed = _int(config, "intermediate_size")
     if routed and routed[1] % etp:
-        problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
+        problems.append(f"{routed[0]}={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
     if config.get("model_type") == GLM4_MOE and routed:  # GLM: n_shared_experts experts of moe_intermediate_size
@@ -366,6 +437,11 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
                      "policy.sequence_packing.enabled (the Ultra recipe sets it); podium does not pack: it "
                      f"right-pads each micro-batch to a multiple of 2·CP = {2 * cp} and gives each CP rank its two "
                      "load-balanced chunks, which Megatron's Mamba layers put back in order for the scan")
+    method = quant_method(config)
+    if method in READABLE_QUANTIZATION.get(str(config.get("model_type")), ()):
+        lines.append(f"{method.upper()} experts (quantization_config.quant_method={method!r}): each rank dequantizes "
+                     "its own experts as it reads them, one tensor at a time, to the teacher's precision; in GPU "
+                     "memory they take their dequantized size (bf16: ~3.8x their bytes on disk)")
     return lines
 
 

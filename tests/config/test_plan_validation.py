@@ -194,7 +194,7 @@ def _hf_dir(root: Path, name: str, config: dict) -> Path:
     ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, 1,
      "architecture 'DeepseekV3ForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
      "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, "
-     "Glm4MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+     "Glm4MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM, "
      "GPT2LMHeadModel, NemotronHForCausalLM)"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
      "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),

@@ -18,6 +18,7 @@ of the families podium maps by hand, one describer per family (``_DESCRIBERS``):
   scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
   MLP, the embedding scaled by ``√hidden``, tied embeddings, ``(1 + w)`` norms (the map adds the 1);
   a multimodal checkpoint (``Gemma3ForConditionalGeneration``) is served as its language model;
+- ``gpt_oss``: gpt-oss, sinks, YaRN, fused or MXFP4 experts (described and mapped in :mod:`.gpt_oss`);
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -76,10 +77,10 @@ class ModelDescription:
     max_position_embeddings: int
     normalization: str  # "RMSNorm" | "LayerNorm"
     norm_eps: float
-    activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
-    position_embedding_type: str  # "rope" | "learned_absolute" | "none"
+    activation: str  # "swiglu" | "geglu_tanh" | "quick_geglu" | "gelu_tanh" | "gelu" | "squared_relu"
+    position_embedding_type: str  # "rope" | "yarn" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear", "factor": …}
+    rope_scaling: Mapping[str, Any] | None = None  # {"rope_type": "llama3"|"linear"|"yarn", "factor": …}
     rotary_percent: float = 1.0  # the share of head_dim RoPE rotates (the first dimensions; GLM: 0.5)
     qkv_bias: bool = False
     attn_out_bias: bool = False
@@ -95,6 +96,11 @@ class ModelDescription:
     softmax_scale: float | None = None
     embedding_scale: float | None = None
     post_norms: bool = False
+    # gpt-oss: attention sinks, GLU ``act(gate)·(up + offset)`` clamped ±``activation_clamp``, "mxfp4" experts
+    attention_sinks: bool = False
+    glu_linear_offset: float = 0.0
+    activation_clamp: float | None = None
+    expert_quantization: str | None = None
     # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
     # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
     num_experts: int = 0
@@ -478,11 +484,17 @@ def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoi
     )
 
 
+def _describe_gpt_oss(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    from podium.teacher.model.hf.gpt_oss import describe_gpt_oss  # beside its map (it imports this module)
+    return describe_gpt_oss(config, arch, family, checkpoint)
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "glm4_moe": _describe_glm4_moe,
     "gemma3": _describe_gemma3,
+    "gpt_oss": _describe_gpt_oss,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
 }

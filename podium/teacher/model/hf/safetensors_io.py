@@ -82,5 +82,12 @@ class SafetensorsCheckpoint:
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor
 
+    def read_at(self, name: str, *index: int | slice) -> torch.Tensor:
+        """Read ``name[index]`` for any number of leading dimensions (a fused expert tensor's
+        ``[e, :, cols]``; only those bytes are read from disk)."""
+        tensor = self._slice(name)[index]
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
     def close(self) -> None:
         self._handles.clear()
