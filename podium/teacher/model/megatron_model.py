@@ -49,6 +49,21 @@ def _softmax_offset(config: Any) -> Any:
     return torch.nn.Parameter(torch.zeros(heads, dtype=config.params_dtype))
 
 
+def _sharded_state_dict(module: Any, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+    """The core attention's ``sharded_state_dict`` (``podium convert``): with sinks, megatron's
+    ``DotProductAttention``'s (``softmax_offset`` split over TP along the heads, so a torch_dist
+    checkpoint saved at one TP loads at another); megatron's default otherwise."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    if module.softmax_offset is None:
+        return MegatronModule.sharded_state_dict(module, prefix, sharded_offsets, metadata)
+    return make_sharded_tensors_for_checkpoint(
+        module.state_dict(prefix="", keep_vars=True), prefix, {"softmax_offset": 0}, sharded_offsets,
+        tp_group=parallel_state.get_tensor_model_parallel_group(), dp_cp_group=(metadata or {}).get("dp_cp_group"))
+
+
 def _with_sink(q: Any, k: Any, v: Any, mask: Any, causal: bool, offset: Any) -> tuple[Any, Any, Any, bool]:
     """(K, V, mask, causal) for SDPA with a sink per head: ``exp(offset_h)`` joins each softmax's
     denominator, exactly, as one more key: zero key and value (it takes probability from the real keys
@@ -144,6 +159,7 @@ def _sdpa_core_attention_cls() -> type:
             )
             return out.permute(2, 0, 1, 3).reshape(sq, b, nq * hn)
 
+    SDPACoreAttention.sharded_state_dict = _sharded_state_dict  # megatron saves the sinks split over TP
     return SDPACoreAttention
 
 
