@@ -96,10 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def hf_model_class_and_config(name: str) -> tuple[Any, Any]:
     import transformers
 
-    from podium.apps.tiny_models import _BASE_CONFIGS
+    from podium.apps.tiny_configs import BASE_CONFIGS
 
     kind, overrides = MODELS[name]
-    config_cls, model_cls, base = _BASE_CONFIGS[kind]
+    config_cls, model_cls, base = BASE_CONFIGS[kind]
     config = getattr(transformers, config_cls)(**{**base, **overrides})
     config.architectures = [model_cls]
     return getattr(transformers, model_cls), config

@@ -32,14 +32,19 @@ before it builds the model:
   ``mscale_all_dim`` without ``mscale`` (:func:`deepseek_yarn` says how megatron-core takes the
   rest), ``topk_method`` other than ``noaux_tc``, ``scoring_func`` other than sigmoid,
   ``norm_topk_prob`` false, ``moe_layer_freq`` other than 1, attention biases, GLM-4.5's group rule;
-- quantized checkpoints (any family, :func:`quantization_problems`): podium reads block-scaled fp8
-  (``quant_method: fp8`` with ``weight_block_size``, e4m3, dynamic activations: DeepSeek-V3's and
-  Kimi K2's format), dequantized as read; any other ``quantization_config`` is refused with why;
 - Gemma 3 text (``model_type`` ``gemma3_text``, or the language model of a multimodal ``gemma3``
   checkpoint: :func:`language_config`): refused by name where podium's model would differ
   from transformers: attention or final logit softcapping, bidirectional attention, attention
   biases, an activation other than tanh-GELU, a global RoPE other than default/linear or a local
-  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention.
+  (sliding-layer) RoPE other than default, a layer type other than sliding/full attention;
+- gpt-oss (``model_type`` ``gpt_oss``): refused by name where megatron-core's model would differ:
+  a RoPE other than YaRN or default (and YaRN with an explicit ``attention_factor``), a SwiGLU gain
+  (``swiglu_alpha``) other than megatron-core's ``quick_gelu`` 1.702, no attention bias, a layer
+  type other than sliding/full attention;
+- quantized checkpoints (``quantization_config``, :mod:`podium.config.quantization`): podium reads
+  only what it dequantizes as it reads (block-scaled fp8 as DeepSeek-V3 and Kimi K2 ship it, any
+  family; gpt-oss's MXFP4 experts); any other is refused naming its ``quant_method``, and the
+  plan's needs say what a readable one costs.
 
 :func:`layout_problems` says what cannot work, naming the config key and the arithmetic;
 :func:`architecture_needs` says in words what a layout of this model takes on the cluster (the plan
@@ -52,8 +57,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from podium.config.layout import ParallelLayout
-from podium.config.quantization import fp8_block_size, quantization_problems
-from podium.config.rope import deepseek_yarn, partial_rotary_factor, rope_parameters, rope_type
+from podium.config.quantization import READABLE_QUANTIZATION, fp8_block_size, quant_method, quantization_problems
+from podium.config.rope import deepseek_yarn, gpt_oss_rope, partial_rotary_factor, rope_parameters, rope_type
 
 NEMOTRON_H = "nemotron_h"
 GLM4_MOE = "glm4_moe"
@@ -68,6 +73,8 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
+GPT_OSS = "gpt_oss"
+GPT_OSS_SWIGLU_ALPHA = 1.702  # megatron-core's quick_gelu gain, fixed in its code
 # transformers' Glm4MoeConfig default when a config does not say (its __post_init__)
 GLM_PARTIAL_ROTARY = 0.5
 # DeepSeek-V3's model_type, and Kimi K2's (the same architecture, DeepseekV3ForCausalLM, its own values)
@@ -156,6 +163,8 @@ def field_problems(config: Mapping[str, Any]) -> list[str]:
         problems += _gemma3_problems(config)
     elif is_deepseek_v3(config):
         problems += _deepseek_problems(config)
+    elif config.get("model_type") == GPT_OSS:
+        problems += _gpt_oss_problems(config)
     return problems
 
 
@@ -217,6 +226,27 @@ def _deepseek_problems(config: Mapping[str, Any]) -> list[str]:
     if not _int(config, "kv_lora_rank"):
         problems.append(f"kv_lora_rank={config.get('kv_lora_rank')!r}: DeepSeek-V3 needs multi-latent attention")
     return problems + _group_problems(config)
+
+
+def _gpt_oss_problems(config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    rope = gpt_oss_rope(config)
+    if rope["rope_type"] not in ("yarn", "default"):
+        problems.append(f"rope_parameters.rope_type={rope['rope_type']!r}: gpt-oss is mapped with YaRN or the "
+                        "default RoPE only")
+    if rope["rope_type"] == "yarn" and rope.get("attention_factor") is not None:
+        problems.append(f"rope_parameters.attention_factor={rope['attention_factor']}: megatron-core derives YaRN's "
+                        "attention factor from factor/mscale; an explicit one is not served")
+    alpha = config.get("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
+    if float(alpha) != GPT_OSS_SWIGLU_ALPHA:
+        problems.append(f"swiglu_alpha={alpha}: megatron-core's quick_gelu fixes the SwiGLU gain at "
+                        f"{GPT_OSS_SWIGLU_ALPHA}")
+    if not config.get("attention_bias", True):
+        problems.append("attention_bias=false: gpt-oss is mapped with its q/k/v and o_proj biases")
+    unknown = sorted(set(config.get("layer_types") or []) - set(GEMMA3_LAYER_TYPES))
+    if unknown:
+        problems.append(f"layer_types {unknown}: supported: {', '.join(GEMMA3_LAYER_TYPES)}")
+    return problems
 
 
 def gemma3_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -330,8 +360,10 @@ def _pipeline_problems(config: Mapping[str, Any], pp: int) -> list[str]:
 def _expert_mlp_problems(config: Mapping[str, Any], tp: int, etp: int) -> list[str]:
     problems = []
     routed = _int(config, "moe_intermediate_size")
+    if config.get("model_type") == GPT_OSS:  # gpt-oss: every expert's MLP is intermediate_size
+        routed = _int(config, "intermediate_size")
     if routed and routed[1] % etp:
-        problems.append(f"moe_intermediate_size={routed[1]}: ETP{etp} must divide each routed expert's MLP "
+        problems.append(f"{routed[0]}={routed[1]}: ETP{etp} must divide each routed expert's MLP "
                         f"({routed[1]} / {etp} is not whole)")
     shared = _int(config, "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size")
     if (config.get("model_type") == GLM4_MOE or is_deepseek_v3(config)) and routed:
@@ -445,6 +477,11 @@ def architecture_needs(config: Mapping[str, Any], layout: ParallelLayout) -> lis
                      "policy.sequence_packing.enabled (the Ultra recipe sets it); podium does not pack: it "
                      f"right-pads each micro-batch to a multiple of 2·CP = {2 * cp} and gives each CP rank its two "
                      "load-balanced chunks, which Megatron's Mamba layers put back in order for the scan")
+    method = quant_method(config)
+    if method in READABLE_QUANTIZATION.get(str(config.get("model_type")), ()):
+        lines.append(f"{method.upper()} experts (quantization_config.quant_method={method!r}): each rank dequantizes "
+                     "its own experts as it reads them, one tensor at a time, to the teacher's precision; in GPU "
+                     "memory they take their dequantized size (bf16: ~3.8x their bytes on disk)")
     return lines
 
 

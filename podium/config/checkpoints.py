@@ -62,6 +62,8 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     # Gemma 3 text: per-layer sliding window and RoPE base, post-norms, (1 + w) norms, scaled embedding
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (language_model.*); images not served
+    # gpt-oss: attention sinks, per-layer window, YaRN, biased router and experts (fused, or MXFP4)
+    "GptOssForCausalLM": "gpt_oss",
     "GPT2LMHeadModel": "gpt2",
     "NemotronHForCausalLM": "nemotron_h",  # hybrid Mamba-2 / attention / (latent) MoE layers
 }

@@ -1,12 +1,17 @@
 """Quantized HF checkpoints: which ones podium reads, read from ``config.json``'s ``quantization_config``.
 
 This module owns the rule (no torch: ``plan`` applies it on the login node, the worker's describer
-again): podium reads unquantized weights and block-scaled fp8 as DeepSeek-V3 and Kimi K2 ship it
-(``quant_method: fp8``, ``weight_block_size: [br, bc]``, ``fmt: e4m3``, ``activation_scheme:
-dynamic``; each quantized ``X.weight`` float8 e4m3 beside a float32 ``X.weight_scale_inv`` of
-``[ceil(rows / br), ceil(cols / bc)]``), dequantized as each rank reads its slices
-(:class:`podium.teacher.model.hf.safetensors_io.SafetensorsCheckpoint`); any other quantization is
-refused with why (:func:`quantization_problems`).
+again): podium reads unquantized weights,
+
+- block-scaled fp8 as DeepSeek-V3 and Kimi K2 ship it, any family (``quant_method: fp8``,
+  ``weight_block_size: [br, bc]``, ``fmt: e4m3``, ``activation_scheme: dynamic``; each quantized
+  ``X.weight`` float8 e4m3 beside a float32 ``X.weight_scale_inv`` of ``[ceil(rows / br),
+  ceil(cols / bc)]``), dequantized as each rank reads its slices
+  (:class:`podium.teacher.model.hf.safetensors_io.SafetensorsCheckpoint`);
+- the formats of :data:`READABLE_QUANTIZATION`, for their family only (gpt-oss's MXFP4 experts:
+  :mod:`podium.teacher.model.hf.mxfp4`);
+
+and refuses any other quantization, naming its ``quant_method`` (:func:`quantization_problems`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,19 @@ from typing import Any
 # The one quantized format podium reads (DeepSeek-V3's, Kimi K2's): float8 e4m3 weights, each with
 # a float32 ``weight_scale_inv`` per block of weight_block_size rows × columns, dequantized as read.
 FP8 = "fp8"
+MXFP4 = "mxfp4"
+# model_type -> the quant_methods podium dequantizes as it reads, for that family alone
+READABLE_QUANTIZATION: dict[str, tuple[str, ...]] = {"gpt_oss": (MXFP4,)}
+
+
+def quant_method(config: Mapping[str, Any]) -> str | None:
+    """The checkpoint's ``quantization_config.quant_method`` (None: not quantized)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, Mapping):
+        return str(quant)
+    return str(quant.get("quant_method") or "unknown")
 
 
 def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -34,13 +52,14 @@ def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int] | None:
 def quantization_problems(config: Mapping[str, Any]) -> list[str]:
     """Why podium cannot read a quantized checkpoint's weights (nothing for an unquantized one, or
     for DeepSeek's block-scaled fp8: see :data:`FP8`)."""
-    quant = config.get("quantization_config")
-    if quant is None:
+    method = quant_method(config)
+    if method is None or method in READABLE_QUANTIZATION.get(str(config.get("model_type")), ()):
         return []
-    if not isinstance(quant, Mapping) or quant.get("quant_method") != FP8:
-        method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
-        return [f"quantization_config.quant_method={method!r}: podium reads unquantized weights and block-scaled "
-                f"fp8 ({FP8!r} with weight_block_size, as DeepSeek-V3 ships) only"]
+    if method != FP8:
+        return [f"quantization_config.quant_method={method!r}: podium reads unquantized weights, block-scaled fp8 "
+                f"({FP8!r} with weight_block_size, as DeepSeek-V3 ships) and gpt-oss's {MXFP4!r} experts only; "
+                "serve a dequantized (bf16/fp32) copy"]
+    quant = config["quantization_config"]
     problems = []
     if fp8_block_size(config) is None:
         problems.append(f"quantization_config.weight_block_size={quant.get('weight_block_size')!r}: podium reads "

@@ -54,3 +54,16 @@ def deepseek_yarn(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original,
             "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
             "mscale": float(mscale or 1.0), "mscale_all_dim": float(all_dim)}
+
+
+def gpt_oss_rope(config: Mapping[str, Any]) -> dict[str, Any]:
+    """gpt-oss's RoPE (``rope_type``, ``rope_theta`` and YaRN's fields): transformers 5's
+    ``rope_parameters`` or 4.x's ``rope_scaling`` + ``rope_theta``, over transformers' defaults (YaRN
+    ×32 of 4096 positions, base 150000)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if not params:
+        params = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                  "original_max_position_embeddings": 4096}
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    params.setdefault("rope_theta", config.get("rope_theta", 150000.0))
+    return params

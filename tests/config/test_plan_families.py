@@ -51,7 +51,7 @@ def _plan(tmp_path: Path, config: dict[str, Any]):
     (ckpt / "config.json").write_text(json.dumps(config))
     (ckpt / "model.safetensors").write_bytes(b"")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE.format(ckpt=ckpt, ep=8 if "n_routed_experts" in config else 1))
+    recipe.write_text(RECIPE.format(ckpt=ckpt, ep=8 if {"n_routed_experts", "num_local_experts"} & set(config) else 1))
     return load_plan(recipe)
 
 
@@ -219,7 +219,7 @@ def test_deepseek_v3_and_kimi_k2_in_fp8_are_planned_and_described(tmp_path: Path
     ({"attention_bias": True}, "attention_bias=true: megatron-core's MLA projections have no bias"),
     ({"n_group": 8, "topk_group": 2}, "n_group=8, topk_group=2, num_experts_per_tok=8: transformers scores a group"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
-     "quantization_config.quant_method='awq': podium reads unquantized weights and block-scaled fp8"),
+     "quantization_config.quant_method='awq': podium reads unquantized weights, block-scaled fp8"),
     ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}},
      "quantization_config.weight_block_size=None: podium reads fp8 weights scaled per block"),
     ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "fmt": "e5m2"}},
@@ -228,6 +228,59 @@ def test_deepseek_v3_and_kimi_k2_in_fp8_are_planned_and_described(tmp_path: Path
 def test_a_deepseek_field_or_quantization_podium_cannot_honour_is_refused_at_plan_and_by_the_describer(
         tmp_path: Path, change: dict[str, Any], message: str) -> None:
     config = {**DEEPSEEK_V3, **change}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        require_checkpoints(_plan(tmp_path, config))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        describe_hf_config(config)
+
+
+# gpt-oss-120b's config.json as published (transformers 4 field names; MXFP4 experts)
+GPT_OSS_120B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
+    "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 4096},
+    "swiglu_limit": 7.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+}
+
+
+def test_gpt_oss_120b_is_planned_and_described_with_its_mxfp4_experts(tmp_path: Path) -> None:
+    from podium.config.checkpoints import checkpoint_needs
+
+    plan = _plan(tmp_path, GPT_OSS_120B)
+    require_checkpoints(plan)  # TP8·EP8
+    (teacher,) = plan.teachers
+    needs = " ".join(checkpoint_needs(teacher.model_name, teacher))
+    assert "experts: 128 over EP8 = 16 per rank, top-4" in needs
+    assert "MXFP4 experts (quantization_config.quant_method='mxfp4'): each rank dequantizes its own experts" in needs
+    desc = describe_hf_config(GPT_OSS_120B)
+    assert (desc.family, desc.position_embedding_type, desc.rotary_base, desc.expert_quantization) == (
+        "gpt_oss", "yarn", 150000.0, "mxfp4")
+    assert desc.rope_scaling is not None and desc.rope_scaling["factor"] == 32.0
+    assert desc.rope_scaling["truncate"] is False
+    assert (desc.attention_sinks, desc.glu_linear_offset, desc.activation_clamp) == (True, 1.0, 7.0)
+    assert desc.window_layers == (True, False) * 18 and desc.sliding_window == 128
+    assert (desc.num_experts, desc.moe_topk, desc.moe_ffn_hidden_size) == (128, 4, 2880)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+     "rope_parameters.rope_type='linear': gpt-oss is mapped with YaRN or the default RoPE only"),
+    ({"rope_scaling": {**GPT_OSS_120B["rope_scaling"], "attention_factor": 1.5}},
+     "rope_parameters.attention_factor=1.5: megatron-core derives YaRN's attention factor"),
+    ({"swiglu_alpha": 1.5}, "swiglu_alpha=1.5: megatron-core's quick_gelu fixes the SwiGLU gain at 1.702"),
+    ({"attention_bias": False}, "attention_bias=false: gpt-oss is mapped with its q/k/v and o_proj biases"),
+    ({"layer_types": ["chunked_attention"] * 36}, "layer_types ['chunked_attention']: supported"),
+    ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+     "quantization_config.quant_method='bitsandbytes': podium reads unquantized weights, block-scaled fp8"),
+])
+def test_a_gpt_oss_field_or_quantization_podium_cannot_honour_is_refused_at_plan_and_by_the_describer(
+        tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    config = {**GPT_OSS_120B, **change}
     with pytest.raises(ConfigError, match=re.escape(message)):
         require_checkpoints(_plan(tmp_path, config))
     with pytest.raises(ValueError, match=re.escape(message)):

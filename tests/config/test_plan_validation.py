@@ -191,10 +191,11 @@ def _hf_dir(root: Path, name: str, config: dict) -> Path:
 
 
 @pytest.mark.parametrize(("config", "ep", "message"), [
-    ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}, 1,
-     "architecture 'GptOssForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
+    ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}, 1,
+     "architecture 'Qwen3NextForCausalLM' is not supported (podium loads LlamaForCausalLM, MistralForCausalLM, "
      "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, "
      "Glm4MoeForCausalLM, DeepseekV3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+     "GptOssForCausalLM, "
      "GPT2LMHeadModel, NemotronHForCausalLM)"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 6}, 4,
      "6 experts cannot be split over EP4 (6 / 4 is not a whole number per rank); choose an EP that divides 6"),

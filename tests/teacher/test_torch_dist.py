@@ -1,5 +1,6 @@
 """torch_dist checkpoints: ``convert_hf_to_torch_dist`` output, loaded at other layouts (resharding),
-dense (TP/PP) and MoE (experts saved at EP2, loaded at EP1 split over expert-TP).
+dense (TP/PP), MoE (experts saved at EP2, loaded at EP1 split over expert-TP) and gpt-oss's
+attention sinks (saved at TP2, loaded at TP1).
 
 Converts run in a subprocess (``dist_checkpointing.save`` starts spawned processes and a process
 group; the test process stays clean).
@@ -118,6 +119,17 @@ def test_moe_saved_at_ep2_loads_with_every_expert_split_over_tp2(ray_cluster, co
         diff = float((out["logprobs"] - expected).abs().max())
         print(f"max abs diff vs HF {diff:.3g}")
         assert diff <= 1e-5
+
+
+@pytest.mark.ray
+def test_gpt_oss_sinks_saved_at_tp2_load_at_tp1(ray_cluster, tiny_gpt_oss_checkpoint, tmp_path):
+    """gpt-oss's attention sinks (podium's SDPA core attention's ``softmax_offset``) are saved split
+    over TP along the heads, as megatron's own attention saves them: converted at TP2, served at TP1
+    (without that, the TP1 load fails: the checkpoint holds one rank's half)."""
+    dst = tmp_path / "gpt_oss_tp2"
+    run_convert(tiny_gpt_oss_checkpoint, dst, tp=2)
+    for group in start_group(dst):
+        assert_matches_oracle(group, tiny_gpt_oss_checkpoint, ragged_batch(VOCAB, seed=83), top_k=3)
 
 
 def test_convert_refuses_existing_destination_and_non_hf_sources(converted_tp1, tiny_llama_checkpoint, tmp_path):

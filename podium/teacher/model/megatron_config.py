@@ -119,6 +119,10 @@ def _activation(desc: ModelDescription) -> tuple[Any, bool]:
         return F.silu, True
     if desc.activation in ("gelu_tanh", "geglu_tanh"):  # GPT-2's; Gemma's gated
         return functools.partial(F.gelu, approximate="tanh"), desc.activation == "geglu_tanh"
+    if desc.activation == "quick_geglu":  # gpt-oss: x·σ(1.702x) of the gate (clamped: the config's)
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        return quick_gelu, True
     if desc.activation == "squared_relu":
         from megatron.core.activations import squared_relu
 
@@ -140,13 +144,7 @@ def build_transformer_config(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config_overrides, _ = split_overrides(overrides or {}, where)
-    # Parallel sizes come from the spec; an override may repeat them but not contradict them.
-    for key in PARALLEL_SIZES:
-        if key in config_overrides and int(config_overrides[key]) != int(parallel.get(key, 1)):
-            raise ValueError(
-                f"{where}: {key}={config_overrides[key]} contradicts the planned layout "
-                f"({key}={parallel.get(key, 1)}); set it in the teacher's parallel sizes instead"
-            )
+    _check_parallel_overrides(config_overrides, parallel, where)
     check_model_layout(desc, parallel)
     dtype = torch_dtype(precision)
     activation, gated = _activation(desc)
@@ -185,12 +183,8 @@ def build_transformer_config(
         perform_initialization=False,  # weights come from the checkpoint
         **{key: int(parallel.get(key, 1)) for key in PARALLEL_SIZES},
     )
-    if desc.sliding_window:
-        kwargs["window_size"] = (desc.sliding_window - 1, 0)
-        if desc.window_layers:  # Gemma 3: only these layers slide (megatron: 1 = windowed)
-            kwargs["window_attn_skip_freq"] = [int(w) for w in desc.window_layers]
-    if desc.softmax_scale is not None:
-        kwargs["softmax_scale"] = desc.softmax_scale
+    kwargs.update(window_settings(desc))
+    kwargs.update(sink_and_glu_settings(desc))
     if desc.is_hybrid:
         kwargs.update(hybrid_settings(desc))
     config_cls: type[TransformerConfig] = TransformerConfig
@@ -203,9 +197,65 @@ def build_transformer_config(
     if desc.is_moe:
         kwargs.update(moe_settings(desc, parallel, config_overrides, where))
     try:
-        return config_cls(**kwargs)
+        config = config_cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise ValueError(f"{desc.architecture}: invalid Megatron TransformerConfig ({exc})") from exc
+    if desc.position_embedding_type == "yarn":
+        set_yarn(config, desc.rope_scaling or {})
+    return config
+
+
+def _check_parallel_overrides(config_overrides: Mapping[str, Any], parallel: Mapping[str, int], where: str) -> None:
+    """Parallel sizes come from the spec; an override may repeat them but not contradict them."""
+    for key in PARALLEL_SIZES:
+        if key in config_overrides and int(config_overrides[key]) != int(parallel.get(key, 1)):
+            raise ValueError(
+                f"{where}: {key}={config_overrides[key]} contradicts the planned layout "
+                f"({key}={parallel.get(key, 1)}); set it in the teacher's parallel sizes instead"
+            )
+
+
+def window_settings(desc: ModelDescription) -> dict[str, Any]:
+    """The sliding window (on every layer, or on Gemma 3's and gpt-oss's sliding layers only) and
+    an explicit softmax scale; nothing for a model without them."""
+    settings: dict[str, Any] = {}
+    if desc.sliding_window:
+        settings["window_size"] = (desc.sliding_window - 1, 0)
+        if desc.window_layers:  # only these layers slide (megatron: 1 = windowed)
+            settings["window_attn_skip_freq"] = [int(w) for w in desc.window_layers]
+    if desc.softmax_scale is not None:
+        settings["softmax_scale"] = desc.softmax_scale
+    return settings
+
+
+def sink_and_glu_settings(desc: ModelDescription) -> dict[str, Any]:
+    """gpt-oss: attention sinks (a learnt offset per head in each softmax's denominator) and the GLU
+    ``act(clamp(gate)) · (clamp(up) + glu_linear_offset)``; nothing for the other families."""
+    settings: dict[str, Any] = {}
+    if desc.attention_sinks:
+        settings["softmax_type"] = "learnable"
+    if desc.glu_linear_offset:
+        settings["glu_linear_offset"] = desc.glu_linear_offset
+    if desc.activation_clamp is not None:
+        settings["activation_func_clamp_value"] = desc.activation_clamp
+    return settings
+
+
+def set_yarn(config: Any, scaling: Mapping[str, Any]) -> None:
+    """YaRN's fields on ``config``: megatron-core's ``GPTModel`` reads them (``yarn_*``) from its config
+    by name and its attention scales cos/sin by the attention factor they give, but megatron-core 0.16's
+    ``TransformerConfig`` declares none of them (Megatron-Bridge's providers add them the same way).
+    transformers' attention factor is ``0.1·ln(factor) + 1`` unless both ``mscale`` and
+    ``mscale_all_dim`` are set (their ratio): megatron-core's rule with both None, or both given;
+    ``truncate`` is megatron-core's ``correction_range_round_to_int``."""
+    both = bool(scaling.get("mscale")) and bool(scaling.get("mscale_all_dim"))
+    config.yarn_rotary_scaling_factor = float(scaling["factor"])
+    config.yarn_original_max_position_embeddings = int(scaling["original_max_position_embeddings"])
+    config.yarn_beta_fast = float(scaling.get("beta_fast") or 32.0)
+    config.yarn_beta_slow = float(scaling.get("beta_slow") or 1.0)
+    config.yarn_mscale = float(scaling["mscale"]) if both else None
+    config.yarn_mscale_all_dim = float(scaling["mscale_all_dim"]) if both else None
+    config.yarn_correction_range_round_to_int = bool(scaling.get("truncate", True))
 
 
 def mla_settings(desc: ModelDescription) -> dict[str, Any]:

@@ -5,7 +5,7 @@ This module owns the inference-only ``GPTModel`` of one rank (its ``TransformerC
 
 - the TransformerEngine layer spec when TE is importable on a CUDA machine, the local spec
   otherwise, with the core attention replaced by ``SDPACoreAttention`` (PyTorch's
-  ``scaled_dot_product_attention``: causal, GQA, optional sliding window);
+  ``scaled_dot_product_attention``: causal, GQA, optional sliding window, gpt-oss's attention sinks);
 - on the local spec, the inference patches of ``megatron_patches`` (RoPE, SwiGLU);
 - Gemma 3's post-norms, local RoPE and embedding scale (:mod:`.gemma3`);
 - RoPE base, scaling and rotary share (GLM: half the head) from the architecture, pre/post process
@@ -35,6 +35,55 @@ def _slides(config: Any, layer_number: int) -> bool:
     return bool(skip[layer_number - 1]) if isinstance(skip, list) else layer_number % skip != 0
 
 
+def _softmax_offset(config: Any) -> Any:
+    """gpt-oss's attention sinks (``config.softmax_type == "learnable"``): a parameter
+    ``softmax_offset`` of this rank's heads, as megatron's ``DotProductAttention`` holds it (TP splits
+    it with the heads); None for megatron's plain softmax."""
+    import torch
+
+    if config.softmax_type == "vanilla":
+        return None
+    if config.softmax_type != "learnable":
+        raise NotImplementedError(f"SDPACoreAttention: softmax_type={config.softmax_type!r}")
+    heads = config.num_attention_heads // config.tensor_model_parallel_size
+    return torch.nn.Parameter(torch.zeros(heads, dtype=config.params_dtype))
+
+
+def _sharded_state_dict(module: Any, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+    """The core attention's ``sharded_state_dict`` (``podium convert``): with sinks, megatron's
+    ``DotProductAttention``'s (``softmax_offset`` split over TP along the heads, so a torch_dist
+    checkpoint saved at one TP loads at another); megatron's default otherwise."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    if module.softmax_offset is None:
+        return MegatronModule.sharded_state_dict(module, prefix, sharded_offsets, metadata)
+    return make_sharded_tensors_for_checkpoint(
+        module.state_dict(prefix="", keep_vars=True), prefix, {"softmax_offset": 0}, sharded_offsets,
+        tp_group=parallel_state.get_tensor_model_parallel_group(), dp_cp_group=(metadata or {}).get("dp_cp_group"))
+
+
+def _with_sink(q: Any, k: Any, v: Any, mask: Any, causal: bool, offset: Any) -> tuple[Any, Any, Any, bool]:
+    """(K, V, mask, causal) for SDPA with a sink per head: ``exp(offset_h)`` joins each softmax's
+    denominator, exactly, as one more key: zero key and value (it takes probability from the real keys
+    and adds nothing to the output), its logit the head's offset, the last column of an additive float
+    mask ``[1 or b, heads, sq, sk + 1]`` that is -inf where ``mask`` (True: attend) or causality masks."""
+    import torch
+
+    sq, sk = q.shape[2], k.shape[2]
+    if mask is None:
+        i = torch.arange(sq, device=q.device)[:, None]  # causal as SDPA's is_causal: j <= i
+        mask = (torch.arange(sk, device=q.device)[None, :] <= i) if causal else torch.ones(
+            sq, sk, dtype=torch.bool, device=q.device)
+    allowed = mask if mask.dim() == 4 else mask[None, None]
+    scores = torch.zeros(allowed.shape[0], q.shape[1], sq, sk + 1, dtype=q.dtype, device=q.device)
+    scores[..., :sk].masked_fill_(~allowed, float("-inf"))
+    scores[..., sk] = offset.to(q.dtype)[None, :, None]
+    zero = torch.zeros_like(k[:, :, :1])
+    return torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2), scores, False
+
+
 def _sdpa_core_attention_cls() -> type:
     """The ``SDPACoreAttention`` class (defined on first use: megatron is imported lazily)."""
     import torch
@@ -48,27 +97,23 @@ def _sdpa_core_attention_cls() -> type:
 
         Inputs ``query``/``key [s, b, heads, k_channels]``, ``value [s, b, heads, v_channels]``
         (this rank's heads; MLA's value heads are narrower), output ``[sq, b, np·v_channels]``.
-        Causal without a mask (right padding keeps valid positions exact); GQA without repeating
-        K/V where torch can; window ``config.window_size`` on the layers ``window_attn_skip_freq`` says.
+        Causal when no mask is given (right padding keeps valid positions exact); GQA without
+        repeating K/V where torch supports it; sliding window from ``config.window_size`` (left, 0)
+        on the layers ``config.window_attn_skip_freq`` says slide (all when it is None). Inference
+        only (no dropout). gpt-oss's attention sinks (``softmax_type="learnable"``):
+        :func:`_softmax_offset`, :func:`_with_sink`.
         """
 
-        def __init__(
-            self,
-            config: Any,
-            layer_number: int,
-            attn_mask_type: Any,
-            attention_type: str,
-            attention_dropout: float | None = None,
-            softmax_scale: float | None = None,
-            k_channels: int | None = None, v_channels: int | None = None,  # MLA's q/k and v head dims
-            cp_comm_type: str | None = None,
-            pg_collection: Any = None,
-        ) -> None:
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
+                     attention_dropout: float | None = None, softmax_scale: float | None = None,
+                     k_channels: int | None = None, v_channels: int | None = None,  # MLA's q/k and v head dims
+                     cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
             super().__init__(config=config)
             if config.context_parallel_size > 1:
                 raise ValueError("context parallelism needs TransformerEngine's attention (CP > 1 on the local spec)")
             self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
             self.window = config.window_size if _slides(config, layer_number) else None
+            self.softmax_offset = _softmax_offset(config)
 
         def forward(
             self,
@@ -109,11 +154,14 @@ def _sdpa_core_attention_cls() -> type:
                 j = torch.arange(sk, device=q.device)[None, :]
                 mask = (j <= i) & (i - j <= self.window[0])
                 causal = False
+            if self.softmax_offset is not None:
+                k, v, mask, causal = _with_sink(q, k, v, mask, causal, self.softmax_offset)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, **kwargs
             )
             return out.permute(2, 0, 1, 3).reshape(sq, b, nq * v.shape[-1])
 
+    SDPACoreAttention.sharded_state_dict = _sharded_state_dict  # megatron saves the sinks split over TP
     return SDPACoreAttention
 
 
@@ -161,7 +209,7 @@ def build_gpt_model(
     if not use_te and desc.position_embedding_type == "rope":
         install_fast_rotary()
     kwargs: dict[str, Any] = {}
-    if desc.position_embedding_type == "rope":
+    if desc.position_embedding_type in ("rope", "yarn"):  # yarn: its fields on the config (set_yarn)
         kwargs.update(rotary_base=desc.rotary_base, rotary_percent=desc.rotary_percent)
         scaling = desc.rope_scaling or {}
         if scaling.get("rope_type") == "llama3":

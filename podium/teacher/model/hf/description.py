@@ -25,6 +25,7 @@ from the config of the families podium maps by hand, one describer per family (`
   scale ``query_pre_attn_scalar^-0.5``, gated tanh-GELU, a norm after the attention and after the
   MLP, the embedding scaled by ``√hidden``, tied embeddings, ``(1 + w)`` norms (the map adds the 1);
   a multimodal checkpoint (``Gemma3ForConditionalGeneration``) is served as its language model;
+- ``gpt_oss``: gpt-oss, sinks, YaRN, fused or MXFP4 experts (described and mapped in :mod:`.gpt_oss`);
 - ``gpt2``: GPT-2;
 - ``nemotron_h``: Nemotron-H / Nemotron 3, hybrid layers by ``hybrid_override_pattern`` (or
   transformers' ``layers_block_type``): Mamba-2 mixers, attention without positions, squared-ReLU
@@ -448,12 +449,18 @@ def _rope_theta(config: Mapping[str, Any]) -> float:
     return float(inner if inner is not None else config.get("rope_theta", 10000.0))
 
 
+def _describe_gpt_oss(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
+    from podium.teacher.model.hf.gpt_oss import describe_gpt_oss  # beside its map (it imports this module)
+    return describe_gpt_oss(config, arch, family, checkpoint)
+
+
 # Family (``ARCHITECTURE_FAMILIES``' values) -> its describer.
 _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], str, str, str], ModelDescription]] = {
     "llama": _describe_llama,
     "glm4_moe": _describe_glm4_moe,
     "deepseek_v3": _describe_deepseek_v3,
     "gemma3": _describe_gemma3,
+    "gpt_oss": _describe_gpt_oss,
     "gpt2": _describe_gpt2,
     "nemotron_h": _describe_nemotron_h,
 }

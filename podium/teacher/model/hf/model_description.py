@@ -28,7 +28,8 @@ class ModelDescription:
     """What podium needs to know about a checkpoint's architecture (from its HF config)."""
 
     architecture: str
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "deepseek_v3", "gemma3", "gpt2", "nemotron_h"
+    # "llama" (Llama/Mistral/Qwen2/Qwen3), "glm4_moe", "deepseek_v3", "gemma3", "gpt_oss", "gpt2", "nemotron_h"
+    family: str
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -39,7 +40,7 @@ class ModelDescription:
     max_position_embeddings: int
     normalization: str  # "RMSNorm" | "LayerNorm"
     norm_eps: float
-    activation: str  # "swiglu" | "geglu_tanh" | "gelu_tanh" | "gelu" | "squared_relu"
+    activation: str  # "swiglu" | "geglu_tanh" | "quick_geglu" | "gelu_tanh" | "gelu" | "squared_relu"
     position_embedding_type: str  # "rope" | "learned_absolute" | "none"
     rotary_base: float = 10000.0
     # {"rope_type": "llama3"|"linear", "factor": …}; DeepSeek's {"rope_type": "yarn", "factor",
@@ -60,6 +61,11 @@ class ModelDescription:
     softmax_scale: float | None = None
     embedding_scale: float | None = None
     post_norms: bool = False
+    # gpt-oss: attention sinks, GLU ``act(gate)·(up + offset)`` clamped ±``activation_clamp``, "mxfp4" experts
+    attention_sinks: bool = False
+    glu_linear_offset: float = 0.0
+    activation_clamp: float | None = None
+    expert_quantization: str | None = None
     # Routed experts (0: a dense model). ``moe_layers[i]``: layer i is an MoE layer (else dense,
     # ``ffn_hidden_size``); ``norm_topk_prob``: the top-k weights are renormalised to sum to 1.
     num_experts: int = 0

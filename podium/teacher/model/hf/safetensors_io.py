@@ -117,5 +117,12 @@ class SafetensorsCheckpoint:
         scale = scale[r0 - (r0 // br) * br:, c0 - (c0 // bc) * bc:][: r1 - r0, : c1 - c0]
         return weight.float() * scale
 
+    def read_at(self, name: str, *index: int | slice) -> torch.Tensor:
+        """Read ``name[index]`` for any number of leading dimensions (a fused expert tensor's
+        ``[e, :, cols]``; only those bytes are read from disk)."""
+        tensor = self._slice(name)[index]
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
     def close(self) -> None:
         self._handles.clear()
