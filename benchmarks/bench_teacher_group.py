@@ -192,7 +192,7 @@ def main() -> None:
             "hf_s": [round(t, 3) for t in hf_times],
             "max_abs_diff": float((out["logprobs"] - ref).abs().max()),
         }
-        result["watch"] = _watch_cost(tp1, batch, tokens, max(args.reps, 5))
+        result["watch"] = _watch_cost(tp1, batch, tokens, max(args.reps, 30 if args.quick else 5))  # ms calls: more
         mem_rows += _memory_row(tp1, "TP1 after calls")
         tp1.shutdown()
         del hf
