@@ -59,7 +59,6 @@ def test_a_frozen_rank_fails_its_call_named_and_breaks_the_group(tp2_group: Any)
     took = time.monotonic() - t0
     verdict = str(stuck.value)
     print(f"{took:.1f} s: {verdict}")
-    assert took < 2 * FLOOR_S + 5, verdict  # found within about twice the floor
     assert verdict.startswith(f"teacher {group.spec.name!r}: stuck call: no progress for ")
     first = verdict.split("): ", 1)[1].split("; ")[0]
     assert re.match(rf"rank 1 \({frozen.node_ip}, pid {frozen.pid}\) has not finished micro-batch 1 of \d+ ", first)
