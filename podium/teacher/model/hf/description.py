@@ -99,6 +99,60 @@ def describe_hf_config(config: Mapping[str, Any], checkpoint: str = "<config>") 
     return _DESCRIBERS[family](config, arch, family, checkpoint)
 
 
+def decoder_fields(config: Mapping[str, Any], *, max_positions: int, eps: float) -> dict[str, Any]:
+    """The shape fields every RMSNorm decoder family reads alike (layers, widths, heads, KV groups,
+    head_dim, vocabulary, positions, norm); ``max_positions``/``eps``: the family's defaults."""
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    return dict(
+        num_layers=int(config["num_hidden_layers"]),
+        hidden_size=hidden,
+        ffn_hidden_size=int(config["intermediate_size"]),
+        num_attention_heads=heads,
+        num_query_groups=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", max_positions)),
+        normalization="RMSNorm",
+        norm_eps=float(config.get("rms_norm_eps", eps)),
+    )
+
+
+def expert_count(config: Mapping[str, Any], arch: str, checkpoint: str, experts_keys: tuple[str, ...],
+                 topk_keys: tuple[str, ...] = ("num_experts_per_tok",)) -> tuple[int, int]:
+    """(routed experts, top-k) from the first of each family's key names that is set; ValueError
+    naming the checkpoint when they cannot route (no expert, or a top-k outside 1..experts)."""
+    experts = int(next((config[k] for k in experts_keys if config.get(k)), 0))
+    topk = int(next((config[k] for k in topk_keys if config.get(k)), 0))
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    return experts, topk
+
+
+def sigmoid_router_fields(config: Mapping[str, Any], experts: int, topk: int, dense: int,
+                          shared_default: int) -> dict[str, Any]:
+    """GLM-4.5's and DeepSeek-V3's experts: ``dense`` first layers dense, then MoE; a sigmoid router
+    with expert bias, expert groups and a routed scale; ``n_shared_experts`` (default
+    ``shared_default``) shared experts of the routed experts' size."""
+    layers = int(config["num_hidden_layers"])
+    ffn = int(config["moe_intermediate_size"])
+    groups = int(config.get("n_group") or 1)
+    shared = config.get("n_shared_experts", shared_default)
+    return dict(
+        num_experts=experts,
+        moe_topk=topk,
+        moe_ffn_hidden_size=ffn,
+        norm_topk_prob=True,
+        moe_layers=tuple(i >= dense for i in range(layers)),
+        moe_shared_ffn_hidden_size=ffn * int(shared or 0),
+        moe_score_function="sigmoid",
+        moe_expert_bias=True,
+        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        moe_router_num_groups=groups if groups > 1 else 0,
+        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+    )
+
+
 def _describe_gpt2(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """GPT-2: learned positions, LayerNorm, GELU, biases on every linear layer."""
     act = config.get("activation_function", "gelu_new")
@@ -143,8 +197,6 @@ def _describe_llama(config: Mapping[str, Any], arch: str, family: str, checkpoin
     model_type = config.get("model_type", "")
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and config.get("use_sliding_window"):
         raise ValueError(f"checkpoint {checkpoint}: {model_type} with use_sliding_window=true is not supported")
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
     theta, scaling = _rope(config, checkpoint)
     attention_bias = bool(config.get("attention_bias", False))
     sliding = config.get("sliding_window") if model_type in ("mistral", "mixtral") else None
@@ -152,16 +204,7 @@ def _describe_llama(config: Mapping[str, Any], arch: str, family: str, checkpoin
     return ModelDescription(
         architecture=arch,
         family=family,
-        num_layers=int(config["num_hidden_layers"]),
-        hidden_size=hidden,
-        ffn_hidden_size=int(config["intermediate_size"]),
-        num_attention_heads=heads,
-        num_query_groups=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        vocab_size=int(config["vocab_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        normalization="RMSNorm",
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        **decoder_fields(config, max_positions=2048, eps=1e-6),
         activation="swiglu",
         position_embedding_type="rope",
         rotary_base=theta,
@@ -183,10 +226,7 @@ def _describe_llama(config: Mapping[str, Any], arch: str, family: str, checkpoin
 def _moe_fields(config: Mapping[str, Any], arch: str, layers: int, checkpoint: str) -> dict[str, Any]:
     """The routed-expert fields of a Qwen3-MoE / Qwen2-MoE / Mixtral config (names differ by family
     and by transformers version: ``num_experts`` or ``num_local_experts``)."""
-    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    topk = int(config.get("num_experts_per_tok") or 0)
-    if experts < 1 or not 1 <= topk <= experts:
-        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    experts, topk = expert_count(config, arch, checkpoint, ("num_experts", "num_local_experts"))
     shared = int(config.get("shared_expert_intermediate_size") or 0)
     if shared and arch != "Qwen2MoeForCausalLM":
         raise ValueError(f"checkpoint {checkpoint}: {arch} with shared_expert_intermediate_size={shared}: "
@@ -302,30 +342,13 @@ def _refused_fields(config: Mapping[str, Any], arch: str, checkpoint: str) -> No
 def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """GLM-4.5 / 4.6 (see the module doc). MTP layers (``num_nextn_predict_layers``, stored as
     layers past ``num_hidden_layers``) are not part of the teacher."""
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    layers = int(config["num_hidden_layers"])
-    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
-    topk = int(config.get("num_experts_per_tok") or 0)
-    if experts < 1 or not 1 <= topk <= experts:
-        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    experts, topk = expert_count(config, arch, checkpoint, ("n_routed_experts", "num_local_experts"))
     dense = int(config.get("first_k_dense_replace", 1))
-    ffn = int(config["moe_intermediate_size"])
-    groups = int(config.get("n_group") or 1)
     theta, _ = _rope(config, checkpoint)
     return ModelDescription(
         architecture=arch,
         family=family,
-        num_layers=layers,
-        hidden_size=hidden,
-        ffn_hidden_size=int(config["intermediate_size"]),
-        num_attention_heads=heads,
-        num_query_groups=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        vocab_size=int(config["vocab_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        normalization="RMSNorm",
-        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        **decoder_fields(config, max_positions=2048, eps=1e-5),
         activation="swiglu",
         position_embedding_type="rope",
         rotary_base=theta,
@@ -333,17 +356,7 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
         qkv_bias=bool(config.get("attention_bias", False)),  # q/k/v only: o_proj has none
         qk_norm=bool(config.get("use_qk_norm", False)),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        num_experts=experts,
-        moe_topk=topk,
-        moe_ffn_hidden_size=ffn,
-        norm_topk_prob=True,
-        moe_layers=tuple(i >= dense for i in range(layers)),
-        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts", 1) or 0),
-        moe_score_function="sigmoid",
-        moe_expert_bias=True,
-        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
-        moe_router_num_groups=groups if groups > 1 else 0,
-        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        **sigmoid_router_fields(config, experts, topk, dense, shared_default=1),
         hf_config=dict(config),
     )
 
@@ -351,7 +364,6 @@ def _describe_glm4_moe(config: Mapping[str, Any], arch: str, family: str, checkp
 def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoint: str) -> ModelDescription:
     """Gemma 3 text (see the module doc); of a multimodal checkpoint, its language model."""
     config = language_config(config)
-    heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
     rope = gemma3_rope(config)
@@ -363,16 +375,7 @@ def _describe_gemma3(config: Mapping[str, Any], arch: str, family: str, checkpoi
     return ModelDescription(
         architecture=arch,
         family=family,
-        num_layers=layers,
-        hidden_size=hidden,
-        ffn_hidden_size=int(config["intermediate_size"]),
-        num_attention_heads=heads,
-        num_query_groups=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        vocab_size=int(config["vocab_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 131072)),
-        normalization="RMSNorm",
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        **decoder_fields(config, max_positions=131072, eps=1e-6),
         activation="geglu_tanh",
         position_embedding_type="rope",
         rotary_base=float(full["rope_theta"]),
@@ -395,14 +398,9 @@ def _describe_deepseek_v3(config: Mapping[str, Any], arch: str, family: str, che
     stored as ``model.layers.{num_hidden_layers + i}.*``) are not part of the teacher."""
     heads = int(config["num_attention_heads"])
     layers = int(config["num_hidden_layers"])
-    experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or 0)
-    topk = int(config.get("num_experts_per_tok") or 0)
-    if experts < 1 or not 1 <= topk <= experts:
-        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    experts, topk = expert_count(config, arch, checkpoint, ("n_routed_experts", "num_local_experts"))
     nope, rope = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
     dense = int(config.get("first_k_dense_replace") or 0)  # then MoE on every layer (moe_layer_freq 1)
-    ffn = int(config["moe_intermediate_size"])
-    groups = int(config.get("n_group") or 1)
     theta, _ = _rope(config, checkpoint) if deepseek_yarn(config) is None else (_rope_theta(config), None)
     return ModelDescription(
         architecture=arch,
@@ -422,17 +420,7 @@ def _describe_deepseek_v3(config: Mapping[str, Any], arch: str, family: str, che
         rotary_base=theta,
         rope_scaling=deepseek_yarn(config),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        num_experts=experts,
-        moe_topk=topk,
-        moe_ffn_hidden_size=ffn,
-        norm_topk_prob=True,
-        moe_layers=tuple(i >= dense for i in range(layers)),
-        moe_shared_ffn_hidden_size=ffn * int(config.get("n_shared_experts") or 0),
-        moe_score_function="sigmoid",
-        moe_expert_bias=True,
-        moe_routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
-        moe_router_num_groups=groups if groups > 1 else 0,
-        moe_router_group_topk=int(config.get("topk_group") or 1) if groups > 1 else 0,
+        **sigmoid_router_fields(config, experts, topk, dense, shared_default=0),
         kv_lora_rank=int(config["kv_lora_rank"]),
         q_lora_rank=int(config.get("q_lora_rank") or 0),
         qk_nope_head_dim=nope,

@@ -43,7 +43,7 @@ from podium.config.architecture import GEMMA3_LAYER_TYPES, field_problems
 from podium.config.quantization import quant_method
 from podium.config.rope import gpt_oss_rope
 from podium.teacher.model.hf.dense import llama_sources
-from podium.teacher.model.hf.description import ModelDescription
+from podium.teacher.model.hf.description import ModelDescription, decoder_fields, expert_count
 from podium.teacher.model.hf.mxfp4 import dequantize_mxfp4
 from podium.teacher.model.hf.slices import SliceReader
 
@@ -58,13 +58,9 @@ def describe_gpt_oss(config: Mapping[str, Any], arch: str, family: str, checkpoi
     problems = field_problems(config)  # the plan's rule
     if problems:
         raise ValueError(f"checkpoint {checkpoint}: {arch} with {'; '.join(problems)}")
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
-    experts = int(config.get("num_local_experts") or config.get("num_experts") or 0)
-    topk = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 0)
-    if experts < 1 or not 1 <= topk <= experts:
-        raise ValueError(f"checkpoint {checkpoint}: {arch} with {experts} experts and num_experts_per_tok={topk}")
+    experts, topk = expert_count(config, arch, checkpoint, ("num_local_experts", "num_experts"),
+                                 ("num_experts_per_tok", "experts_per_token"))
     kinds = list(config.get("layer_types") or
                  [GEMMA3_LAYER_TYPES[0] if (i + 1) % 2 else GEMMA3_LAYER_TYPES[1] for i in range(layers)])
     if len(kinds) != layers:
@@ -80,20 +76,10 @@ def describe_gpt_oss(config: Mapping[str, Any], arch: str, family: str, checkpoi
         if "factor" not in scaling:  # transformers: max_position_embeddings / original_max_position_embeddings
             original = int(scaling["original_max_position_embeddings"])
             scaling["factor"] = int(config.get("max_position_embeddings", 131072)) / original
-    ffn = int(config["intermediate_size"])
     return ModelDescription(
         architecture=arch,
         family=family,
-        num_layers=layers,
-        hidden_size=hidden,
-        ffn_hidden_size=ffn,
-        num_attention_heads=heads,
-        num_query_groups=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        vocab_size=int(config["vocab_size"]),
-        max_position_embeddings=int(config.get("max_position_embeddings", 131072)),
-        normalization="RMSNorm",
-        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        **decoder_fields(config, max_positions=131072, eps=1e-5),
         activation="quick_geglu",
         position_embedding_type="yarn" if yarn else "rope",
         rotary_base=float(rope["rope_theta"]),
@@ -110,7 +96,7 @@ def describe_gpt_oss(config: Mapping[str, Any], arch: str, family: str, checkpoi
         expert_quantization=quant_method(config),
         num_experts=experts,
         moe_topk=topk,
-        moe_ffn_hidden_size=ffn,
+        moe_ffn_hidden_size=int(config["intermediate_size"]),
         norm_topk_prob=True,  # top-k of the router's logits, softmax over those k
         moe_layers=(True,) * layers,
         hf_config=dict(config),
