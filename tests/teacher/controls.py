@@ -13,7 +13,9 @@ every rank, and ends with ``sys.exit(controls.main(diffs, PARALLEL))``.
   at ``parallel``, ``diffs`` for each checkpoint in one pair of processes (the imports are most of
   the cost); rank 0 writes the JSON;
 - ``reference(checkpoint)``: its description, the batch every control runs and HF's logits for it;
-- ``logit_diff(model, ids, expected, vocab)``: the model's forward, gathered over TP, against them.
+- ``logit_diff(model, ids, expected, vocab)``: the model's forward, gathered over TP, against them;
+- ``loaded(desc, checkpoint, parallel, layout)``: a variant's model built and loaded as podium does;
+  ``expert_layout(padded, parallel)``: the layout of a TP1 control whose experts are split over EP.
 """
 
 from __future__ import annotations
@@ -91,3 +93,31 @@ def logit_diff(model: Any, ids: Any, expected: Any, vocab: int) -> float:
     torch.distributed.all_gather(pieces, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
     logits = torch.cat(pieces, dim=-1)[..., :vocab]
     return float((logits.float() - expected).abs().max())
+
+
+def loaded(desc: Any, checkpoint: str, parallel: dict[str, int], layout: Any, *,
+           window_on_every_layer: bool = False) -> Any:
+    """``desc``'s model built as podium builds it at ``parallel`` and ``checkpoint`` loaded into it with
+    ``layout`` (the loader's refusals raise); ``window_on_every_layer``: megatron's default for a
+    sliding window, what podium's attention did before per-layer windows."""
+    from podium.teacher.model.hf import load_hf_weights
+    from podium.teacher.model.megatron_config import build_transformer_config
+    from podium.teacher.model.megatron_model import build_gpt_model
+
+    config = build_transformer_config(desc, parallel, "fp32")
+    if window_on_every_layer:
+        config.window_attn_skip_freq = None
+    model = build_gpt_model(desc, config, layout.padded_vocab_size)
+    load_hf_weights(model, checkpoint, desc, layout)
+    return model
+
+
+def expert_layout(padded: int, parallel: dict[str, int]) -> Any:
+    """A TP1 control's layout: the whole vocabulary, this rank's share of the experts over EP."""
+    from megatron.core import parallel_state
+
+    from podium.teacher.model.hf import RankLayout
+
+    return RankLayout(tp_rank=0, tp_size=1, padded_vocab_size=padded,
+                      ep_rank=parallel_state.get_expert_model_parallel_rank(),
+                      ep_size=parallel["expert_model_parallel_size"])

@@ -21,9 +21,8 @@ PARALLEL = {"tensor_model_parallel_size": controls.WORLD}
 def diffs(checkpoint: str, parallel: dict[str, int]) -> controls.Diffs:
     from megatron.core import parallel_state
 
-    from podium.teacher.model.hf import RankLayout, load_hf_weights
-    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.teacher.model.megatron_model import build_gpt_model
+    from podium.teacher.model.hf import RankLayout
+    from podium.teacher.model.megatron_config import padded_vocab_size
 
     desc, ids, expected = controls.reference(checkpoint)
     tp = parallel["tensor_model_parallel_size"]
@@ -37,12 +36,9 @@ def diffs(checkpoint: str, parallel: dict[str, int]) -> controls.Diffs:
         "no_rope_scaling": dataclasses.replace(desc, rope_scaling=None),
     }
     result: controls.Diffs = {}
+    layout = RankLayout(parallel_state.get_tensor_model_parallel_rank(), tp, padded)
     for name, d in variants.items():
-        config = build_transformer_config(d, parallel, "fp32")
-        if name == "window_on_every_layer":
-            config.window_attn_skip_freq = None
-        model = build_gpt_model(d, config, padded)
-        load_hf_weights(model, checkpoint, d, RankLayout(parallel_state.get_tensor_model_parallel_rank(), tp, padded))
+        model = controls.loaded(d, checkpoint, parallel, layout, window_on_every_layer=name == "window_on_every_layer")
         result[name] = controls.logit_diff(model, ids, expected, desc.vocab_size)
     return result
 

@@ -17,15 +17,10 @@ PARALLEL = {"expert_model_parallel_size": controls.WORLD}
 
 
 def diffs(checkpoint: str, parallel: dict[str, int]) -> controls.Diffs:
-    from megatron.core import parallel_state
-
-    from podium.teacher.model.hf import RankLayout, load_hf_weights
-    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.teacher.model.megatron_model import build_gpt_model
+    from podium.teacher.model.megatron_config import padded_vocab_size
 
     desc, ids, expected = controls.reference(checkpoint)
     padded = padded_vocab_size(desc.vocab_size, 1)
-    ep_rank = parallel_state.get_expert_model_parallel_rank()
     variants = {
         "right": desc,
         "no_groups": dataclasses.replace(desc, moe_router_num_groups=0, moe_router_group_topk=0),
@@ -34,10 +29,7 @@ def diffs(checkpoint: str, parallel: dict[str, int]) -> controls.Diffs:
     }
     result: controls.Diffs = {}
     for name, d in variants.items():
-        model = build_gpt_model(d, build_transformer_config(d, parallel, "fp32"), padded)
-        layout = RankLayout(tp_rank=0, tp_size=1, padded_vocab_size=padded, ep_rank=ep_rank,
-                            ep_size=parallel["expert_model_parallel_size"])
-        load_hf_weights(model, checkpoint, d, layout)
+        model = controls.loaded(d, checkpoint, parallel, controls.expert_layout(padded, parallel))
         result[name] = controls.logit_diff(model, ids, expected, desc.vocab_size)
     return result
 

@@ -21,12 +21,9 @@ PARALLEL = {"expert_model_parallel_size": controls.WORLD}
 
 def diffs(argument: str, parallel: dict[str, int]) -> controls.Diffs:
     import torch
-    from megatron.core import parallel_state
 
     from podium.teacher.model.checkpoint_loader import describe_model
-    from podium.teacher.model.hf import RankLayout, load_hf_weights
-    from podium.teacher.model.megatron_config import build_transformer_config, padded_vocab_size
-    from podium.teacher.model.megatron_model import build_gpt_model
+    from podium.teacher.model.megatron_config import padded_vocab_size
 
     checkpoint, _, oracle = argument.partition("=")
     _, ids, expected = controls.reference(oracle or checkpoint)
@@ -44,16 +41,11 @@ def diffs(argument: str, parallel: dict[str, int]) -> controls.Diffs:
     if oracle:
         variants = {"right": desc}
     result: controls.Diffs = {}
+    layout = controls.expert_layout(padded, parallel)
     for name, d in variants.items():
-        config = build_transformer_config(d, parallel, "fp32")
-        if name == "window_on_every_layer":
-            config.window_attn_skip_freq = None
-        model = build_gpt_model(d, config, padded)
-        layout = RankLayout(tp_rank=0, tp_size=1, padded_vocab_size=padded,
-                            ep_rank=parallel_state.get_expert_model_parallel_rank(),
-                            ep_size=parallel["expert_model_parallel_size"])
         try:
-            load_hf_weights(model, checkpoint, d, layout)
+            model = controls.loaded(d, checkpoint, parallel, layout,
+                                    window_on_every_layer=name == "window_on_every_layer")
         except ValueError as exc:  # e.g. sinks with nowhere to go
             result[name] = str(exc)
             continue
