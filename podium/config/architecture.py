@@ -173,13 +173,17 @@ def is_deepseek_v3(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") in DEEPSEEK_V3_TYPES or DEEPSEEK_V3 in (config.get("architectures") or [])
 
 
-def _group_problems(config: Mapping[str, Any]) -> list[str]:
-    """Group-limited routing megatron-core scores as transformers does (each group by its top 2)."""
+def _sigmoid_router_problems(config: Mapping[str, Any]) -> list[str]:
+    """GLM-4.5's and DeepSeek-V3's router as megatron-core computes it: top-k weights renormalised,
+    and group-limited routing scored as transformers scores it (each group by its top 2)."""
     topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
     groups = (_int(config, "n_group") or ("", 1))[1]
     chosen = (_int(config, "topk_group") or ("", 1))[1]
     experts = experts_of(config)
     problems = []
+    if topk > 1 and not config.get("norm_topk_prob", True):
+        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
+                        "(always, for top-k > 1)")
     if groups > 1:
         if experts % groups or experts // groups < 2:
             problems.append(f"n_group={groups}: the {experts} routed experts must split into groups of at least 2")
@@ -209,10 +213,6 @@ def _deepseek_problems(config: Mapping[str, Any]) -> list[str]:
                             "mscale(factor) and megatron-core by mscale(factor, 1) / mscale(factor, mscale_all_dim)")
     if (act := config.get("hidden_act", "silu")) != "silu":
         problems.append(f"hidden_act={act!r}: DeepSeek-V3's MLPs are mapped as SwiGLU (silu) only")
-    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
-    if topk > 1 and not config.get("norm_topk_prob", True):
-        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
-                        "(always, for top-k > 1)")
     if (method := config.get("topk_method", "noaux_tc")) != "noaux_tc":
         problems.append(f"topk_method={method!r}: DeepSeek-V3 routes with noaux_tc (a sigmoid score plus "
                         "e_score_correction_bias picks the experts), as transformers and megatron-core compute it")
@@ -225,7 +225,7 @@ def _deepseek_problems(config: Mapping[str, Any]) -> list[str]:
                         "DeepSeek-V3; other layer mixes are not mapped")
     if not _int(config, "kv_lora_rank"):
         problems.append(f"kv_lora_rank={config.get('kv_lora_rank')!r}: DeepSeek-V3 needs multi-latent attention")
-    return problems + _group_problems(config)
+    return problems + _sigmoid_router_problems(config)
 
 
 def _gpt_oss_problems(config: Mapping[str, Any]) -> list[str]:
@@ -305,11 +305,7 @@ def _glm_problems(config: Mapping[str, Any]) -> list[str]:
         problems.append(f"rope_parameters.rope_type={kind!r}: GLM-4.5 is mapped with the default RoPE only")
     if (act := config.get("hidden_act", "silu")) != "silu":
         problems.append(f"hidden_act={act!r}: GLM-4.5's MLPs are mapped as SwiGLU (silu) only")
-    topk = (_int(config, "num_experts_per_tok") or ("", 1))[1]
-    if topk > 1 and not config.get("norm_topk_prob", True):
-        problems.append("norm_topk_prob=false: megatron-core renormalises sigmoid top-k weights "
-                        "(always, for top-k > 1)")
-    problems += _group_problems(config)
+    problems += _sigmoid_router_problems(config)
     attention = _attention(config)
     factor = partial_rotary_factor(config, GLM_PARTIAL_ROTARY)
     if attention is not None:
