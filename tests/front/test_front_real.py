@@ -12,7 +12,6 @@ the record says stopped, and every call fails at once naming the teacher and whe
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import openai
 import pytest
 import requests
+from harness.call_loops import CallLoops
 from harness.lifecycle import Teacher
 from harness.poll import wait_for
 from harness.run import TeacherDef, make_run
@@ -58,48 +58,24 @@ def served(teacher: Teacher) -> int:
     return teacher.server.server._served
 
 
-class Trainers:
+def pinned_trainers(base: str, token: str, expected: list[Any]) -> CallLoops:
     """Two callers through the front's fixed URL: the ``openai`` client and plain HTTP ``/generate``,
     each answer checked against the oracle (a wrong one is an error)."""
 
-    def __init__(self, base: str, token: str, expected: list[Any]) -> None:
-        self.base, self.token, self.expected = base, token, expected
-        self.answers, self.errors = 0, []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(call,), daemon=True)
-                         for call in (self._openai, self._generate)]
-
-    def _openai(self) -> None:
-        client = openai.OpenAI(base_url=self.base + OPENAI_BASE, api_key=self.token, max_retries=0, timeout=600)
+    def via_openai() -> None:
+        client = openai.OpenAI(base_url=base + OPENAI_BASE, api_key=token, max_retries=0, timeout=600)
         out = client.completions.create(model="math", prompt=PROMPTS, max_tokens=1, extra_body={"prompt_logprobs": K})
-        for choice, row, exp in zip(out.choices, PROMPTS, self.expected, strict=True):
+        for choice, row, exp in zip(out.choices, PROMPTS, expected, strict=True):
             check_prompt_logprobs(choice.model_extra["prompt_logprobs"], exp, row, K)
 
-    def _generate(self) -> None:
+    def via_generate() -> None:
         body = {"input_ids": PROMPTS[0], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": K,
                 "sampling_params": {"max_new_tokens": 0}}
-        answer = requests.post(f"{self.base}/generate", json=body, timeout=600,
-                               headers={"Authorization": f"Bearer {self.token}"})
+        answer = requests.post(f"{base}/generate", json=body, timeout=600, headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == 200, answer.text
-        check_generate(answer.json(), self.expected[0], PROMPTS[0], K)
+        check_generate(answer.json(), expected[0], PROMPTS[0], K)
 
-    def _loop(self, call: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                call()
-                self.answers += 1
-            except Exception as exc:  # asserted on by the test
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> Trainers:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(600)
+    return CallLoops([via_openai, via_generate], join_s=600)
 
 
 def test_one_url_follows_a_requeue_a_new_replica_and_fails_at_once_after_down(
@@ -109,7 +85,7 @@ def test_one_url_follows_a_requeue_a_new_replica_and_fails_at_once_after_down(
     expected = oracle(tiny_llama_checkpoint, PROMPTS, 1.0)
     with FrontThread(path, **FAST) as front:
         base = f"{front.url}/math"
-        with Trainers(base, token, expected) as trainers:
+        with pinned_trainers(base, token, expected) as trainers:
             until(lambda: trainers.answers >= 4, what="answers through the front")
             successor = started[0].successor()  # (a) the next generation, on another port
             started[0].adopt(successor)

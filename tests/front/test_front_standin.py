@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
+from harness.call_loops import CallLoops
 from harness.fake_group import FakeGroup, fake_logprobs
 from harness.infer_requests import binary_body, infer_body
 from harness.lifecycle import Teacher
@@ -83,34 +84,10 @@ def logprobs_of(resp: requests.Response) -> np.ndarray:
     return np.asarray(decoded.outputs["logprobs"]).reshape(IDS.shape)
 
 
-class Callers:
+def binary_callers(url: str, token: str, n: int = 4) -> CallLoops:
     """``n`` callers in threads, each posting binary infer requests through the front until stopped."""
-
-    def __init__(self, url: str, token: str, n: int = 4) -> None:
-        self.url, self.token = url, token
-        self.answers, self.errors = 0, []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                np.testing.assert_array_equal(logprobs_of(infer(self.url, self.token)), EXPECTED)
-                with self._lock:
-                    self.answers += 1
-            except Exception as exc:  # asserted on by the test
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> Callers:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(120)
+    return CallLoops([lambda: np.testing.assert_array_equal(logprobs_of(infer(url, token)), EXPECTED)] * n,
+                     join_s=120)
 
 
 def test_one_url_answers_as_the_teacher_does_binary_and_json(run) -> None:
@@ -167,7 +144,7 @@ def test_the_token_as_the_teachers_take_it(run) -> None:
 def test_calls_follow_a_new_generation_and_spread_over_an_added_replica(run) -> None:
     path, token, started = run
     layout = started[0].layout
-    with FrontThread(path, **FAST) as front, Callers(f"{front.url}/math", token) as callers:
+    with FrontThread(path, **FAST) as front, binary_callers(f"{front.url}/math", token) as callers:
         until(lambda: callers.answers >= 10, what="answers through the front")
         successor = started[0].successor()  # a requeue: the record names another port and generation
         started[0].adopt(successor)

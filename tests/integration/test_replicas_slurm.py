@@ -34,7 +34,7 @@ from fixtures.checkpoints import hf_oracle_logprobs
 from harness.cli import podium
 from harness.client_loop import COMEBACK_S
 from harness.faults import RecordWatcher, preempt, serve_with_client
-from harness.front_caller import ROW, Caller
+from harness.front_caller import ROW, generate_caller
 from harness.poll import SLOW_POLL_S, wait_for
 from harness.recipes import write_recipe
 
@@ -83,7 +83,7 @@ def test_two_replicas_one_preempted_then_scaled_up_and_down(
     token = read_token(run_dir / "auth_token")
     expected = hf_oracle_logprobs(tiny_qwen2_checkpoint, np.array([ROW]), np.array([len(ROW)])).numpy()[0, 1:]
     front = FrontThread(run_dir, refresh_s=1.0).start()
-    caller = Caller(f"{front.url}/solo", token, expected).start()
+    caller = generate_caller(f"{front.url}/solo", token, expected).start()
     try:
         # 1. Two replicas, two jobs, both listed and both called.
         replicas = replicas_of(run_dir)
